@@ -1,0 +1,33 @@
+#pragma once
+// What the CPU side of the course knows about CUDA. Every function here exists
+// in every build: without CUDA they report "built without CUDA", so step code
+// has no #ifdefs.
+#include <memory>
+#include <string>
+
+#include "llm/harness/device_info.hpp"
+#include "llm/model.hpp"
+#include "llm/weights.hpp"
+
+namespace llm::cuda {
+
+bool built_with_cuda();
+
+struct DeviceStatus {
+  bool usable = false;
+  std::string reason;  // why not: "built without CUDA", "no CUDA device (driver ...)", ...
+};
+// Never throws. Any error from cudaGetDeviceCount (on a machine with the
+// toolkit but no driver it is 35, "driver version is insufficient") means
+// "no device", not a crash.
+DeviceStatus device_status();
+
+// Fills the gpu_* and cuda_* fields of `info` when a device is usable.
+void fill_device_info(DeviceInfo& info);
+
+// The fp32 baseline transformer on the GPU: own kernels for embedding,
+// RMSNorm, RoPE, softmax/attention and SwiGLU, cuBLAS for the products.
+// Throws DeviceError when CUDA is not built or no device is usable.
+std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights);
+
+}  // namespace llm::cuda

@@ -1,0 +1,58 @@
+#pragma once
+// The flags every step executable accepts (CLI11), and loading the model they
+// name: a preset with seeded random weights, or a llama2.c checkpoint.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "llm/tokenizer.hpp"
+#include "llm/weights.hpp"
+
+namespace CLI {
+class App;
+}
+
+namespace llm {
+
+struct CommonOptions {
+  std::string model_path;        // --model: llama2.c checkpoint (overrides --preset)
+  std::string tokenizer_path;    // --tokenizer: tokenizer.bin for --model
+  std::string preset = "tiny";   // --preset
+  std::string prompt;            // --prompt ("" = start from BOS)
+  int steps = 256;               // --steps: positions to run, prompt included
+  float temperature = 0.0f;      // --temperature (0 = greedy)
+  float top_p = 0.9f;            // --top-p
+  std::uint64_t seed = 42;       // --seed (weights of presets and the sampler)
+  std::string device = "all";    // --device cpu|cuda|all
+  std::string variant = "all";   // --variant N[,M]|all
+  bool list_variants = false;    // --list
+  std::string json_path;         // --json FILE
+  bool quick = false;            // --quick: seconds, for CI
+};
+
+void add_common_options(CLI::App& app, CommonOptions& options);
+
+struct LoadedModel {
+  std::string name;        // "stories260K.bin" or "preset tiny"
+  ModelWeights weights;
+  Tokenizer tokenizer;
+};
+
+// Loads --model/--tokenizer, or builds the preset. Throws InputError.
+LoadedModel load_model(const CommonOptions& options);
+
+// Devices to run, from --device and what is present. "cuda" when no device is
+// usable is an error (DeviceError); "all" quietly means "cpu" then, and the
+// reason is returned in `skipped_reason` for the table's header.
+struct DeviceSelection {
+  bool cpu = false;
+  bool cuda = false;
+  std::string skipped_reason;
+};
+DeviceSelection select_devices(const std::string& device_flag);
+
+// Runs `body` and turns course errors into a message on stderr and exit code
+// 1 (2 for usage errors), so no executable ends in an uncaught exception.
+int run_main(int argc, char** argv, int (*body)(int, char**));
+
+}  // namespace llm

@@ -1,0 +1,46 @@
+#pragma once
+// The one checker: compare(got, ref) measures how far a result is from the
+// reference and never exits, so a table can show a failing row beside the rest.
+#include <cstddef>
+#include <span>
+#include <string>
+
+namespace llm {
+
+// Tolerances per data type, in one place. An element passes when
+//   |got - ref| <= abs_tol + rel_tol * |ref|.
+// fp32: products and sums in a different order (Eigen vs loops, cuBLAS vs CPU,
+//       tiled vs whole-row softmax) differ by a few ulps per add; over the depth
+//       of a model that stays far below 1e-4 relative.
+// fp16: 10-bit mantissa (rel. step ~1e-3); with fp32 accumulation errors stay
+//       around 1e-3..1e-2 of the value.
+// bf16: 7-bit mantissa (rel. step ~8e-3).
+// int8 / int4 (quantized weights): not element-wise comparable; steps judge
+//       them by KL divergence and top-1 agreement instead.
+enum class DType { F32, F16, BF16 };
+
+struct Tolerance {
+  double abs_tol;
+  double rel_tol;
+};
+Tolerance tolerance_for(DType dtype);
+const char* dtype_name(DType dtype);
+
+struct CompareResult {
+  std::size_t count = 0;           // elements compared
+  double max_abs_err = 0.0;        // max |got - ref|
+  double max_rel_err = 0.0;        // max |got - ref| / max(|ref|, tiny)
+  std::size_t worst_index = 0;     // index of the element furthest over tolerance
+  std::size_t over_tolerance = 0;  // elements outside abs_tol + rel_tol * |ref|
+  std::size_t nan_or_inf = 0;      // non-finite values in got (or in ref)
+  bool size_mismatch = false;
+  bool ok = false;                 // sizes equal, nothing over tolerance, no NaN/Inf
+
+  std::string summary() const;     // one line for logs and test failures
+};
+
+CompareResult compare(std::span<const float> got, std::span<const float> ref, Tolerance tol);
+// Exact comparison of token sequences (greedy generation must agree exactly).
+CompareResult compare_tokens(std::span<const int> got, std::span<const int> ref);
+
+}  // namespace llm

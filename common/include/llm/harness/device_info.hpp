@@ -1,0 +1,22 @@
+#pragma once
+// What a result was measured on: the CPU model, and the GPU when one is used.
+#include <string>
+
+namespace llm {
+
+struct DeviceInfo {
+  std::string cpu_model;         // from /proc/cpuinfo
+  int cpu_threads = 1;           // threads the CPU rows use
+  bool cuda_available = false;   // a CUDA device is visible and usable
+  std::string cuda_note;         // why not, when it is not ("built without CUDA", ...)
+  std::string gpu_name;
+  int gpu_sm_count = 0;
+  int gpu_compute_capability = 0;  // 75, 80, 90, ...
+  double gpu_memory_gib = 0.0;
+  std::string cuda_driver;       // "13.0"
+  std::string cuda_runtime;      // "13.0"
+};
+
+DeviceInfo query_device_info();  // never throws: missing pieces are left empty
+
+}  // namespace llm

@@ -1,0 +1,61 @@
+#pragma once
+// Results: the rows a step measured, printed as a table (fmt) and written as
+// JSON with --json FILE:
+//   {"step": ..., "config": {...}, "device_info": {...}, "rows": [{"device":
+//    "cpu"|"cuda", "variant": ..., "id": ..., "time_ms": ..., "speedup": ...,
+//    "max_rel_err": ..., "ok": true, ...extra keys}]}
+// Docs quote the JSON, never a number typed by hand.
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "llm/harness/device_info.hpp"
+
+namespace llm {
+
+using JsonScalar = std::variant<bool, long long, double, std::string>;
+
+struct ResultRow {
+  std::string device;    // "cpu" or "cuda"
+  std::string variant;   // the variant's name
+  int id = 0;            // the variant's id
+  double time_ms = 0.0;  // median time of what the row measures
+  double speedup = 1.0;  // baseline time / this time (same device's baseline)
+  double max_rel_err = 0.0;
+  bool ok = false;
+  // Throughput shown in the table, e.g. {"tokens_per_s", 5123.4}.
+  std::string throughput_key;
+  double throughput = 0.0;
+  std::map<std::string, JsonScalar> extra;  // more keys for the JSON
+};
+
+class Results {
+ public:
+  Results(std::string step, std::string title);
+
+  void set_config(const std::string& key, JsonScalar value) { config_[key] = std::move(value); }
+  void set_device_info(const DeviceInfo& info) { device_info_ = info; }
+  void add_row(ResultRow row) { rows_.push_back(std::move(row)); }
+  const std::vector<ResultRow>& rows() const { return rows_; }
+  bool all_ok() const;
+
+  // Header (step, device, model, commit), then
+  // device | id | variant | time | throughput | speedup | error | ok.
+  std::string format_table() const;
+  std::string to_json() const;
+  void write_json(const std::string& path) const;  // throws InputError on I/O failure
+
+ private:
+  std::string step_;
+  std::string title_;
+  std::map<std::string, JsonScalar> config_;
+  DeviceInfo device_info_;
+  std::vector<ResultRow> rows_;
+};
+
+// The commit the binary was built from (configure time).
+const char* git_commit();
+
+}  // namespace llm

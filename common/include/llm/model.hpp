@@ -1,0 +1,39 @@
+#pragma once
+// Model: the interface every step drives. One forward() over a TokenBatch
+// writes the batch's K/V into the cache and returns logits; the decode loop
+// (plain, speculative, scheduled) lives outside, in the step that teaches it.
+#include <memory>
+#include <span>
+#include <string>
+
+#include "llm/config.hpp"
+#include "llm/kv_cache.hpp"
+#include "llm/token_batch.hpp"
+
+namespace llm {
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual std::string device_name() const = 0;  // "cpu" or "cuda"
+
+  // A cache this model can write: `num_sequences` slots of `capacity` positions.
+  virtual std::unique_ptr<KvCache> make_cache(int num_sequences, int capacity) const = 0;
+
+  // Runs the transformer over `batch`. Rows of one sequence must be in order
+  // and contiguous in position, starting at most at the sequence's current
+  // cache length. Returns logits in host memory, one row of vocab_size per
+  // selected row (see LogitsFor), in batch order. Throws InputError for bad
+  // token ids/positions and KvCacheFullError when the cache has no room.
+  virtual std::span<const float> forward(const TokenBatch& batch, KvCache& cache,
+                                         LogitsFor which = LogitsFor::LastRowOfEachSequence) = 0;
+};
+
+// Checks a batch against a config and a cache: token ids in [0, vocab), rows
+// of each sequence contiguous from at most its length, room in the cache.
+// Shared by every Model so errors read the same on every device.
+void validate_batch(const ModelConfig& config, const TokenBatch& batch, const KvCache& cache);
+
+}  // namespace llm

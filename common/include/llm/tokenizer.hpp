@@ -1,0 +1,50 @@
+#pragma once
+// Tokenizer in llama2.c's tokenizer.bin format: int32 max_token_length, then
+// for every token a float32 merge score, an int32 byte length and the bytes.
+// Encoding is SentencePiece-style BPE: start from UTF-8 code points (bytes as
+// <0xXX> fallback tokens), then repeatedly merge the adjacent pair whose merged
+// string has the highest score.
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace llm {
+
+class Tokenizer {
+ public:
+  static constexpr int kUnk = 0;
+  static constexpr int kBos = 1;  // beginning of sequence
+  static constexpr int kEos = 2;  // end of sequence
+
+  // Loads a tokenizer.bin for a model with `vocab_size` tokens. Throws
+  // InputError if the file is missing, truncated, or holds fewer tokens.
+  static Tokenizer load(const std::string& path, int vocab_size);
+  // A tokenizer with no file for the built-in presets: ids 0..2 are
+  // <unk>,<s>,</s>; id 3+b is the byte b; ids above 258 decode to nothing.
+  static Tokenizer byte_level(int vocab_size);
+
+  // Encodes like llama2.c's encode(): optional BOS, a dummy-prefix " " token
+  // when the text is non-empty, code points (or byte fallback), BPE merges.
+  std::vector<int> encode(std::string_view text, bool add_bos, bool add_eos) const;
+
+  // The text of `token` following `previous`, as llama2.c's decode(): after BOS
+  // a leading space is dropped; <0xXX> tokens decode to their raw byte.
+  std::string decode(int previous, int token) const;
+  // Like decode(), but a lone non-printable byte becomes "" (llama2.c's
+  // safe_printf), so a terminal never receives control codes.
+  std::string decode_printable(int previous, int token) const;
+
+  int vocab_size() const { return static_cast<int>(pieces_.size()); }
+  const std::string& piece(int token) const;
+  float score(int token) const { return scores_.at(static_cast<std::size_t>(token)); }
+
+ private:
+  int lookup(const std::string& piece) const;  // -1 when not in the vocabulary
+
+  std::vector<std::string> pieces_;  // [vocab_size]
+  std::vector<float> scores_;        // [vocab_size] merge priority
+  std::unordered_map<std::string, int> piece_to_id_;
+};
+
+}  // namespace llm

@@ -1,0 +1,82 @@
+#include "llm/harness/compare.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+namespace llm {
+
+Tolerance tolerance_for(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return {1e-5, 1e-4};
+    case DType::F16: return {1e-3, 1e-2};
+    case DType::BF16: return {4e-3, 3e-2};
+  }
+  return {0.0, 0.0};
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "fp32";
+    case DType::F16: return "fp16";
+    case DType::BF16: return "bf16";
+  }
+  return "?";
+}
+
+CompareResult compare(std::span<const float> got, std::span<const float> ref, Tolerance tol) {
+  CompareResult r;
+  r.size_mismatch = got.size() != ref.size();
+  r.count = std::min(got.size(), ref.size());
+  double worst_excess = -1.0;
+  for (std::size_t i = 0; i < r.count; ++i) {
+    const double g = got[i], e = ref[i];
+    if (!std::isfinite(g) || !std::isfinite(e)) {
+      // A NaN compares false with everything: count it explicitly, or it
+      // would slip through every "err > tol" test.
+      if (r.nan_or_inf == 0) r.worst_index = i;
+      ++r.nan_or_inf;
+      worst_excess = INFINITY;
+      continue;
+    }
+    const double abs_err = std::fabs(g - e);
+    const double rel_err = abs_err / std::max(std::fabs(e), 1e-30);
+    r.max_abs_err = std::max(r.max_abs_err, abs_err);
+    // Relative error of values near zero is meaningless noise; report it only
+    // where |ref| is above the absolute tolerance.
+    if (std::fabs(e) > tol.abs_tol) r.max_rel_err = std::max(r.max_rel_err, rel_err);
+    const double allowed = tol.abs_tol + tol.rel_tol * std::fabs(e);
+    if (abs_err > allowed) ++r.over_tolerance;
+    if (r.nan_or_inf == 0 && abs_err - allowed > worst_excess) {
+      worst_excess = abs_err - allowed;
+      r.worst_index = i;
+    }
+  }
+  r.ok = !r.size_mismatch && r.count > 0 && r.over_tolerance == 0 && r.nan_or_inf == 0;
+  return r;
+}
+
+CompareResult compare_tokens(std::span<const int> got, std::span<const int> ref) {
+  CompareResult r;
+  r.size_mismatch = got.size() != ref.size();
+  r.count = std::min(got.size(), ref.size());
+  bool first = true;
+  for (std::size_t i = 0; i < r.count; ++i) {
+    if (got[i] != ref[i]) {
+      if (first) r.worst_index = i;  // the first divergence is what matters
+      first = false;
+      ++r.over_tolerance;
+    }
+  }
+  r.max_abs_err = static_cast<double>(r.over_tolerance);
+  r.ok = !r.size_mismatch && r.over_tolerance == 0;
+  return r;
+}
+
+std::string CompareResult::summary() const {
+  return fmt::format("{} | n={} max_abs={:.3e} max_rel={:.3e} over_tol={} nan/inf={} worst_index={}{}",
+                     ok ? "ok" : "MISMATCH", count, max_abs_err, max_rel_err, over_tolerance, nan_or_inf,
+                     worst_index, size_mismatch ? " (sizes differ)" : "");
+}
+
+}  // namespace llm

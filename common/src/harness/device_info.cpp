@@ -1,0 +1,27 @@
+#include "llm/harness/device_info.hpp"
+
+#include <fstream>
+#include <string>
+
+#include "llm/cuda/cuda_runtime_api.hpp"
+
+namespace llm {
+
+DeviceInfo query_device_info() {
+  DeviceInfo info;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto colon = line.find(':');
+      if (colon != std::string::npos) info.cpu_model = line.substr(line.find_first_not_of(' ', colon + 1));
+      break;
+    }
+  }
+  if (info.cpu_model.empty()) info.cpu_model = "unknown CPU";
+  info.cpu_threads = 1;  // the CPU reference is single-threaded for stable numbers
+  cuda::fill_device_info(info);
+  return info;
+}
+
+}  // namespace llm

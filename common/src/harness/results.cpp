@@ -1,0 +1,140 @@
+#include "llm/harness/results.hpp"
+
+#include <fmt/format.h>
+
+#include <fstream>
+
+#include "llm/errors.hpp"
+#include "llm/harness/json_writer.hpp"
+
+#ifndef LLM_GIT_COMMIT
+#define LLM_GIT_COMMIT "unknown"
+#endif
+
+namespace llm {
+
+const char* git_commit() { return LLM_GIT_COMMIT; }
+
+Results::Results(std::string step, std::string title) : step_(std::move(step)), title_(std::move(title)) {}
+
+bool Results::all_ok() const {
+  for (const auto& r : rows_)
+    if (!r.ok) return false;
+  return !rows_.empty();
+}
+
+namespace {
+
+std::string scalar_text(const JsonScalar& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
+        else if constexpr (std::is_same_v<T, long long>) return fmt::format("{}", x);
+        else if constexpr (std::is_same_v<T, double>) return fmt::format("{:.6g}", x);
+        else return x;
+      },
+      v);
+}
+
+std::string scalar_json(const JsonScalar& v) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
+        else if constexpr (std::is_same_v<T, long long>) return fmt::format("{}", x);
+        else if constexpr (std::is_same_v<T, double>) return json_number(x);
+        else return json_escape(x);
+      },
+      v);
+}
+
+std::string format_time(double ms) {
+  if (ms >= 1000.0) return fmt::format("{:.2f} s", ms / 1000.0);
+  if (ms >= 1.0) return fmt::format("{:.2f} ms", ms);
+  return fmt::format("{:.1f} us", ms * 1000.0);
+}
+
+std::string format_throughput(const std::string& key, double value) {
+  if (key.empty()) return "-";
+  std::string unit = key;
+  if (key == "tokens_per_s") unit = "tok/s";
+  else if (key == "gbps") unit = "GB/s";
+  else if (key == "tflops") unit = "TFLOP/s";
+  if (value >= 1e6) return fmt::format("{:.2f}M {}", value / 1e6, unit);
+  if (value >= 1e4) return fmt::format("{:.0f} {}", value, unit);
+  return fmt::format("{:.3g} {}", value, unit);
+}
+
+}  // namespace
+
+std::string Results::format_table() const {
+  std::string out;
+  out += fmt::format("== {} : {} ==\n", step_, title_);
+  out += fmt::format("cpu: {} ({} thread{})\n", device_info_.cpu_model, device_info_.cpu_threads,
+                     device_info_.cpu_threads == 1 ? "" : "s");
+  if (device_info_.cuda_available)
+    out += fmt::format("gpu: {} (sm_{}, {} SMs, {:.0f} GiB), driver {}, CUDA runtime {}\n", device_info_.gpu_name,
+                       device_info_.gpu_compute_capability, device_info_.gpu_sm_count, device_info_.gpu_memory_gib,
+                       device_info_.cuda_driver, device_info_.cuda_runtime);
+  else
+    out += fmt::format("gpu: none ({})\n", device_info_.cuda_note);
+  std::string config_line;
+  for (const auto& [k, v] : config_) config_line += fmt::format("{}{}={}", config_line.empty() ? "" : ", ", k, scalar_text(v));
+  out += fmt::format("config: {}\ncommit: {}\n\n", config_line, git_commit());
+
+  out += fmt::format("{:<6} {:>3}  {:<22} {:>11} {:>16} {:>9} {:>10}  {}\n", "device", "id", "variant", "time",
+                     "throughput", "speedup", "max_rel", "ok");
+  out += std::string(92, '-') + "\n";
+  for (const auto& r : rows_) {
+    out += fmt::format("{:<6} {:>3}  {:<22} {:>11} {:>16} {:>8.2f}x {:>10.2e}  {}\n", r.device, r.id, r.variant,
+                       format_time(r.time_ms), format_throughput(r.throughput_key, r.throughput), r.speedup,
+                       r.max_rel_err, r.ok ? "ok" : "FAIL");
+  }
+  return out;
+}
+
+std::string Results::to_json() const {
+  std::string out = "{\n";
+  out += fmt::format("  \"step\": {},\n  \"title\": {},\n  \"commit\": {},\n", json_escape(step_), json_escape(title_),
+                     json_escape(git_commit()));
+  out += "  \"config\": {";
+  bool first = true;
+  for (const auto& [k, v] : config_) {
+    out += fmt::format("{}\n    {}: {}", first ? "" : ",", json_escape(k), scalar_json(v));
+    first = false;
+  }
+  out += "\n  },\n";
+  const DeviceInfo& d = device_info_;
+  out += fmt::format(
+      "  \"device_info\": {{\n    \"cpu_model\": {},\n    \"cpu_threads\": {},\n    \"cuda_available\": {},\n"
+      "    \"cuda_note\": {},\n    \"gpu_name\": {},\n    \"gpu_sm_count\": {},\n"
+      "    \"gpu_compute_capability\": {},\n    \"gpu_memory_gib\": {},\n    \"cuda_driver\": {},\n"
+      "    \"cuda_runtime\": {}\n  }},\n",
+      json_escape(d.cpu_model), d.cpu_threads, d.cuda_available ? "true" : "false", json_escape(d.cuda_note),
+      json_escape(d.gpu_name), d.gpu_sm_count, d.gpu_compute_capability, json_number(d.gpu_memory_gib),
+      json_escape(d.cuda_driver), json_escape(d.cuda_runtime));
+  out += "  \"rows\": [";
+  for (std::size_t i = 0; i < rows_.size(); ++i) {
+    const ResultRow& r = rows_[i];
+    out += fmt::format(
+        "{}\n    {{\"device\": {}, \"variant\": {}, \"id\": {}, \"time_ms\": {}, \"speedup\": {}, "
+        "\"max_rel_err\": {}, \"ok\": {}",
+        i ? "," : "", json_escape(r.device), json_escape(r.variant), r.id, json_number(r.time_ms),
+        json_number(r.speedup), json_number(r.max_rel_err), r.ok ? "true" : "false");
+    if (!r.throughput_key.empty()) out += fmt::format(", {}: {}", json_escape(r.throughput_key), json_number(r.throughput));
+    for (const auto& [k, v] : r.extra) out += fmt::format(", {}: {}", json_escape(k), scalar_json(v));
+    out += "}";
+  }
+  out += "\n  ]\n}\n";
+  return out;
+}
+
+void Results::write_json(const std::string& path) const {
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) throw InputError(fmt::format("cannot write results file '{}'", path));
+  out << to_json();
+  if (!out) throw InputError(fmt::format("writing results file '{}' failed", path));
+}
+
+}  // namespace llm

@@ -1,0 +1,151 @@
+#include "llm/tokenizer.hpp"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cstdint>
+#include <fstream>
+
+#include "llm/errors.hpp"
+
+namespace llm {
+
+Tokenizer Tokenizer::load(const std::string& path, int vocab_size) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(fmt::format("cannot open tokenizer file '{}'", path));
+  std::int32_t max_token_length = 0;
+  if (!in.read(reinterpret_cast<char*>(&max_token_length), sizeof(max_token_length)) ||
+      max_token_length <= 0 || max_token_length > 4096)
+    throw InputError(fmt::format("tokenizer file '{}' has no valid header", path));
+
+  Tokenizer t;
+  t.pieces_.resize(static_cast<std::size_t>(vocab_size));
+  t.scores_.resize(static_cast<std::size_t>(vocab_size));
+  for (int i = 0; i < vocab_size; ++i) {
+    float score = 0.0f;
+    std::int32_t length = 0;
+    if (!in.read(reinterpret_cast<char*>(&score), sizeof(score)) ||
+        !in.read(reinterpret_cast<char*>(&length), sizeof(length)))
+      throw InputError(fmt::format(
+          "tokenizer file '{}' ends after {} tokens; the model needs {} (wrong tokenizer for this model?)",
+          path, i, vocab_size));
+    if (length < 0 || length > max_token_length)
+      throw InputError(fmt::format("tokenizer file '{}': token {} has impossible length {}", path, i, length));
+    std::string piece(static_cast<std::size_t>(length), '\0');
+    if (length > 0 && !in.read(piece.data(), length))
+      throw InputError(fmt::format("tokenizer file '{}' is truncated inside token {}", path, i));
+    t.scores_[static_cast<std::size_t>(i)] = score;
+    t.pieces_[static_cast<std::size_t>(i)] = std::move(piece);
+  }
+  for (int i = vocab_size - 1; i >= 0; --i) t.piece_to_id_[t.pieces_[static_cast<std::size_t>(i)]] = i;
+  return t;
+}
+
+Tokenizer Tokenizer::byte_level(int vocab_size) {
+  if (vocab_size < 259)
+    throw InputError(fmt::format("a byte-level tokenizer needs a vocabulary of at least 259 (got {})", vocab_size));
+  Tokenizer t;
+  t.pieces_.resize(static_cast<std::size_t>(vocab_size));
+  t.scores_.assign(static_cast<std::size_t>(vocab_size), 0.0f);
+  t.pieces_[0] = "<unk>";
+  t.pieces_[1] = "\n<s>\n";
+  t.pieces_[2] = "\n</s>\n";
+  for (int b = 0; b < 256; ++b) t.pieces_[static_cast<std::size_t>(3 + b)] = fmt::format("<0x{:02X}>", b);
+  // Ids past the bytes exist only because the preset's vocabulary is larger;
+  // they decode to nothing and are never produced by encode().
+  for (int i = 259; i < vocab_size; ++i) t.pieces_[static_cast<std::size_t>(i)] = "";
+  for (int i = 0; i < 259; ++i) t.piece_to_id_[t.pieces_[static_cast<std::size_t>(i)]] = i;
+  return t;
+}
+
+const std::string& Tokenizer::piece(int token) const {
+  if (token < 0 || token >= vocab_size())
+    throw InputError(fmt::format("token id {} is out of range [0, {})", token, vocab_size()));
+  return pieces_[static_cast<std::size_t>(token)];
+}
+
+int Tokenizer::lookup(const std::string& piece) const {
+  auto it = piece_to_id_.find(piece);
+  return it == piece_to_id_.end() ? -1 : it->second;
+}
+
+std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add_eos) const {
+  std::vector<int> tokens;
+  tokens.reserve(text.size() + 3);
+  if (add_bos) tokens.push_back(kBos);
+  // SentencePiece's add_dummy_prefix: the text is encoded as if it began with
+  // a space, so "Once" at the start is the same token as " Once" mid-sentence.
+  if (!text.empty()) {
+    const int space = lookup(" ");
+    if (space >= 0) tokens.push_back(space);
+  }
+
+  // 1. One token per UTF-8 code point, or one <0xXX> token per byte when the
+  //    code point is not in the vocabulary (byte fallback).
+  std::string code_point;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if ((byte & 0xC0) != 0x80) code_point.clear();  // a leading byte starts a code point
+    code_point.push_back(static_cast<char>(byte));
+    const bool next_continues =
+        i + 1 < text.size() && (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80;
+    if (next_continues && code_point.size() < 4) continue;
+    const int id = lookup(code_point);
+    if (id >= 0) {
+      tokens.push_back(id);
+    } else {
+      // The first 3 ids are <unk>, <s>, </s>; bytes start at id 3.
+      for (unsigned char b : code_point) tokens.push_back(static_cast<int>(b) + 3);
+    }
+    code_point.clear();
+  }
+
+  // 2. Greedy BPE: merge the adjacent pair whose concatenation has the best
+  //    score, until no adjacent pair is in the vocabulary. O(n^2) on the prompt
+  //    length, as llama2.c; prompts are short.
+  const std::size_t first = add_bos ? 1 : 0;  // BOS never merges
+  while (true) {
+    float best_score = -1e10f;
+    int best_id = -1;
+    std::size_t best_index = 0;
+    for (std::size_t i = first; i + 1 < tokens.size(); ++i) {
+      const int id = lookup(pieces_[static_cast<std::size_t>(tokens[i])] +
+                            pieces_[static_cast<std::size_t>(tokens[i + 1])]);
+      if (id >= 0 && scores_[static_cast<std::size_t>(id)] > best_score) {
+        best_score = scores_[static_cast<std::size_t>(id)];
+        best_id = id;
+        best_index = i;
+      }
+    }
+    if (best_id < 0) break;
+    tokens[best_index] = best_id;
+    tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(best_index) + 1);
+  }
+  if (add_eos) tokens.push_back(kEos);
+  return tokens;
+}
+
+std::string Tokenizer::decode(int previous, int token) const {
+  std::string_view text = piece(token);
+  // After BOS, SentencePiece drops the dummy-prefix space.
+  if (previous == kBos && !text.empty() && text.front() == ' ') text.remove_prefix(1);
+  // Raw byte tokens look like "<0x0A>".
+  unsigned value = 0;
+  if (text.size() == 6 && text.substr(0, 3) == "<0x" && text[5] == '>' &&
+      std::isxdigit(static_cast<unsigned char>(text[3])) && std::isxdigit(static_cast<unsigned char>(text[4]))) {
+    value = static_cast<unsigned>(std::stoul(std::string(text.substr(3, 2)), nullptr, 16));
+    return std::string(1, static_cast<char>(value));
+  }
+  return std::string(text);
+}
+
+std::string Tokenizer::decode_printable(int previous, int token) const {
+  std::string text = decode(previous, token);
+  if (text.size() == 1) {
+    const auto byte = static_cast<unsigned char>(text[0]);
+    if (!(std::isprint(byte) || std::isspace(byte))) return "";
+  }
+  return text;
+}
+
+}  // namespace llm

@@ -1,0 +1,11 @@
+#include "llm/token_batch.hpp"
+
+namespace llm {
+
+TokenBatch TokenBatch::prefill(const std::vector<int>& tokens, int start_position, int sequence) {
+  TokenBatch b;
+  for (std::size_t i = 0; i < tokens.size(); ++i) b.add(tokens[i], start_position + static_cast<int>(i), sequence);
+  return b;
+}
+
+}  // namespace llm

@@ -1,0 +1,65 @@
+#include "llm/weights.hpp"
+
+#include <cmath>
+#include <random>
+
+namespace llm {
+
+ModelWeights ModelWeights::allocate(const ModelConfig& c) {
+  c.validate();
+  const std::size_t d = c.dim, h = c.hidden_dim, v = c.vocab_size;
+  const std::size_t q_width = static_cast<std::size_t>(c.n_heads) * c.head_dim();
+  const std::size_t kv = c.kv_dim();
+  ModelWeights w;
+  w.config = c;
+  w.token_embedding.assign(v * d, 0.0f);
+  w.layers.resize(static_cast<std::size_t>(c.n_layers));
+  for (auto& layer : w.layers) {
+    layer.attention_norm.assign(d, 0.0f);
+    layer.wq.assign(q_width * d, 0.0f);
+    layer.wk.assign(kv * d, 0.0f);
+    layer.wv.assign(kv * d, 0.0f);
+    layer.wo.assign(d * q_width, 0.0f);
+    layer.ffn_norm.assign(d, 0.0f);
+    layer.w1.assign(h * d, 0.0f);
+    layer.w2.assign(d * h, 0.0f);
+    layer.w3.assign(h * d, 0.0f);
+  }
+  w.final_norm.assign(d, 0.0f);
+  if (!c.shared_classifier) w.classifier.assign(v * d, 0.0f);
+  return w;
+}
+
+ModelWeights random_weights(const ModelConfig& config, unsigned long long seed) {
+  ModelWeights w = ModelWeights::allocate(config);
+  std::mt19937_64 rng(seed);
+  auto fill_normal = [&rng](std::vector<float>& t, double stddev) {
+    std::normal_distribution<float> dist(0.0f, static_cast<float>(stddev));
+    for (auto& x : t) x = dist(rng);
+  };
+  const double d = config.dim, h = config.hidden_dim;
+  // Residual branches add into the stream 2 x n_layers times; scaling their
+  // output projections by 1/sqrt(2 n_layers) keeps the stream's variance O(1).
+  const double residual_scale = 1.0 / std::sqrt(2.0 * config.n_layers);
+  // The final RMSNorm hands the classifier a row of RMS 1, so logits have std
+  // (classifier std) x sqrt(dim). Untied: embedding rows of RMS 1 and a
+  // classifier of std 1/sqrt(dim) (logit std ~1). Tied (the same matrix does
+  // both jobs): std 2/sqrt(dim), logit std ~2, peaked but not one-hot.
+  fill_normal(w.token_embedding, config.shared_classifier ? 2.0 / std::sqrt(d) : 1.0);
+  for (auto& layer : w.layers) {
+    std::fill(layer.attention_norm.begin(), layer.attention_norm.end(), 1.0f);
+    std::fill(layer.ffn_norm.begin(), layer.ffn_norm.end(), 1.0f);
+    fill_normal(layer.wq, 1.0 / std::sqrt(d));
+    fill_normal(layer.wk, 1.0 / std::sqrt(d));
+    fill_normal(layer.wv, 1.0 / std::sqrt(d));
+    fill_normal(layer.wo, residual_scale / std::sqrt(d));
+    fill_normal(layer.w1, 1.0 / std::sqrt(d));
+    fill_normal(layer.w3, 1.0 / std::sqrt(d));
+    fill_normal(layer.w2, residual_scale / std::sqrt(h));
+  }
+  std::fill(w.final_norm.begin(), w.final_norm.end(), 1.0f);
+  if (!config.shared_classifier) fill_normal(w.classifier, 1.0 / std::sqrt(d));
+  return w;
+}
+
+}  // namespace llm
