@@ -1,0 +1,39 @@
+#include "test_support.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+#include <unistd.h>
+
+#ifndef LLM_DEFAULT_MODELS_DIR
+#define LLM_DEFAULT_MODELS_DIR "../shared/models"
+#endif
+
+namespace llm::testing {
+
+std::optional<std::string> model_file(const std::string& name) {
+  std::vector<std::filesystem::path> dirs;
+  if (const char* env = std::getenv("LLM_MODELS_DIR")) dirs.emplace_back(env);
+  dirs.emplace_back(LLM_DEFAULT_MODELS_DIR);
+  for (const auto& dir : dirs) {
+    const auto path = dir / name;
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(path, ec)) return path.string();
+  }
+  return std::nullopt;
+}
+
+std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::string temp_path(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("llm_tests_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return (dir / name).string();
+}
+
+}  // namespace llm::testing
