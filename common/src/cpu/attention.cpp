@@ -1,5 +1,8 @@
 #include "llm/attention.hpp"
 
+#include <Eigen/Core>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -7,49 +10,63 @@
 namespace llm::cpu {
 namespace {
 
+using RowMajorMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+// A [rows, head_dim] slice of cached K or V rows: consecutive rows are kv_dim
+// floats apart (the other KV heads sit in between).
+using CachedRows = Eigen::Map<const RowMajorMatrix, 0, Eigen::OuterStride<>>;
+
+// Positions t0.. that sit next to each other in memory: the rest of t0's
+// block (the whole sequence when the cache is contiguous).
+int contiguous_rows(const KvView& kv, int t0, int n_keys) {
+  return std::min(kv.block_size - t0 % kv.block_size, n_keys - t0);
+}
+
 // One query row (all heads) against keys 0..n_keys-1 of a view.
 // q      [n_heads, head_dim]
 // scores [n_heads, n_keys] scratch
 // out    [n_heads, head_dim]
+// The two products (K q and V^T p) are Eigen matrix-vector products over each
+// run of contiguous cached rows; the softmax in between is written out.
 void attend_one_query(const AttentionShape& s, const float* q, const KvView& kv, int n_keys,
                       std::vector<float>& scores, float* out) {
-  const int group = s.n_heads / s.n_kv_heads;
-  const float scale = std::sqrt(static_cast<float>(s.head_dim));
+  const int group = s.n_heads / s.n_kv_heads;  // query heads sharing one KV head
+  const int hd = s.head_dim;
+  const float scale = std::sqrt(static_cast<float>(hd));
   scores.resize(static_cast<std::size_t>(s.n_heads) * n_keys);
 
-  // Scores, key-major: each cached row is looked up once for all heads.
-  for (int t = 0; t < n_keys; ++t) {
-    const float* key_row = kv.key_row(t);  // [n_kv_heads, head_dim]
+  // scores[h, t] = q_h . k_t / sqrt(head_dim), for the rows of each block.
+  for (int t0 = 0; t0 < n_keys;) {
+    const int rows = contiguous_rows(kv, t0, n_keys);
+    const float* k0 = kv.key_row(t0);  // [rows, kv_dim] from here on
     for (int h = 0; h < s.n_heads; ++h) {
-      const float* qh = q + static_cast<std::size_t>(h) * s.head_dim;
-      const float* kh = key_row + static_cast<std::size_t>(h / group) * s.head_dim;
-      float dot = 0.0f;
-      for (int i = 0; i < s.head_dim; ++i) dot += qh[i] * kh[i];
-      scores[static_cast<std::size_t>(h) * n_keys + t] = dot / scale;
+      const CachedRows k(k0 + (h / group) * hd, rows, hd, Eigen::OuterStride<>(kv.kv_dim));  // [rows, hd]
+      const Eigen::Map<const Eigen::VectorXf> qh(q + static_cast<std::size_t>(h) * hd, hd);
+      Eigen::Map<Eigen::VectorXf> sh(scores.data() + static_cast<std::size_t>(h) * n_keys + t0, rows);
+      sh.noalias() = k * qh;
+      sh /= scale;
     }
+    t0 += rows;
   }
-  // Softmax of each head's row (max subtracted first: exp never overflows).
+  // Softmax of each head's row; the max is subtracted first so exp() never
+  // overflows. Eigen's array exp() is vectorized (a scalar expf per score
+  // would cost more than the products).
   for (int h = 0; h < s.n_heads; ++h) {
-    float* row = scores.data() + static_cast<std::size_t>(h) * n_keys;
-    float max_score = row[0];
-    for (int t = 1; t < n_keys; ++t) max_score = row[t] > max_score ? row[t] : max_score;
-    float sum = 0.0f;
-    for (int t = 0; t < n_keys; ++t) {
-      row[t] = std::exp(row[t] - max_score);
-      sum += row[t];
-    }
-    for (int t = 0; t < n_keys; ++t) row[t] /= sum;
+    Eigen::Map<Eigen::ArrayXf> row(scores.data() + static_cast<std::size_t>(h) * n_keys, n_keys);
+    row = (row - row.maxCoeff()).exp();
+    row /= row.sum();
   }
-  // Weighted sum of values.
-  std::memset(out, 0, sizeof(float) * static_cast<std::size_t>(s.n_heads) * s.head_dim);
-  for (int t = 0; t < n_keys; ++t) {
-    const float* value_row = kv.value_row(t);
+  // out_h = sum_t p[h, t] v_t
+  std::memset(out, 0, sizeof(float) * static_cast<std::size_t>(s.n_heads) * hd);
+  for (int t0 = 0; t0 < n_keys;) {
+    const int rows = contiguous_rows(kv, t0, n_keys);
+    const float* v0 = kv.value_row(t0);
     for (int h = 0; h < s.n_heads; ++h) {
-      const float p = scores[static_cast<std::size_t>(h) * n_keys + t];
-      const float* vh = value_row + static_cast<std::size_t>(h / group) * s.head_dim;
-      float* oh = out + static_cast<std::size_t>(h) * s.head_dim;
-      for (int i = 0; i < s.head_dim; ++i) oh[i] += p * vh[i];
+      const CachedRows v(v0 + (h / group) * hd, rows, hd, Eigen::OuterStride<>(kv.kv_dim));  // [rows, hd]
+      const Eigen::Map<const Eigen::VectorXf> ph(scores.data() + static_cast<std::size_t>(h) * n_keys + t0, rows);
+      Eigen::Map<Eigen::VectorXf> oh(out + static_cast<std::size_t>(h) * hd, hd);
+      oh.noalias() += v.transpose() * ph;
     }
+    t0 += rows;
   }
 }
 

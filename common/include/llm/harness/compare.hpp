@@ -24,12 +24,15 @@ struct Tolerance {
   double rel_tol;
 };
 Tolerance tolerance_for(DType dtype);
+// End-to-end logits of a whole model (every layer's rounding compounds, and
+// logits are O(1..10)): fp32 within 1e-4 absolute + 1e-4 relative.
+Tolerance model_logits_tolerance(DType dtype);
 const char* dtype_name(DType dtype);
 
 struct CompareResult {
   std::size_t count = 0;           // elements compared
   double max_abs_err = 0.0;        // max |got - ref|
-  double max_rel_err = 0.0;        // max |got - ref| / max(|ref|, tiny)
+  double max_rel_err = 0.0;        // max |got - ref| / max |ref| (norm-relative; inf with NaN)
   std::size_t worst_index = 0;     // index of the element furthest over tolerance
   std::size_t over_tolerance = 0;  // elements outside abs_tol + rel_tol * |ref|
   std::size_t nan_or_inf = 0;      // non-finite values in got (or in ref)

@@ -10,8 +10,12 @@
 
 namespace llm {
 
-enum class Backend { Cpu, Cuda };
-inline const char* backend_name(Backend b) { return b == Backend::Cpu ? "cpu" : "cuda"; }
+// Where a variant runs. Any: the variant is an algorithm over the Model
+// interface (step 01's decode loops) and runs on every device.
+enum class Backend { Cpu, Cuda, Any };
+inline const char* backend_name(Backend b) {
+  return b == Backend::Cpu ? "cpu" : b == Backend::Cuda ? "cuda" : "any";
+}
 
 template <class Fn>
 struct Variant {

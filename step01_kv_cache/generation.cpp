@@ -1,0 +1,118 @@
+#include "generation.hpp"
+
+#include <fmt/format.h>
+
+#include "llm/errors.hpp"
+#include "llm/harness/timer.hpp"
+#include "llm/tokenizer.hpp"
+
+namespace step01 {
+namespace {
+
+// Reserves the result's buffers up front so no reallocation lands inside a
+// timed step.
+void reserve(GenerationResult& result, const llm::Model& model, std::span<const int> prompt, int total_positions) {
+  const auto n = static_cast<std::size_t>(total_positions - static_cast<int>(prompt.size()) + 1);
+  result.prompt_length = static_cast<int>(prompt.size());
+  result.tokens.reserve(n);
+  result.token_ms.reserve(n);
+  result.logits.reserve(n * static_cast<std::size_t>(model.config().vocab_size));
+}
+
+void check_prompt(const llm::Model& model, std::span<const int> prompt, int total_positions) {
+  if (prompt.empty()) throw llm::InputError("the prompt must hold at least the BOS token");
+  const int context = model.config().seq_len;
+  if (static_cast<int>(prompt.size()) > context)
+    throw llm::InputError(fmt::format("the prompt is {} tokens; the model's context is {}", prompt.size(), context));
+  if (total_positions > context)
+    throw llm::InputError(fmt::format("--steps {} exceeds the model's context of {} positions", total_positions,
+                                      context));
+  if (total_positions < static_cast<int>(prompt.size()))
+    throw llm::InputError(fmt::format("--steps {} is shorter than the prompt ({} tokens)", total_positions,
+                                      prompt.size()));
+}
+
+// Samples from `logits`, records the token and its logits. Returns false when
+// generation should stop (BOS sampled).
+bool accept(GenerationResult& result, std::span<const float> logits, llm::Sampler& sampler, double ms) {
+  const int next = sampler.sample(logits);
+  result.tokens.push_back(next);
+  result.logits.insert(result.logits.end(), logits.begin(), logits.end());
+  result.token_ms.push_back(ms);
+  return next != llm::Tokenizer::kBos;
+}
+
+}  // namespace
+
+GenerationResult generate_recompute(llm::Model& model, std::span<const int> prompt, int total_positions,
+                                    llm::Sampler& sampler) {
+  check_prompt(model, prompt, total_positions);
+  GenerationResult result;
+  reserve(result, model, prompt, total_positions);
+  // sequence: [n] every token so far, prompt then generated.
+  std::vector<int> sequence(prompt.begin(), prompt.end());
+  // One slot as long as the context, cleared every step: "no cache" means
+  // nothing survives from one token to the next.
+  auto scratch = model.make_cache(1, model.config().seq_len);
+  llm::Stopwatch total;
+  // The last forward runs at position total_positions - 1 (as llama2.c's loop).
+  while (static_cast<int>(sequence.size()) <= total_positions) {
+    llm::Stopwatch step;
+    scratch->clear();
+    const auto logits = model.forward(llm::TokenBatch::prefill(sequence, 0, 0), *scratch);
+    if (!accept(result, logits, sampler, step.elapsed_ms())) break;
+    sequence.push_back(result.tokens.back());
+  }
+  result.total_ms = total.elapsed_ms();
+  return result;
+}
+
+GenerationResult generate_cached(llm::Model& model, std::span<const int> prompt, int total_positions,
+                                 llm::Sampler& sampler) {
+  check_prompt(model, prompt, total_positions);
+  GenerationResult result;
+  reserve(result, model, prompt, total_positions);
+  // Capacity exactly what this generation needs: the cache's size is the
+  // formula's 2 x layers x kv_dim x positions x 4 bytes.
+  auto cache = model.make_cache(1, total_positions);
+  result.kv_bytes_allocated = cache->bytes_allocated();
+  llm::Stopwatch total;
+
+  // Prefill: the whole prompt in one forward; its last row predicts token 1.
+  llm::Stopwatch step;
+  std::vector<int> prompt_ids(prompt.begin(), prompt.end());
+  auto logits = model.forward(llm::TokenBatch::prefill(prompt_ids, 0, 0), *cache);
+  bool go_on = accept(result, logits, sampler, step.elapsed_ms());
+
+  // Decode: one row per step, reusing the same batch object (no allocation).
+  llm::TokenBatch batch = llm::TokenBatch::single(0, 0, 0);
+  int position = static_cast<int>(prompt.size());
+  while (go_on && position < total_positions) {
+    step.restart();
+    batch.tokens[0] = result.tokens.back();
+    batch.positions[0] = position;
+    logits = model.forward(batch, *cache);
+    go_on = accept(result, logits, sampler, step.elapsed_ms());
+    ++position;
+  }
+  result.total_ms = total.elapsed_ms();
+  return result;
+}
+
+const std::vector<llm::Variant<GenerateFn>>& variants() {
+  static const std::vector<llm::Variant<GenerateFn>> table = {
+      {0, "recompute", "no cache: every new token re-runs the whole prefix", llm::Backend::Any,
+       &generate_recompute},
+      {1, "kv_cache", "prefill once, then one token per step reading cached K/V", llm::Backend::Any,
+       &generate_cached},
+  };
+  return table;
+}
+
+std::size_t kv_cache_bytes(int n_layers, int n_kv_heads, int head_dim, long long positions, int bytes_per_value) {
+  return 2ull * static_cast<std::size_t>(n_layers) * static_cast<std::size_t>(n_kv_heads) *
+         static_cast<std::size_t>(head_dim) * static_cast<std::size_t>(positions) *
+         static_cast<std::size_t>(bytes_per_value);
+}
+
+}  // namespace step01
