@@ -7,13 +7,7 @@
 #include "llm/errors.hpp"
 #include "llm/harness/json_writer.hpp"
 
-#ifndef LLM_GIT_COMMIT
-#define LLM_GIT_COMMIT "unknown"
-#endif
-
 namespace llm {
-
-const char* git_commit() { return LLM_GIT_COMMIT; }
 
 Results::Results(std::string step, std::string title) : step_(std::move(step)), title_(std::move(title)) {}
 
