@@ -57,7 +57,8 @@ class KvCache {
 
   // Called by the forward before it writes rows: position p of `sequence` may
   // be written when p <= length (no gaps) and p < capacity, else throws
-  // KvCacheFullError / InputError. Afterwards length = max(length, p + 1).
+  // KvCacheFullError / InputError. mark_written sets length = p + 1: writing a
+  // position forgets every later one (rewriting after a rollback).
   void check_writable(int sequence, int position) const;
   void mark_written(int sequence, int position);
 
@@ -79,6 +80,8 @@ class CpuKvCache final : public KvCache {
 
   KvView view(int layer, int sequence) const;
   std::size_t bytes_allocated() const override;
+  // True when this cache was shaped for `config` (layers and K/V width).
+  bool fits(const ModelConfig& config) const { return config.n_layers == n_layers_ && config.kv_dim() == kv_dim_; }
 
  private:
   int n_layers_;

@@ -132,7 +132,8 @@ void CpuModel::attention_block(int layer_index, const TokenBatch& batch, CpuKvCa
 
 std::span<const float> CpuModel::forward(const TokenBatch& batch, KvCache& cache_base, LogitsFor which) {
   auto* cache = dynamic_cast<CpuKvCache*>(&cache_base);
-  if (cache == nullptr) throw InputError("CpuModel::forward needs a cache made by CpuModel::make_cache");
+  if (cache == nullptr || !cache->fits(config_))
+    throw InputError("CpuModel::forward needs a cache made by this model's make_cache (CPU memory, same layers and K/V width)");
   validate_batch(config_, batch, *cache);
 
   const ModelConfig& c = config_;

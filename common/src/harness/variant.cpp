@@ -8,7 +8,9 @@
 namespace llm {
 
 std::vector<int> parse_variant_selection(const std::string& text, const std::vector<int>& known_ids) {
-  if (text == "all" || text.empty()) return known_ids;
+  if (text == "all") return known_ids;
+  if (text.empty() || text.back() == ',' || text.front() == ',')
+    throw InputError(fmt::format("--variant expects 'all' or ids like 0,1 (got '{}')", text));
   std::vector<int> ids;
   std::stringstream stream(text);
   std::string item;

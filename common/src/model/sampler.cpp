@@ -77,6 +77,11 @@ int Sampler::sample(std::span<const float> logits) {
   for (int i = 0; i < vocab_size_; ++i)
     if (probabilities_[static_cast<std::size_t>(i)] >= cutoff)
       candidates_.emplace_back(probabilities_[static_cast<std::size_t>(i)], i);
+  // The bound does not hold for the most likely token itself: in a nearly flat
+  // distribution it can fall below the cutoff too. Then no token passes, and
+  // (as every p < cutoff implies top_p < 1/n <= p_max) the nucleus is the most
+  // likely token alone.
+  if (candidates_.empty()) return argmax(probabilities_);
   std::sort(candidates_.begin(), candidates_.end(),
             [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
   float cumulative = 0.0f;

@@ -1,0 +1,291 @@
+// The llama2.c tokenizer: encoding matches run.c, decoding inverts encoding
+// (byte fallback included), and malformed files are rejected.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "llm/errors.hpp"
+#include "llm/tokenizer.hpp"
+#include "test_support.hpp"
+
+namespace llm {
+namespace {
+
+::testing::AssertionResult HasSubstr(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
+}
+
+// The message of the InputError Tokenizer::load throws (fails the test if none).
+std::string load_error(const std::string& path, int vocab_size) {
+  try {
+    Tokenizer::load(path, vocab_size);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "Tokenizer::load('" << path << "', " << vocab_size << ") did not throw InputError";
+  return "";
+}
+
+// Decodes `ids` as a generation loop prints them: each token after the one before.
+std::string decode_all(const Tokenizer& tok, const std::vector<int>& ids) {
+  std::string text;
+  for (std::size_t i = 0; i < ids.size(); ++i) text += tok.decode(i == 0 ? -1 : ids[i - 1], ids[i]);
+  return text;
+}
+
+// BOS, then the text: decoding after BOS drops the dummy-prefix space.
+std::string round_trip(const Tokenizer& tok, const std::string& text) {
+  const std::vector<int> ids = tok.encode(text, /*add_bos=*/true, /*add_eos=*/false);
+  std::string decoded;
+  for (std::size_t i = 1; i < ids.size(); ++i) decoded += tok.decode(ids[i - 1], ids[i]);
+  return decoded;
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A tokenizer file in llama2.c's format: <unk>, <s>, </s>, the 256 byte
+// tokens (ids 3..258), then `extra` (piece, score) pairs from id 259.
+std::string write_tokenizer_file(const std::string& name, const std::vector<std::pair<std::string, float>>& extra) {
+  std::vector<std::pair<std::string, float>> pieces = {{"<unk>", 0.0f}, {"\n<s>\n", 0.0f}, {"\n</s>\n", 0.0f}};
+  for (int b = 0; b < 256; ++b) {
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
+    pieces.emplace_back(hex, 0.0f);
+  }
+  pieces.insert(pieces.end(), extra.begin(), extra.end());
+  const std::string path = testing::temp_path(name);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const std::int32_t max_length = 16;
+  out.write(reinterpret_cast<const char*>(&max_length), sizeof(max_length));
+  for (const auto& [piece, score] : pieces) {
+    const auto length = static_cast<std::int32_t>(piece.size());
+    out.write(reinterpret_cast<const char*>(&score), sizeof(score));
+    out.write(reinterpret_cast<const char*>(&length), sizeof(length));
+    out.write(piece.data(), length);
+  }
+  return path;
+}
+
+// ids 259..265 of the synthetic vocabulary.
+const std::vector<std::pair<std::string, float>> kSyntheticPieces = {
+    {" ", 0.0f}, {"a", 0.0f}, {"b", 0.0f}, {"c", 0.0f}, {"ab", 1.0f}, {"bc", 5.0f}, {" a", 3.0f}};
+constexpr int kSyntheticVocab = 259 + 7;
+
+const std::vector<std::string> kSentences = {
+    "Once upon a time, there was a little girl named Lily.",
+    "She said: \"Hi!\" (and smiled); then 42 cats ran 3.5 miles... Why?",
+    "Line one\nLine two\n\nLine four, tab\there.",
+    "caf\xC3\xA9 \xE2\x98\x95",  // "café ☕": é and ☕ need byte fallback or rare tokens
+    "  leading spaces and trailing  ",
+    "1234567890 + 0987654321 = ?",
+};
+
+// --- A synthetic vocabulary (no model files needed) -----------------------
+
+TEST(TokenizerSynthetic, MergesTheHighestScoringPairFirst) {
+  const Tokenizer tok = Tokenizer::load(write_tokenizer_file("synthetic.bin", kSyntheticPieces), kSyntheticVocab);
+  // [" ", a, b, c]: "bc" (5) beats " a" (3) and "ab" (1); then " a" merges.
+  // Merging left to right, or "ab" first, would give [" ", "ab", "c"].
+  EXPECT_EQ(tok.encode("abc", false, false), (std::vector<int>{265, 264}));
+  EXPECT_EQ(tok.encode("abc", true, true), (std::vector<int>{Tokenizer::kBos, 265, 264, Tokenizer::kEos}));
+}
+
+TEST(TokenizerSynthetic, UnknownCharactersFallBackToByteTokens) {
+  const Tokenizer tok = Tokenizer::load(write_tokenizer_file("synthetic.bin", kSyntheticPieces), kSyntheticVocab);
+  // "z" is not in the vocabulary: its byte token is id 3 + 'z'.
+  EXPECT_EQ(tok.encode("z", false, false), (std::vector<int>{259, 3 + 'z'}));
+  // A 2-byte code point becomes two byte tokens, which decode back to it.
+  const std::vector<int> ids = tok.encode("\xC3\xA9", false, false);
+  EXPECT_EQ(ids, (std::vector<int>{259, 3 + 0xC3, 3 + 0xA9}));
+  EXPECT_EQ(decode_all(tok, ids), " \xC3\xA9");
+}
+
+TEST(TokenizerSynthetic, EmptyTextHasNoDummyPrefix) {
+  const Tokenizer tok = Tokenizer::load(write_tokenizer_file("synthetic.bin", kSyntheticPieces), kSyntheticVocab);
+  EXPECT_TRUE(tok.encode("", false, false).empty());
+  EXPECT_EQ(tok.encode("", true, true), (std::vector<int>{Tokenizer::kBos, Tokenizer::kEos}));
+}
+
+TEST(TokenizerSynthetic, PieceOfAnOutOfRangeIdThrows) {
+  const Tokenizer tok = Tokenizer::load(write_tokenizer_file("synthetic.bin", kSyntheticPieces), kSyntheticVocab);
+  EXPECT_EQ(tok.piece(kSyntheticVocab - 1), " a");
+  EXPECT_THROW(tok.piece(-1), InputError);
+  EXPECT_THROW(tok.piece(kSyntheticVocab), InputError);
+  EXPECT_THROW(tok.decode(Tokenizer::kBos, kSyntheticVocab), InputError);
+}
+
+TEST(TokenizerLoad, RejectsAMissingFile) {
+  const std::string path = testing::temp_path("no_such_tokenizer.bin");
+  std::remove(path.c_str());
+  EXPECT_TRUE(HasSubstr(load_error(path, 512), "cannot open"));
+}
+
+TEST(TokenizerLoad, RejectsABadHeader) {
+  const std::string path = testing::temp_path("bad_header_tokenizer.bin");
+  write_bytes(path, {'\xff', '\xff', '\xff', '\xff', 'x', 'y'});  // max_token_length -1
+  EXPECT_TRUE(HasSubstr(load_error(path, 259), "no valid header"));
+  write_bytes(path, {'\x01'});  // shorter than the header
+  EXPECT_TRUE(HasSubstr(load_error(path, 259), "no valid header"));
+}
+
+TEST(TokenizerLoad, RejectsATruncatedFile) {
+  const std::string full = write_tokenizer_file("full_tokenizer.bin", kSyntheticPieces);
+  const std::vector<char> bytes = read_bytes(full);
+  const std::string path = testing::temp_path("cut_tokenizer.bin");
+
+  write_bytes(path, {bytes.begin(), bytes.end() - 1});  // inside the last piece's bytes
+  EXPECT_TRUE(HasSubstr(load_error(path, kSyntheticVocab), "truncated inside token"));
+
+  write_bytes(path, {bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(bytes.size() / 2)});
+  EXPECT_THROW(Tokenizer::load(path, kSyntheticVocab), InputError);
+}
+
+TEST(TokenizerLoad, RejectsAFileWithFewerTokensThanTheVocabulary) {
+  const std::string path = write_tokenizer_file("short_vocab.bin", kSyntheticPieces);
+  const std::string message = load_error(path, kSyntheticVocab + 1);
+  EXPECT_TRUE(HasSubstr(message, "ends after 266 tokens"));
+  EXPECT_TRUE(HasSubstr(message, "needs 267"));
+}
+
+TEST(TokenizerLoad, RejectsATokenLongerThanTheDeclaredMaximum) {
+  const std::string path = write_tokenizer_file("long_piece.bin", {{std::string(17, 'x'), 0.0f}});
+  EXPECT_TRUE(HasSubstr(load_error(path, 260), "impossible length"));
+}
+
+// --- The byte-level tokenizer of the built-in presets ---------------------
+
+TEST(ByteLevelTokenizer, RoundTripsEveryByteValue) {
+  const Tokenizer tok = Tokenizer::byte_level(512);
+  std::string text;
+  for (int b = 0; b < 256; ++b) text.push_back(static_cast<char>(b));
+  std::shuffle(text.begin(), text.end(), std::mt19937(5));
+  text += "\xC3\xA9 \xE2\x98\x95 \x80\x80\xFF";  // valid and invalid UTF-8
+
+  const std::vector<int> ids = tok.encode(text, false, false);
+  ASSERT_EQ(ids.size(), text.size());  // no dummy prefix, no merges: one id per byte
+  for (std::size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], 3 + static_cast<unsigned char>(text[i]));
+  EXPECT_EQ(decode_all(tok, ids), text);
+  EXPECT_EQ(round_trip(tok, text), text);
+}
+
+TEST(ByteLevelTokenizer, SpecialTokensAndUnusedIds) {
+  const Tokenizer tok = Tokenizer::byte_level(300);
+  EXPECT_EQ(tok.vocab_size(), 300);
+  const std::vector<int> ids = tok.encode("hi", true, true);
+  EXPECT_EQ(ids, (std::vector<int>{Tokenizer::kBos, 3 + 'h', 3 + 'i', Tokenizer::kEos}));
+  EXPECT_EQ(tok.decode(Tokenizer::kBos, 3 + ' '), " ");  // a byte token is not a dummy prefix
+  EXPECT_EQ(tok.decode(5, 299), "");
+  EXPECT_THROW(tok.piece(300), InputError);
+  EXPECT_THROW(Tokenizer::byte_level(258), InputError);
+}
+
+// --- tok512.bin, the tokenizer of stories260K -----------------------------
+
+TEST(Tok512, EncodesLikeLlama2cRunC) {
+  LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
+  const Tokenizer tok = Tokenizer::load(path, 512);
+  // run.c on the same files: the greedy story begins with these ids.
+  EXPECT_EQ(tok.encode("Once upon a time", false, false), (std::vector<int>{403, 407, 261, 378}));
+  EXPECT_EQ(tok.encode("Once upon a time", true, false), (std::vector<int>{1, 403, 407, 261, 378}));
+  EXPECT_EQ(tok.encode("Once upon a time", true, true), (std::vector<int>{1, 403, 407, 261, 378, 2}));
+}
+
+TEST(Tok512, DecodingTheEncodingGivesBackTheText) {
+  LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
+  const Tokenizer tok = Tokenizer::load(path, 512);
+  for (const std::string& text : kSentences) {
+    SCOPED_TRACE(text);
+    EXPECT_EQ(round_trip(tok, text), text);
+    // Without BOS the dummy-prefix space stays.
+    EXPECT_EQ(decode_all(tok, tok.encode(text, false, false)), " " + text);
+  }
+}
+
+TEST(Tok512, MultiByteCharactersUseByteFallback) {
+  LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
+  const Tokenizer tok = Tokenizer::load(path, 512);
+  const std::vector<int> ids = tok.encode("\xE2\x98\x95", false, false);  // ☕
+  ASSERT_EQ(ids.size(), 4u);  // dummy prefix, then 3 byte tokens
+  EXPECT_EQ(ids[1], 3 + 0xE2);
+  EXPECT_EQ(ids[2], 3 + 0x98);
+  EXPECT_EQ(ids[3], 3 + 0x95);
+}
+
+TEST(Tok512, ByteTokensDecodeToTheRawByte) {
+  LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
+  const Tokenizer tok = Tokenizer::load(path, 512);
+  EXPECT_EQ(tok.piece(13), "<0x0A>");
+  EXPECT_EQ(tok.decode(400, 13), "\n");
+  EXPECT_EQ(tok.piece(3 + 0xE2), "<0xE2>");
+  EXPECT_EQ(tok.decode(400, 3 + 0xE2), "\xE2");
+  EXPECT_EQ(tok.decode(400, 3), std::string(1, '\0'));
+}
+
+TEST(Tok512, DecodePrintableDropsALoneControlByte) {
+  LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
+  const Tokenizer tok = Tokenizer::load(path, 512);
+  EXPECT_EQ(tok.decode(400, 3 + 0x01), "\x01");
+  EXPECT_EQ(tok.decode_printable(400, 3 + 0x01), "");
+  EXPECT_EQ(tok.decode_printable(400, 3 + 0x1B), "");  // ESC
+  EXPECT_EQ(tok.decode_printable(400, 13), "\n");      // whitespace stays
+  EXPECT_EQ(tok.decode_printable(400, 403), tok.decode(400, 403));
+  EXPECT_EQ(tok.decode_printable(Tokenizer::kBos, 403), "Once");
+}
+
+TEST(Tok512, PieceOfAnOutOfRangeIdThrows) {
+  LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
+  const Tokenizer tok = Tokenizer::load(path, 512);
+  EXPECT_EQ(tok.vocab_size(), 512);
+  EXPECT_THROW(tok.piece(512), InputError);
+  EXPECT_THROW(tok.piece(-1), InputError);
+  EXPECT_THROW(tok.decode(1, 512), InputError);
+}
+
+TEST(Tok512, TruncatedCopyIsRejected) {
+  LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
+  const std::vector<char> bytes = read_bytes(path);
+  const std::string cut = testing::temp_path("tok512_cut.bin");
+  write_bytes(cut, {bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(bytes.size() / 2)});
+  EXPECT_THROW(Tokenizer::load(cut, 512), InputError);
+  write_bytes(cut, {bytes.begin(), bytes.end() - 1});
+  EXPECT_TRUE(HasSubstr(load_error(cut, 512), "truncated"));
+}
+
+TEST(Tok512, TooSmallForALargerVocabulary) {
+  LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
+  EXPECT_TRUE(HasSubstr(load_error(path, 32000), "ends after 512 tokens"));
+}
+
+// --- tokenizer.bin, the 32000-token Llama 2 vocabulary --------------------
+
+TEST(Llama2Tokenizer, EncodesHelloWorldAndRoundTrips) {
+  LLM_REQUIRE_MODEL_FILE(path, "tokenizer.bin");
+  const Tokenizer tok = Tokenizer::load(path, 32000);
+  EXPECT_EQ(tok.vocab_size(), 32000);
+  // SentencePiece's Llama 2 ids: "▁Hello" 15043, "▁world" 3186.
+  EXPECT_EQ(tok.encode("Hello world", true, false), (std::vector<int>{1, 15043, 3186}));
+  for (const std::string& text : kSentences) {
+    SCOPED_TRACE(text);
+    EXPECT_EQ(round_trip(tok, text), text);
+  }
+}
+
+}  // namespace
+}  // namespace llm
