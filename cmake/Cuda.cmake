@@ -37,6 +37,13 @@ if(LLM_WITH_CUDA)
     endif()
   endif()
   enable_language(CUDA)
+  if(CMAKE_VERSION VERSION_LESS 3.25.2)
+    # CMake learned nvcc's C++20 flag in 3.25.2; older ones (Debian 12 ships
+    # 3.25.1) stop at generate time with "requires the language dialect
+    # CUDA20". Tell them the flag (nvcc accepts it from CUDA 12 on).
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs every step executable that has been built, in teaching order, and
+# prints each step's results table. Arguments are passed to every step
+# (e.g. --quick, --device cpu). With RESULTS_DIR set, each step also writes
+# its JSON there as <step>.json.
+#
+#   scripts/run_all_steps.sh                 # full runs on the built-in model
+#   scripts/run_all_steps.sh --quick         # seconds per step (what CI runs)
+#   BUILD_DIR=build-release scripts/run_all_steps.sh
+set -euo pipefail
+
+build_dir=${BUILD_DIR:-build}
+shopt -s nullglob
+steps=("$build_dir"/bin/step[0-9][0-9]_*)
+ran=0
+failed=()
+for exe in "${steps[@]}"; do
+  name=$(basename "$exe")
+  [[ "$name" == *_bench ]] && continue
+  [[ -x "$exe" ]] || continue
+  echo
+  echo "################ $name $* ################"
+  json_args=()
+  if [[ -n "${RESULTS_DIR:-}" ]]; then
+    mkdir -p "$RESULTS_DIR"
+    json_args=(--json "$RESULTS_DIR/$name.json")
+  fi
+  if "$exe" "$@" "${json_args[@]}"; then
+    ran=$((ran + 1))
+  else
+    failed+=("$name")
+  fi
+done
+
+if ((ran == 0 && ${#failed[@]} == 0)); then
+  echo "no step executables found in $build_dir/bin (build first: cmake -S . -B build && cmake --build build -j)" >&2
+  exit 1
+fi
+echo
+if ((${#failed[@]})); then
+  echo "steps that failed: ${failed[*]}" >&2
+  exit 1
+fi
+echo "all $ran step(s) ran and passed their checks"
