@@ -51,8 +51,9 @@ struct DeviceSelection {
 };
 DeviceSelection select_devices(const std::string& device_flag);
 
-// Runs `body` and turns course errors into a message on stderr and exit code
-// 1 (2 for usage errors), so no executable ends in an uncaught exception.
+// Runs `body` and turns course errors into a message on stderr and exit status
+// 1, so no executable ends in an uncaught exception. (Command-line errors are
+// reported by CLI11 itself, with its own non-zero codes.)
 int run_main(int argc, char** argv, int (*body)(int, char**));
 
 }  // namespace llm

@@ -55,7 +55,7 @@ class Results {
   std::vector<ResultRow> rows_;
 };
 
-// The commit the binary was built from (configure time).
+// The commit the binary was built from, read at build time (cmake/WriteGitCommit.cmake).
 const char* git_commit();
 
 }  // namespace llm

@@ -1,0 +1,90 @@
+// Step 01: generation with a KV cache must equal generation by recomputation,
+// token for token, with logits within fp32 model tolerance; bad requests fail
+// with a clear error.
+#include <gtest/gtest.h>
+
+#include "generation.hpp"
+#include "llm/checkpoint.hpp"
+#include "llm/cpu_model.hpp"
+#include "llm/errors.hpp"
+#include "llm/harness/compare.hpp"
+#include "llm/tokenizer.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using step01::GenerationResult;
+
+GenerationResult run(step01::GenerateFn fn, llm::Model& model, const std::vector<int>& prompt, int positions,
+                     float temperature = 0.0f) {
+  llm::Sampler sampler(model.config().vocab_size, temperature, 0.9f, 7);
+  return fn(model, prompt, positions, sampler);
+}
+
+void expect_same_generation(const GenerationResult& cached, const GenerationResult& recomputed) {
+  ASSERT_EQ(cached.tokens, recomputed.tokens);
+  const auto error = llm::compare(cached.logits, recomputed.logits, llm::model_logits_tolerance(llm::DType::F32));
+  EXPECT_TRUE(error.ok) << error.summary();
+}
+
+TEST(Step01, CachedEqualsRecomputeOnTheTinyPresetFromBos) {
+  // Seed 42 is the executable's default; its greedy text does not hit BOS early.
+  llm::CpuModel model(llm::random_weights(llm::find_preset("tiny").config, 42));
+  const std::vector<int> prompt = {llm::Tokenizer::kBos};
+  const auto cached = run(step01::generate_cached, model, prompt, 40);
+  const auto recomputed = run(step01::generate_recompute, model, prompt, 40);
+  EXPECT_EQ(cached.tokens.size(), 40u);  // positions 0..39, one token each
+  expect_same_generation(cached, recomputed);
+}
+
+TEST(Step01, CachedEqualsRecomputeWithAPromptAndSampling) {
+  llm::CpuModel model(llm::random_weights(llm::find_preset("tiny").config, 5));
+  const std::vector<int> prompt = {1, 40, 77, 300, 12, 9, 511};
+  // Same seed, same logits up to float noise: the sampled tokens agree too.
+  const auto cached = run(step01::generate_cached, model, prompt, 30, 0.8f);
+  const auto recomputed = run(step01::generate_recompute, model, prompt, 30, 0.8f);
+  EXPECT_EQ(cached.tokens.size(), 30u - prompt.size() + 1);
+  expect_same_generation(cached, recomputed);
+}
+
+TEST(Step01, CacheAllocatesExactlyTheFormulaBytes) {
+  const auto config = llm::find_preset("tiny").config;
+  llm::CpuModel model(llm::random_weights(config, 1));
+  const auto cached = run(step01::generate_cached, model, {llm::Tokenizer::kBos}, 100);
+  EXPECT_EQ(cached.kv_bytes_allocated,
+            step01::kv_cache_bytes(config.n_layers, config.n_kv_heads, config.head_dim(), 100, sizeof(float)));
+  // Llama-2-7B in fp16 at 4k: 2 x 32 x 32 x 128 x 4096 x 2 bytes = 2 GiB.
+  EXPECT_EQ(step01::kv_cache_bytes(32, 32, 128, 4096, 2), 2ull << 30);
+}
+
+TEST(Step01, RequestsBeyondTheContextAreRefused) {
+  auto config = llm::find_preset("tiny").config;
+  config.seq_len = 16;
+  llm::CpuModel model(llm::random_weights(config, 1));
+  const std::vector<int> long_prompt(17, 5);
+  for (auto fn : {step01::generate_cached, step01::generate_recompute}) {
+    EXPECT_THROW(run(fn, model, long_prompt, 16), llm::InputError);
+    EXPECT_THROW(run(fn, model, {llm::Tokenizer::kBos}, 17), llm::InputError);
+    EXPECT_THROW(run(fn, model, {}, 8), llm::InputError);
+    EXPECT_THROW(run(fn, model, {1, 9999}, 8), llm::InputError);  // token id out of range
+  }
+}
+
+TEST(Step01, Stories260KCachedEqualsRecomputeForAFullStory) {
+  LLM_REQUIRE_MODEL_FILE(model_path, "stories260K.bin");
+  llm::CpuModel model(llm::load_checkpoint(model_path));
+  const std::vector<int> prompt = {llm::Tokenizer::kBos};
+  const auto cached = run(step01::generate_cached, model, prompt, 128);
+  const auto recomputed = run(step01::generate_recompute, model, prompt, 128);
+  expect_same_generation(cached, recomputed);
+}
+
+TEST(Step01, VariantTableHasTheBaselineAtIdZero) {
+  const auto& table = step01::variants();
+  ASSERT_EQ(table.size(), 2u);
+  EXPECT_EQ(table[0].id, 0);
+  EXPECT_EQ(table[0].fn, &step01::generate_recompute);
+  EXPECT_EQ(table[1].fn, &step01::generate_cached);
+}
+
+}  // namespace
