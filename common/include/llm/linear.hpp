@@ -29,6 +29,11 @@ class DenseLinear final : public Linear {
   int out_features() const override { return out_; }
   std::size_t weight_bytes() const override { return weight_.size() * sizeof(float); }
 
+  // Up to this many rows, and for matrices larger than a core's L2 cache, use
+  // the one-pass small-batch product (see forward).
+  static constexpr int kSmallBatchRows = 16;
+  static constexpr std::size_t kSmallBatchMinWeightBytes = 2u << 20;
+
  private:
   std::vector<float> weight_;  // [out_features, in_features]
   int out_;

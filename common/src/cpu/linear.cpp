@@ -23,6 +23,22 @@ void DenseLinear::forward(const float* x, int rows, float* y) const {
     Eigen::Map<Eigen::VectorXf>(y, out_).noalias() = w * Eigen::Map<const Eigen::VectorXf>(x, in_);
     return;
   }
+  if (rows <= kSmallBatchRows && weight_bytes() > kSmallBatchMinWeightBytes) {
+    // A few rows (speculative verification, batched decode) against a matrix
+    // too big for the core's caches: the cost is one pass over W from memory.
+    // So make exactly one pass, dotting each weight row with every input row
+    // while it is in cache. A general matrix-matrix product would first copy
+    // ("pack") W into a blocked layout (a second pass, plus writes), and
+    // separate matrix-vector products would read W once per row. For a small
+    // matrix that stays in cache, arithmetic is the cost and the packed
+    // product below is faster.
+    const Eigen::Map<const RowMajor> xs(x, rows, in_);  // [rows, in]
+    for (int o = 0; o < out_; ++o) {
+      const auto w_row = w.row(o);
+      for (int r = 0; r < rows; ++r) y[static_cast<std::size_t>(r) * out_ + o] = w_row.dot(xs.row(r));
+    }
+    return;
+  }
   // Prefill: Y[rows, out] = X[rows, in] . W^T, one matrix-matrix product, so
   // each weight is read once for all rows (this is what makes prefill fast).
   const Eigen::Map<const RowMajor> xs(x, rows, in_);
