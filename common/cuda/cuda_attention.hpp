@@ -1,0 +1,39 @@
+#pragma once
+// The attention hook on the GPU, the twin of cpu::AttentionKernels
+// (llm/attention.hpp): plain functions, one per phase, chosen by whoever
+// builds the CudaModel. A step that writes a better kernel (FlashAttention in
+// step 02, paged attention in step 05) plugs it in here without touching the
+// layer code. Each phase also says how much workspace it needs, so the naive
+// kernels can keep their O(N^2) scores and a tiled kernel can ask for none.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "kernels.cuh"
+#include "llm/attention.hpp"
+#include "llm/kv_cache.hpp"
+
+namespace llm::cuda {
+
+struct CudaAttentionKernels {
+  // Prefill: n_new queries of one sequence at positions n_past.., causal
+  // bottom-right. q, out [n_new, n_heads, head_dim]; kv's pointers are device
+  // memory. See kernels::prefill_attention.
+  using PrefillFn = void (*)(const AttentionShape& shape, const float* q, const KvView& kv, int n_past, int n_new,
+                             float* out, float* workspace, cudaStream_t stream);
+  using PrefillWorkspaceFn = std::size_t (*)(const AttentionShape& shape, int n_past, int n_new);  // floats
+  // Decode: query i (row rows[i] of q and out) sees keys 0..lengths[i]-1 of
+  // views[i]; views, lengths, rows are device arrays of n_queries. See
+  // kernels::decode_attention.
+  using DecodeFn = void (*)(const AttentionShape& shape, const float* q, const KvView* views, const int* lengths,
+                            const int* rows, int n_queries, int max_length, float* out, float* workspace,
+                            cudaStream_t stream);
+  using DecodeWorkspaceFn = std::size_t (*)(const AttentionShape& shape, int n_queries, int max_length);  // floats
+
+  PrefillFn prefill = kernels::prefill_attention;
+  PrefillWorkspaceFn prefill_workspace = kernels::prefill_scores_floats;
+  DecodeFn decode = kernels::decode_attention;
+  DecodeWorkspaceFn decode_workspace = kernels::decode_scores_floats;
+};
+
+}  // namespace llm::cuda

@@ -1,0 +1,74 @@
+#pragma once
+// The linear-layer hook on the GPU, the twin of llm/linear.hpp: every matrix
+// product of CudaModel goes through CudaLinear::forward, so step 06 can swap
+// in int8/int4 weights by handing CudaModel another CudaLinearFactory, without
+// touching the layer code. The baseline is DenseCudaLinear: fp32 weights and
+// cuBLAS's SGEMM.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "llm/cuda/device_buffer.hpp"
+
+namespace llm::cuda {
+
+// A cuBLAS handle that destroys itself. Created in fp32 math mode (see the
+// constructor for why that is set explicitly).
+class CublasHandle {
+ public:
+  CublasHandle();
+  ~CublasHandle();
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+class CudaLinear {
+ public:
+  virtual ~CudaLinear() = default;
+  // y[rows, out_features] = x[rows, in_features] . W^T, both row-major in
+  // device memory, queued on `stream` (nothing waits for it to finish).
+  virtual void forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const = 0;
+  virtual int in_features() const = 0;
+  virtual int out_features() const = 0;
+  virtual std::size_t weight_bytes() const = 0;  // bytes read per full product
+};
+
+// fp32 weights [out_features, in_features] row-major in device memory,
+// multiplied with cublasSgemm.
+class DenseCudaLinear final : public CudaLinear {
+ public:
+  // Uploads `weight` [out_features, in_features]. `cublas` is borrowed: the
+  // owner (the model) keeps it alive longer than this layer.
+  DenseCudaLinear(std::span<const float> weight, int out_features, int in_features, cublasHandle_t cublas);
+  void forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const override;
+  int in_features() const override { return in_; }
+  int out_features() const override { return out_; }
+  std::size_t weight_bytes() const override { return weight_.bytes(); }
+
+ private:
+  DeviceBuffer<float> weight_;  // [out_features, in_features]
+  int out_;
+  int in_;
+  cublasHandle_t cublas_;
+};
+
+// Builds a CudaLinear from an fp32 host matrix [out, in]; `name` is the
+// tensor's role ("wq", "w2", "classifier", ...) so a factory may treat some
+// differently; `cublas` is the model's handle, for layers that use cuBLAS.
+using CudaLinearFactory = std::function<std::unique_ptr<CudaLinear>(
+    const std::vector<float>& weight, int out_features, int in_features, const std::string& name,
+    cublasHandle_t cublas)>;
+
+CudaLinearFactory dense_cuda_linear_factory();
+
+}  // namespace llm::cuda

@@ -1,0 +1,354 @@
+// The fp32 baseline kernels (declared and documented in kernels.cuh).
+//
+// Two launch shapes cover everything here:
+// - element-wise work (embedding gather, RoPE, SwiGLU, residual add, K/V
+//   append) runs one thread per element in a grid-stride loop: any size works
+//   with a bounded grid, and neighbouring threads touch neighbouring floats so
+//   the loads coalesce;
+// - row-wise reductions (RMSNorm, attention) run one thread block per row (or
+//   per (query, head)), reduced with warp shuffles and a little shared memory.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kernels.cuh"
+#include "llm/cuda/cuda_check.hpp"
+#include "llm/errors.hpp"
+
+namespace llm::cuda::kernels {
+namespace {
+
+// 256 threads (8 warps) per block for element-wise kernels: a common sweet
+// spot that lets an SM hold many blocks; the exact value barely matters for
+// memory-bound element-wise work.
+constexpr int kElementwiseThreads = 256;
+// Grid-stride loops make any grid size correct; 65535 blocks x 256 threads is
+// far more parallelism than any GPU has, so capping there costs nothing.
+constexpr std::size_t kMaxElementwiseBlocks = 65535;
+// RMSNorm: one block of 256 threads per row; each thread sums dim/256
+// squares, then the block reduces 256 partial sums. Rows of 64..8192 floats.
+constexpr int kRmsnormThreads = 256;
+// Attention: one block of 128 threads (4 warps) per (query, head). Threads
+// split the keys while computing scores (contexts run to thousands of keys)
+// and split the head_dim output columns for the weighted sum of V (64..256),
+// so 128 keeps both phases mostly busy.
+constexpr int kAttentionThreads = 128;
+constexpr int kWarpSize = 32;
+// The reductions below assume whole warps (every lane takes part in the
+// shuffles).
+static_assert(kRmsnormThreads % kWarpSize == 0 && kAttentionThreads % kWarpSize == 0);
+static_assert(kRmsnormThreads <= 1024 && kAttentionThreads <= 1024);
+
+int elementwise_blocks(std::size_t n) {
+  return static_cast<int>(std::min((n + kElementwiseThreads - 1) / kElementwiseThreads, kMaxElementwiseBlocks));
+}
+
+// ---------------------------------------------------------------------------
+// Block-wide reductions. Each warp reduces its 32 values with shuffles (no
+// shared memory, no __syncthreads), lane 0 of each warp parks the warp's
+// result in `shared` [32], and warp 0 reduces those. Every thread of the
+// block gets the result. All threads of the block must call it (it contains
+// __syncthreads), and blockDim.x must be a multiple of 32.
+
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+  __device__ static float identity() { return 0.0f; }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  __device__ static float identity() { return -INFINITY; }
+};
+
+template <class Op>
+__device__ float warp_reduce(float value, Op op) {
+  // Butterfly: after the step with offset o every lane holds the reduction of
+  // 2o lanes; after offset 1 every lane holds the whole warp's result.
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  return value;
+}
+
+template <class Op>
+__device__ float block_reduce(float value, Op op, float* shared /* [32] */) {
+  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
+  const int n_warps = static_cast<int>(blockDim.x) / kWarpSize;
+  value = warp_reduce(value, op);
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    value = lane < n_warps ? shared[lane] : Op::identity();
+    value = warp_reduce(value, op);
+    if (lane == 0) shared[0] = value;
+  }
+  __syncthreads();
+  const float result = shared[0];
+  __syncthreads();  // everyone has read shared[0] before a next call overwrites it
+  return result;
+}
+
+// ---------------------------------------------------------------------------
+// Element-wise kernels (grid-stride loops over n elements).
+
+__global__ void gather_rows_kernel(float* __restrict__ out, const float* __restrict__ table,
+                                   const int* __restrict__ ids, int width, std::size_t n) {
+  for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t row = idx / width, col = idx % width;
+    out[idx] = table[static_cast<std::size_t>(ids[row]) * width + col];
+  }
+}
+
+// One thread per rotation pair: n = rows * n_heads * head_dim/2.
+__global__ void rope_kernel(float* __restrict__ vec, int n_heads, int head_dim, const int* __restrict__ positions,
+                            const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+                            std::size_t n) {
+  const int half = head_dim / 2;
+  for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += std::size_t{gridDim.x} * blockDim.x) {
+    const int i = static_cast<int>(idx % half);                         // pair within the head
+    const std::size_t head = idx / half;                                // row * n_heads + h
+    const std::size_t row = head / n_heads;
+    const std::size_t table_index = static_cast<std::size_t>(positions[row]) * half + i;
+    const float c = cos_table[table_index], s = sin_table[table_index];
+    float* pair = vec + head * head_dim + 2 * i;                        // vec[row, h, 2i]
+    // (x0, x1) as a complex number times e^{i angle}, as in cpu::rope.
+    const float x0 = pair[0], x1 = pair[1];
+    pair[0] = x0 * c - x1 * s;
+    pair[1] = x0 * s + x1 * c;
+  }
+}
+
+__global__ void swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, std::size_t n) {
+  for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += std::size_t{gridDim.x} * blockDim.x) {
+    const float g = gate[idx];
+    gate[idx] = g * (1.0f / (1.0f + expf(-g))) * up[idx];  // cpu::swiglu's expression
+  }
+}
+
+__global__ void add_inplace_kernel(float* __restrict__ x, const float* __restrict__ delta, std::size_t n) {
+  for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += std::size_t{gridDim.x} * blockDim.x)
+    x[idx] += delta[idx];
+}
+
+// n = rows * kv_dim; element (r, j) goes to column j of row positions[r] of views[r].
+__global__ void write_kv_rows_kernel(const float* __restrict__ k, const float* __restrict__ v,
+                                     const KvView* __restrict__ views, const int* __restrict__ positions,
+                                     int kv_dim, std::size_t n) {
+  for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t row = idx / kv_dim, col = idx % kv_dim;
+    const KvView& view = views[row];
+    const int pos = positions[row];
+    view.key_row(pos)[col] = k[idx];
+    view.value_row(pos)[col] = v[idx];
+  }
+}
+
+// ---------------------------------------------------------------------------
+// RMSNorm: block r normalizes row r.
+
+__global__ void rmsnorm_kernel(float* __restrict__ out, const float* __restrict__ x,
+                               const float* __restrict__ weight, int dim, float eps) {
+  __shared__ float reduce_scratch[kWarpSize];
+  const std::size_t row_offset = static_cast<std::size_t>(blockIdx.x) * dim;
+  const float* x_row = x + row_offset;
+  float* out_row = out + row_offset;
+
+  float partial = 0.0f;
+  for (int i = static_cast<int>(threadIdx.x); i < dim; i += static_cast<int>(blockDim.x))
+    partial += x_row[i] * x_row[i];
+  const float sum_of_squares = block_reduce(partial, SumOp{}, reduce_scratch);
+  // The same expression as cpu::rmsnorm (IEEE division and sqrt: the build
+  // does not use --use_fast_math).
+  const float inv_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(dim) + eps);
+  for (int i = static_cast<int>(threadIdx.x); i < dim; i += static_cast<int>(blockDim.x))
+    out_row[i] = weight[i] * (inv_rms * x_row[i]);
+}
+
+// ---------------------------------------------------------------------------
+// Attention of one query head against keys 0..n_keys-1, by one thread block,
+// in three phases separated by block-wide reductions:
+//   1. scores[t] = q . k_t / sqrt(head_dim)   (threads split the keys)
+//   2. scores[t] = exp(scores[t] - max)       (max subtracted: exp cannot overflow)
+//   3. out[d] = sum_t (scores[t] / sum) v_t[d] (threads split the columns d)
+// The scores make a round trip through global memory: simple, any length
+// fits, and exactly the N x N traffic FlashAttention (step 02) removes.
+//
+// q       [head_dim] this query head
+// kv      the sequence's cache; K/V head `kv_head` is columns
+//         kv_head*head_dim .. +head_dim of each row
+// scores  [n_keys] this block's private workspace row
+// out     [head_dim]
+// q_shared [kMaxHeadDim], reduce_scratch [32]: the kernel's shared memory
+__device__ void attend_one_head(int head_dim, const float* __restrict__ q, const KvView& kv, int kv_head,
+                                int n_keys, float* __restrict__ scores, float* __restrict__ out,
+                                float* q_shared, float* reduce_scratch) {
+  const int tid = static_cast<int>(threadIdx.x), n_threads = static_cast<int>(blockDim.x);
+  // Every thread reads the whole query: load it once into shared memory.
+  for (int i = tid; i < head_dim; i += n_threads) q_shared[i] = q[i];
+  __syncthreads();
+
+  const std::size_t head_offset = static_cast<std::size_t>(kv_head) * head_dim;
+  const float scale = sqrtf(static_cast<float>(head_dim));
+
+  // 1. Scores; each thread keeps the max of the scores it wrote.
+  float local_max = -INFINITY;
+  for (int t = tid; t < n_keys; t += n_threads) {
+    const float* k = kv.key_row(t) + head_offset;
+    float dot = 0.0f;
+    for (int i = 0; i < head_dim; ++i) dot += q_shared[i] * k[i];
+    const float score = dot / scale;
+    scores[t] = score;
+    local_max = fmaxf(local_max, score);
+  }
+  const float max_score = block_reduce(local_max, MaxOp{}, reduce_scratch);
+
+  // 2. Exponentials. Each thread revisits exactly the t it wrote in phase 1,
+  // so no barrier is needed between the two loops.
+  float local_sum = 0.0f;
+  for (int t = tid; t < n_keys; t += n_threads) {
+    const float e = expf(scores[t] - max_score);
+    scores[t] = e;
+    local_sum += e;
+  }
+  // The reduction's __syncthreads also makes every thread's scores[] writes
+  // visible to the whole block, which phase 3 needs.
+  const float sum = block_reduce(local_sum, SumOp{}, reduce_scratch);
+
+  // 3. Weighted sum of V: thread d walks all keys for column d. Threads of a
+  // warp read neighbouring columns of the same V row, so loads coalesce.
+  for (int d = tid; d < head_dim; d += n_threads) {
+    float acc = 0.0f;
+    for (int t = 0; t < n_keys; ++t) acc += (scores[t] / sum) * kv.value_row(t)[head_offset + d];
+    out[d] = acc;
+  }
+}
+
+// Grid (n_new, n_heads): block (i, h) is query i, head h.
+__global__ void prefill_attention_kernel(AttentionShape shape, const float* __restrict__ q, KvView kv, int n_past,
+                                         int n_new, float* __restrict__ out, float* __restrict__ scores) {
+  __shared__ float q_shared[kMaxHeadDim];
+  __shared__ float reduce_scratch[kWarpSize];
+  const int i = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y);
+  const int group = shape.n_heads / shape.n_kv_heads;        // query heads per KV head
+  const std::size_t q_width = static_cast<std::size_t>(shape.n_heads) * shape.head_dim;
+  const std::size_t offset = i * q_width + static_cast<std::size_t>(h) * shape.head_dim;  // [i, h, 0]
+  const int stride = n_past + n_new;                          // workspace row length: the most keys any query sees
+  float* my_scores = scores + (static_cast<std::size_t>(i) * shape.n_heads + h) * stride;
+  // Causal, bottom-right aligned: query i sits at position n_past + i.
+  attend_one_head(shape.head_dim, q + offset, kv, h / group, n_past + i + 1, my_scores, out + offset, q_shared,
+                  reduce_scratch);
+}
+
+// Grid (n_queries, n_heads): block (i, h) is sequence i's query, head h.
+__global__ void decode_attention_kernel(AttentionShape shape, const float* __restrict__ q,
+                                        const KvView* __restrict__ views, const int* __restrict__ lengths,
+                                        const int* __restrict__ rows, int max_length, float* __restrict__ out,
+                                        float* __restrict__ scores) {
+  __shared__ float q_shared[kMaxHeadDim];
+  __shared__ float reduce_scratch[kWarpSize];
+  const int i = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y);
+  const int group = shape.n_heads / shape.n_kv_heads;
+  const int row = rows != nullptr ? rows[i] : i;
+  const std::size_t q_width = static_cast<std::size_t>(shape.n_heads) * shape.head_dim;
+  const std::size_t offset = static_cast<std::size_t>(row) * q_width + static_cast<std::size_t>(h) * shape.head_dim;
+  float* my_scores = scores + (static_cast<std::size_t>(i) * shape.n_heads + h) * max_length;
+  const KvView kv = views[i];  // a register copy: key_row() reads its fields for every key
+  attend_one_head(shape.head_dim, q + offset, kv, h / group, lengths[i], my_scores, out + offset, q_shared,
+                  reduce_scratch);
+}
+
+void check_attention_shape(const AttentionShape& shape) {
+  if (shape.head_dim <= 0 || shape.head_dim > kMaxHeadDim)
+    throw InputError("the CUDA attention kernels support head_dim 1.." + std::to_string(kMaxHeadDim) + " (got " +
+                     std::to_string(shape.head_dim) + ")");
+  if (shape.n_kv_heads <= 0 || shape.n_heads % shape.n_kv_heads != 0 || shape.n_heads > 65535)
+    throw InputError("bad attention heads: " + std::to_string(shape.n_heads) + " query heads, " +
+                     std::to_string(shape.n_kv_heads) + " KV heads");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Launchers.
+
+void gather_rows(float* out, const float* table, const int* ids, int n_rows, int width, cudaStream_t stream) {
+  const std::size_t n = static_cast<std::size_t>(n_rows) * width;
+  if (n == 0) return;  // a grid of 0 blocks is a launch error
+  gather_rows_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(out, table, ids, width, n);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm(float* out, const float* x, const float* weight, int rows, int dim, float eps, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return;
+  rmsnorm_kernel<<<rows, kRmsnormThreads, 0, stream>>>(out, x, weight, dim, eps);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+
+void rope(float* vec, int rows, int n_heads, int head_dim, const int* positions, const float* cos_table,
+          const float* sin_table, cudaStream_t stream) {
+  const std::size_t n = static_cast<std::size_t>(rows) * n_heads * (head_dim / 2);
+  if (n == 0) return;
+  rope_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(vec, n_heads, head_dim, positions,
+                                                                          cos_table, sin_table, n);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu(float* gate, const float* up, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  swiglu_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(gate, up, n);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+
+void add_inplace(float* x, const float* delta, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  add_inplace_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(x, delta, n);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+
+void write_kv_rows(const float* k, const float* v, const KvView* views, const int* positions, int rows, int kv_dim,
+                   cudaStream_t stream) {
+  const std::size_t n = static_cast<std::size_t>(rows) * kv_dim;
+  if (n == 0) return;
+  write_kv_rows_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(k, v, views, positions, kv_dim,
+                                                                                   n);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+
+std::size_t prefill_scores_floats(const AttentionShape& shape, int n_past, int n_new) {
+  return static_cast<std::size_t>(n_new) * shape.n_heads * static_cast<std::size_t>(n_past + n_new);
+}
+
+void prefill_attention(const AttentionShape& shape, const float* q, const KvView& kv, int n_past, int n_new,
+                       float* out, float* scores, cudaStream_t stream) {
+  check_attention_shape(shape);
+  if (n_new <= 0) return;
+  const dim3 grid(static_cast<unsigned>(n_new), static_cast<unsigned>(shape.n_heads));
+  prefill_attention_kernel<<<grid, kAttentionThreads, 0, stream>>>(shape, q, kv, n_past, n_new, out, scores);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+
+std::size_t decode_scores_floats(const AttentionShape& shape, int n_queries, int max_length) {
+  return static_cast<std::size_t>(n_queries) * shape.n_heads * static_cast<std::size_t>(max_length);
+}
+
+void decode_attention(const AttentionShape& shape, const float* q, const KvView* views, const int* lengths,
+                      const int* rows, int n_queries, int max_length, float* out, float* scores,
+                      cudaStream_t stream) {
+  check_attention_shape(shape);
+  if (n_queries <= 0) return;
+  const dim3 grid(static_cast<unsigned>(n_queries), static_cast<unsigned>(shape.n_heads));
+  decode_attention_kernel<<<grid, kAttentionThreads, 0, stream>>>(shape, q, views, lengths, rows, max_length, out,
+                                                                   scores);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+
+cudaError_t probe_kernel_image() {
+  cudaFuncAttributes attributes{};
+  return cudaFuncGetAttributes(&attributes, add_inplace_kernel);
+}
+
+}  // namespace llm::cuda::kernels

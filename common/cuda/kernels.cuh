@@ -1,0 +1,86 @@
+#pragma once
+// The fp32 baseline kernels of the transformer on the GPU: one host function
+// per operation, each launching one kernel on `stream` and checking the launch
+// (kernels.cu). They compute the formulas of common/src/cpu/ops.cpp and
+// attention.cpp in float (sums may run in another order, so results agree to
+// fp32 rounding, not bit for bit), written to be obviously right rather than
+// fast: this is the "before" the later steps improve on. cuBLAS does the matrix products
+// (cuda_linear.hpp).
+//
+// Every pointer is device memory unless it says otherwise, and no output
+// overlaps an input (the kernels declare their pointers __restrict__); "in
+// place" means the one buffer named so. Matrices are row-major, one token per
+// row, as on the CPU. Host-only declarations: a .cpp may include this file.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "llm/attention.hpp"
+#include "llm/kv_cache.hpp"
+
+namespace llm::cuda::kernels {
+
+// The attention kernels keep one query head in shared memory; 256 covers every
+// Llama-family model (64 or 128 in practice).
+inline constexpr int kMaxHeadDim = 256;
+
+// out[r, :] = table[ids[r], :]. The token-embedding lookup, and the selection
+// of the rows that get logits.
+// table [*, width], ids [n_rows] (device ints), out [n_rows, width]
+void gather_rows(float* out, const float* table, const int* ids, int n_rows, int width, cudaStream_t stream);
+
+// RMSNorm of every row: out[r, i] = weight[i] * (x[r, i] / sqrt(mean(x[r, :]^2) + eps)).
+// x, out [rows, dim], weight [dim]
+void rmsnorm(float* out, const float* x, const float* weight, int rows, int dim, float eps, cudaStream_t stream);
+
+// RoPE in place on every head of every row, llama2.c's convention: adjacent
+// pairs (x[2i], x[2i+1]) rotated by the angle of (positions[r], i), read from
+// tables computed on the host (cpu::RopeTable, so both devices use the same
+// angles to the last bit).
+// vec [rows, n_heads, head_dim], positions [rows],
+// cos_table, sin_table [max_positions, head_dim/2]
+void rope(float* vec, int rows, int n_heads, int head_dim, const int* positions, const float* cos_table,
+          const float* sin_table, cudaStream_t stream);
+
+// gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)); n values.
+void swiglu(float* gate, const float* up, std::size_t n, cudaStream_t stream);
+
+// x[i] += delta[i]; n values (the residual connection).
+void add_inplace(float* x, const float* delta, std::size_t n, cudaStream_t stream);
+
+// Appends each row's K and V to the cache: views[r].key_row(positions[r]) = k[r].
+// k, v [rows, kv_dim], views [rows] (device copies; their pointers are device
+// memory), positions [rows]
+void write_kv_rows(const float* k, const float* v, const KvView* views, const int* positions, int rows, int kv_dim,
+                   cudaStream_t stream);
+
+// Naive attention, prefill: n_new queries of one sequence at positions
+// n_past..n_past+n_new-1; query i sees keys 0..n_past+i (causal, bottom-right).
+// One thread block per (query, head): scores of all visible keys go to the
+// global `scores` workspace, then softmax, then the weighted sum of V.
+// q, out  [n_new, n_heads, head_dim]
+// kv      a view whose pointers are device memory (passed by value)
+// scores  workspace of prefill_scores_floats(shape, n_past, n_new) floats
+void prefill_attention(const AttentionShape& shape, const float* q, const KvView& kv, int n_past, int n_new,
+                       float* out, float* scores, cudaStream_t stream);
+std::size_t prefill_scores_floats(const AttentionShape& shape, int n_past, int n_new);
+
+// Naive attention, decode: query i (one per sequence) sees keys
+// 0..lengths[i]-1 of views[i]. The queries may be scattered rows of a mixed
+// batch: query i reads and writes row rows[i] of q and out (rows == nullptr:
+// row i), so no gather/scatter copies are needed.
+// q, out   [batch rows, n_heads, head_dim]
+// views, lengths, rows  [n_queries] (device memory)
+// max_length  >= every lengths[i] (the workspace row stride)
+// scores   workspace of decode_scores_floats(shape, n_queries, max_length) floats
+void decode_attention(const AttentionShape& shape, const float* q, const KvView* views, const int* lengths,
+                      const int* rows, int n_queries, int max_length, float* out, float* scores,
+                      cudaStream_t stream);
+std::size_t decode_scores_floats(const AttentionShape& shape, int n_queries, int max_length);
+
+// Asks the runtime for the attributes of one of this file's kernels: fails
+// (cudaErrorNoKernelImageForDevice, ...) when the binary holds no code this
+// GPU can run, so device_status() can say so instead of every launch failing.
+cudaError_t probe_kernel_image();
+
+}  // namespace llm::cuda::kernels

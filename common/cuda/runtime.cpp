@@ -1,0 +1,101 @@
+// The CUDA build's answers to llm/cuda/cuda_runtime_api.hpp: is there a GPU
+// we can use, and what is it. (make_cuda_model is in cuda_model.cpp.)
+// Without CUDA, common/src/harness/cuda_unavailable.cpp answers instead.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <exception>
+#include <string>
+
+#include "kernels.cuh"
+#include "llm/cuda/cuda_runtime_api.hpp"
+
+namespace llm::cuda {
+namespace {
+
+std::string describe_error(cudaError_t error) {
+  return fmt::format("error {} ({}: {})", static_cast<int>(error), cudaGetErrorName(error), cudaGetErrorString(error));
+}
+
+// CUDA encodes versions as 1000 * major + 10 * minor: 13000 -> "13.0".
+std::string version_string(int version) { return fmt::format("{}.{}", version / 1000, (version % 1000) / 10); }
+
+DeviceStatus query_status() {
+  int count = 0;
+  const cudaError_t count_error = cudaGetDeviceCount(&count);
+  if (count_error != cudaSuccess) {
+    // Any error here means "no device", not a crash: on a machine with the
+    // toolkit but no driver it is 35 (cudaErrorInsufficientDriver, "CUDA driver
+    // version is insufficient for CUDA runtime version"); with
+    // CUDA_VISIBLE_DEVICES="" it is 100 (cudaErrorNoDevice).
+    static_cast<void>(cudaGetLastError());  // clear it so later calls start clean
+    return {false, "no usable CUDA device: cudaGetDeviceCount failed with " + describe_error(count_error)};
+  }
+  if (count == 0) return {false, "no CUDA device visible (cudaGetDeviceCount returned 0)"};
+
+  // A GPU is there; can this binary run kernels on it? A card older than the
+  // architectures the build compiled for (CMAKE_CUDA_ARCHITECTURES) has no
+  // kernel image, and every launch would fail. Asking for one kernel's
+  // attributes finds out up front (and creates the context, so a broken
+  // driver or an exclusive-process GPU in use shows up here too).
+  int device = 0;
+  cudaDeviceProp props{};
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return {false, "no usable CUDA device: cudaGetDevice failed with " + describe_error(e)};
+  }
+  if (const cudaError_t e = cudaGetDeviceProperties(&props, device); e != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return {false, "no usable CUDA device: cudaGetDeviceProperties failed with " + describe_error(e)};
+  }
+  if (const cudaError_t e = kernels::probe_kernel_image(); e != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return {false, fmt::format("CUDA device {} ({}, compute capability {}.{}) cannot run this build's kernels: {}. "
+                               "Rebuild with -DCMAKE_CUDA_ARCHITECTURES={}{} (or native)",
+                               device, props.name, props.major, props.minor, describe_error(e), props.major,
+                               props.minor)};
+  }
+  return {true, ""};
+}
+
+}  // namespace
+
+bool built_with_cuda() { return true; }
+
+DeviceStatus device_status() {
+  try {
+    return query_status();
+  } catch (const std::exception& e) {  // fmt or an allocation: still never throw
+    return {false, std::string("no usable CUDA device: ") + e.what()};
+  }
+}
+
+void fill_device_info(DeviceInfo& info) {
+  try {
+    const DeviceStatus status = device_status();
+    info.cuda_available = status.usable;
+    info.cuda_note = status.reason;
+    // Versions are useful even without a device ("driver 0.0": no driver).
+    int version = 0;
+    if (cudaRuntimeGetVersion(&version) == cudaSuccess) info.cuda_runtime = version_string(version);
+    if (cudaDriverGetVersion(&version) == cudaSuccess && version > 0) info.cuda_driver = version_string(version);
+    static_cast<void>(cudaGetLastError());
+    if (!status.usable) return;
+
+    int device = 0;
+    cudaDeviceProp props{};
+    if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&props, device) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
+      return;  // never throws: the pieces we could not read stay empty
+    }
+    info.gpu_name = props.name;
+    info.gpu_sm_count = props.multiProcessorCount;
+    info.gpu_compute_capability = props.major * 10 + props.minor;
+    info.gpu_memory_gib = static_cast<double>(props.totalGlobalMem) / static_cast<double>(1ull << 30);
+  } catch (const std::exception& e) {
+    info.cuda_available = false;
+    info.cuda_note = std::string("could not query the CUDA device: ") + e.what();
+  }
+}
+
+}  // namespace llm::cuda

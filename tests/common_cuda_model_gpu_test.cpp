@@ -1,0 +1,355 @@
+// The CUDA fp32 baseline against the CPU reference: same logits (fp32
+// tolerance) and the same greedy tokens, for prefill, decode, chunked prefill
+// and mixed batches, on the tiny preset and on configs with awkward sizes.
+// Every test skips with the reason when no CUDA device is usable (always in a
+// CPU-only build), except the device-status test, which checks that the
+// status and device info are sane with or without a GPU.
+//
+// Only llm/cuda/cuda_runtime_api.hpp is used, so this file also compiles in a
+// build without CUDA.
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "llm/checkpoint.hpp"
+#include "llm/cpu_model.hpp"
+#include "llm/cuda/cuda_runtime_api.hpp"
+#include "llm/errors.hpp"
+#include "llm/harness/compare.hpp"
+#include "llm/harness/device_info.hpp"
+#include "llm/sampler.hpp"
+#include "llm/tokenizer.hpp"
+#include "llm/weights.hpp"
+#include "test_support.hpp"
+#if defined(LLM_WITH_CUDA)
+#include "llm/cuda/cuda_timer.hpp"
+#endif
+
+// Skips the current test, with the reason, unless a CUDA device is usable.
+#define LLM_REQUIRE_CUDA_DEVICE()                                                         \
+  do {                                                                                    \
+    const ::llm::cuda::DeviceStatus llm_status_ = ::llm::cuda::device_status();           \
+    if (!llm_status_.usable) GTEST_SKIP() << "skipping: " << llm_status_.reason;          \
+  } while (0)
+
+namespace llm {
+namespace {
+
+ModelConfig make_config(int dim, int hidden, int layers, int heads, int kv_heads, int vocab, int seq_len,
+                        bool shared_classifier) {
+  ModelConfig c;
+  c.dim = dim;
+  c.hidden_dim = hidden;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.vocab_size = vocab;
+  c.seq_len = seq_len;
+  c.shared_classifier = shared_classifier;
+  return c;
+}
+
+struct ConfigCase {
+  std::string name;
+  ModelConfig config;
+};
+// What GoogleTest prints for a parameter (instead of its bytes).
+void PrintTo(const ConfigCase& c, std::ostream* os) { *os << c.name << " (" << c.config.describe() << ")"; }
+
+std::vector<ConfigCase> config_cases() {
+  return {
+      // The default preset: GQA 8/4, head_dim 8.
+      {"tiny", find_preset("tiny").config},
+      // Nothing a multiple of a tile: GQA 6/2 (group 3), head_dim 16, hidden
+      // 200, vocab 300, a separate classifier.
+      {"odd", make_config(96, 200, 3, 6, 2, 300, 96, false)},
+      // The largest head the kernels take (256), MQA (one KV head).
+      {"head256_mqa", make_config(512, 72, 2, 2, 1, 64, 64, true)},
+      // Plain multi-head attention (group 1), head_dim 16.
+      {"mha", make_config(48, 100, 2, 3, 3, 130, 80, true)},
+  };
+}
+
+std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(0, vocab - 1);
+  std::vector<int> tokens(static_cast<std::size_t>(n));
+  for (int& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+// forward() returns a span valid until the next call: keep a copy.
+std::vector<float> run(Model& model, const TokenBatch& batch, KvCache& cache,
+                       LogitsFor which = LogitsFor::LastRowOfEachSequence) {
+  const std::span<const float> logits = model.forward(batch, cache, which);
+  return {logits.begin(), logits.end()};
+}
+
+// Compares every vocab-sized row of `got` with `ref` at the fp32 tolerance for
+// a whole model's logits (every layer's rounding compounds).
+void expect_rows_close(const std::vector<float>& got, const std::vector<float>& ref, int vocab,
+                       const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  const auto row = static_cast<std::size_t>(vocab);
+  for (std::size_t r = 0; r * row < got.size(); ++r) {
+    const CompareResult result =
+        compare(std::span<const float>(got).subspan(r * row, row), std::span<const float>(ref).subspan(r * row, row),
+                model_logits_tolerance(DType::F32));
+    EXPECT_TRUE(result.ok) << what << ", logits row " << r << ": " << result.summary();
+  }
+}
+
+// The last vocab-sized row's argmax.
+int last_argmax(const std::vector<float>& logits, int vocab) {
+  return argmax(std::span<const float>(logits).subspan(logits.size() - static_cast<std::size_t>(vocab)));
+}
+
+// ---------------------------------------------------------------------------
+// No GPU needed.
+
+TEST(CudaRuntime, DeviceStatusAndInfoNeverThrow) {
+  cuda::DeviceStatus status;
+  ASSERT_NO_THROW(status = cuda::device_status());
+  DeviceInfo info;
+  ASSERT_NO_THROW(cuda::fill_device_info(info));
+  EXPECT_EQ(info.cuda_available, status.usable);
+  if (!cuda::built_with_cuda()) {
+    EXPECT_FALSE(status.usable);
+    EXPECT_EQ(status.reason, "built without CUDA");
+  }
+  if (!status.usable) {
+    EXPECT_FALSE(status.reason.empty()) << "an unusable device must say why";
+    EXPECT_EQ(info.cuda_note, status.reason);
+    EXPECT_THROW(cuda::make_cuda_model(random_weights(find_preset("tiny").config, 1)), DeviceError);
+    std::cout << "[ info     ] CUDA not usable here: " << status.reason << "\n";
+  } else {
+    EXPECT_TRUE(status.reason.empty());
+    EXPECT_FALSE(info.gpu_name.empty());
+    EXPECT_GT(info.gpu_sm_count, 0);
+    EXPECT_GE(info.gpu_compute_capability, 50);
+    EXPECT_GT(info.gpu_memory_gib, 0.0);
+    EXPECT_FALSE(info.cuda_runtime.empty());
+    EXPECT_FALSE(info.cuda_driver.empty());
+    std::cout << "[ info     ] " << info.gpu_name << ", " << info.gpu_sm_count << " SMs, sm_"
+              << info.gpu_compute_capability << ", driver " << info.cuda_driver << ", runtime " << info.cuda_runtime
+              << "\n";
+  }
+}
+
+// ---------------------------------------------------------------------------
+// CUDA against CPU, per config.
+
+class CudaVsCpu : public ::testing::TestWithParam<ConfigCase> {};
+
+// A 37-token prompt (logits of every row), then 20 greedy decode steps: every
+// logits row within fp32 tolerance, the same greedy token at every step.
+TEST_P(CudaVsCpu, PrefillThenDecodeMatchesCpu) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const ModelConfig& config = GetParam().config;
+  const ModelWeights weights = random_weights(config, 20240601);
+  CpuModel cpu(weights);
+  const auto gpu = cuda::make_cuda_model(weights);
+  EXPECT_EQ(gpu->device_name(), "cuda");
+  const auto cpu_cache = cpu.make_cache(1, config.seq_len);
+  const auto gpu_cache = gpu->make_cache(1, config.seq_len);
+  const int vocab = config.vocab_size;
+
+  const std::vector<int> prompt = random_tokens(37, vocab, 7);
+  const TokenBatch prefill = TokenBatch::prefill(prompt, 0, 0);
+  const auto ref = run(cpu, prefill, *cpu_cache, LogitsFor::AllRows);
+  const auto got = run(*gpu, prefill, *gpu_cache, LogitsFor::AllRows);
+  expect_rows_close(got, ref, vocab, "prefill");
+  EXPECT_EQ(gpu_cache->length(0), 37);
+
+  int cpu_token = last_argmax(ref, vocab);
+  ASSERT_EQ(last_argmax(got, vocab), cpu_token) << "greedy token after the prompt";
+  for (int step = 0; step < 20; ++step) {
+    const int pos = 37 + step;
+    const auto ref_step = run(cpu, TokenBatch::single(cpu_token, pos, 0), *cpu_cache);
+    const auto got_step = run(*gpu, TokenBatch::single(cpu_token, pos, 0), *gpu_cache);
+    expect_rows_close(got_step, ref_step, vocab, "decode step " + std::to_string(step));
+    cpu_token = last_argmax(ref_step, vocab);
+    ASSERT_EQ(last_argmax(got_step, vocab), cpu_token) << "greedy token at decode step " << step;
+  }
+}
+
+// The prompt in chunks (queries with n_past > 0 and n_new > 1, as chunked
+// prefill and speculative verification send), from a single token up.
+TEST_P(CudaVsCpu, ChunkedPrefillMatchesCpu) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const ModelConfig& config = GetParam().config;
+  const ModelWeights weights = random_weights(config, 99);
+  CpuModel cpu(weights);
+  const auto gpu = cuda::make_cuda_model(weights);
+  const auto cpu_cache = cpu.make_cache(1, config.seq_len);
+  const auto gpu_cache = gpu->make_cache(1, config.seq_len);
+  const std::vector<int> prompt = random_tokens(40, config.vocab_size, 11);
+  int start = 0;
+  for (int chunk : {1, 2, 16, 21}) {  // 40 tokens: a sequence of length 1 first
+    const std::vector<int> part(prompt.begin() + start, prompt.begin() + start + chunk);
+    const TokenBatch batch = TokenBatch::prefill(part, start, 0);
+    expect_rows_close(run(*gpu, batch, *gpu_cache, LogitsFor::AllRows), run(cpu, batch, *cpu_cache, LogitsFor::AllRows),
+                      config.vocab_size, "chunk at position " + std::to_string(start));
+    start += chunk;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, CudaVsCpu, ::testing::ValuesIn(config_cases()),
+                         [](const ::testing::TestParamInfo<ConfigCase>& info) { return info.param.name; });
+
+// ---------------------------------------------------------------------------
+// Batches.
+
+// Two sequences in one batch, one prefilling (10 rows) and one decoding (1
+// row), in both orders: the same logits as running them one at a time, and
+// as the CPU on the same mixed batch. Then one batched decode of both.
+TEST(CudaModel, MixedBatchEqualsSeparateRuns) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const ModelConfig config = make_config(96, 200, 3, 6, 2, 300, 96, false);
+  const ModelWeights weights = random_weights(config, 5);
+  const int vocab = config.vocab_size;
+  CpuModel cpu(weights);
+  const auto gpu = cuda::make_cuda_model(weights);
+  const std::vector<int> prompt0 = random_tokens(10, vocab, 1);  // sequence 0 prefills these
+  const std::vector<int> prompt1 = random_tokens(6, vocab, 2);   // sequence 1 has these cached
+  const int next1 = 17, next0 = 23, after1 = 42;
+
+  // One at a time.
+  const auto separate_cache = gpu->make_cache(2, 32);
+  run(*gpu, TokenBatch::prefill(prompt1, 0, 1), *separate_cache);
+  const auto seq0 = run(*gpu, TokenBatch::prefill(prompt0, 0, 0), *separate_cache, LogitsFor::AllRows);
+  const auto seq1 = run(*gpu, TokenBatch::single(next1, 6, 1), *separate_cache);
+  const auto seq0_next = run(*gpu, TokenBatch::single(next0, 10, 0), *separate_cache);
+  const auto seq1_next = run(*gpu, TokenBatch::single(after1, 7, 1), *separate_cache);
+
+  for (const bool decode_first : {false, true}) {
+    SCOPED_TRACE(decode_first ? "decode row first" : "decode row last");
+    TokenBatch mixed;
+    if (decode_first) mixed.add(next1, 6, 1);
+    for (int i = 0; i < 10; ++i) mixed.add(prompt0[static_cast<std::size_t>(i)], i, 0);
+    if (!decode_first) mixed.add(next1, 6, 1);
+
+    const auto gpu_cache = gpu->make_cache(2, 32);
+    const auto cpu_cache = cpu.make_cache(2, 32);
+    run(*gpu, TokenBatch::prefill(prompt1, 0, 1), *gpu_cache);
+    run(cpu, TokenBatch::prefill(prompt1, 0, 1), *cpu_cache);
+    const auto got = run(*gpu, mixed, *gpu_cache, LogitsFor::AllRows);
+    expect_rows_close(got, run(cpu, mixed, *cpu_cache, LogitsFor::AllRows), vocab, "mixed batch vs CPU");
+
+    // Rows of sequence 0 and the row of sequence 1, in batch order.
+    std::vector<float> expected;
+    if (decode_first) expected.insert(expected.end(), seq1.begin(), seq1.end());
+    expected.insert(expected.end(), seq0.begin(), seq0.end());
+    if (!decode_first) expected.insert(expected.end(), seq1.begin(), seq1.end());
+    expect_rows_close(got, expected, vocab, "mixed batch vs separate runs");
+    EXPECT_EQ(gpu_cache->length(0), 10);
+    EXPECT_EQ(gpu_cache->length(1), 7);
+
+    // Batched decode of both sequences (sequence 1 first).
+    TokenBatch decode;
+    decode.add(after1, 7, 1);
+    decode.add(next0, 10, 0);
+    const auto both = run(*gpu, decode, *gpu_cache);
+    std::vector<float> both_expected(seq1_next);
+    both_expected.insert(both_expected.end(), seq0_next.begin(), seq0_next.end());
+    expect_rows_close(both, both_expected, vocab, "batched decode vs separate runs");
+    expect_rows_close(both, run(cpu, decode, *cpu_cache), vocab, "batched decode vs CPU");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Errors read the same as on the CPU.
+
+TEST(CudaModel, BadInputsThrowLikeCpu) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const ModelConfig config = find_preset("tiny").config;
+  const ModelWeights weights = random_weights(config, 3);
+  CpuModel cpu(weights);
+  const auto gpu = cuda::make_cuda_model(weights);
+  const auto gpu_cache = gpu->make_cache(1, 8);
+  const auto cpu_cache = cpu.make_cache(1, 8);
+
+  EXPECT_THROW(gpu->forward(TokenBatch::single(config.vocab_size, 0, 0), *gpu_cache), InputError);
+  EXPECT_THROW(gpu->forward(TokenBatch::single(-1, 0, 0), *gpu_cache), InputError);
+  try {
+    gpu->forward(TokenBatch::single(config.vocab_size, 0, 0), *gpu_cache);
+  } catch (const InputError& gpu_error) {
+    try {
+      cpu.forward(TokenBatch::single(config.vocab_size, 0, 0), *cpu_cache);
+    } catch (const InputError& cpu_error) {
+      EXPECT_STREQ(gpu_error.what(), cpu_error.what());
+    }
+  }
+  // A CPU cache is not a CUDA cache, and a CUDA cache of another shape does not fit.
+  EXPECT_THROW(gpu->forward(TokenBatch::single(1, 0, 0), *cpu_cache), InputError);
+  const auto other = cuda::make_cuda_model(random_weights(make_config(96, 200, 3, 6, 2, 300, 96, false), 1));
+  EXPECT_THROW(gpu->forward(TokenBatch::single(1, 0, 0), *other->make_cache(1, 8)), InputError);
+  // A gap after the cached prefix.
+  EXPECT_THROW(gpu->forward(TokenBatch::single(1, 3, 0), *gpu_cache), InputError);
+
+  // The cache holds 8 positions: a 10-token prompt does not fit...
+  EXPECT_THROW(gpu->forward(TokenBatch::prefill(random_tokens(10, config.vocab_size, 4), 0, 0), *gpu_cache),
+               KvCacheFullError);
+  EXPECT_EQ(gpu_cache->length(0), 0) << "a rejected batch must not touch the cache";
+  // ...8 do, and the 9th token does not.
+  EXPECT_NO_THROW(gpu->forward(TokenBatch::prefill(random_tokens(8, config.vocab_size, 4), 0, 0), *gpu_cache));
+  EXPECT_THROW(gpu->forward(TokenBatch::single(1, 8, 0), *gpu_cache), KvCacheFullError);
+  EXPECT_EQ(gpu_cache->length(0), 8);
+}
+
+#if defined(LLM_WITH_CUDA)
+TEST(CudaTimer, TimesAForward) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const ModelConfig config = find_preset("tiny").config;
+  const auto gpu = cuda::make_cuda_model(random_weights(config, 8));
+  const auto cache = gpu->make_cache(1, config.seq_len);
+  const TokenBatch prompt = TokenBatch::prefill(random_tokens(64, config.vocab_size, 9), 0, 0);
+  const TimingStats stats = cuda::time_cuda(
+      [&] {
+        cache->clear();
+        gpu->forward(prompt, *cache);
+      },
+      /*warmup=*/2, /*runs=*/5, /*flush_l2=*/true);
+  EXPECT_EQ(stats.runs, 5);
+  EXPECT_GT(stats.min_ms, 0.0);
+  EXPECT_LE(stats.min_ms, stats.median_ms);
+  EXPECT_LE(stats.median_ms, stats.max_ms);
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// The real checkpoint: greedy generation from BOS reproduces llama2.c's run.c
+// token ids (the same list as common_smoke_test.cpp) on the GPU too.
+
+const std::vector<int> kRunCGreedyIds = {
+    403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
+    401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385,
+    328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267,
+    337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13,  438, 310};
+
+TEST(CudaStories260K, GreedyFromBosMatchesLlama2c) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  LLM_REQUIRE_MODEL_FILE(model_path, "stories260K.bin");
+  const ModelWeights weights = load_checkpoint(model_path);
+  CpuModel cpu(weights);
+  const auto gpu = cuda::make_cuda_model(weights);
+  const auto cpu_cache = cpu.make_cache(1, weights.config.seq_len);
+  const auto gpu_cache = gpu->make_cache(1, weights.config.seq_len);
+  const int vocab = weights.config.vocab_size;
+  int token = Tokenizer::kBos;
+  std::vector<int> generated;
+  for (int pos = 0; pos < static_cast<int>(kRunCGreedyIds.size()); ++pos) {
+    const auto got = run(*gpu, TokenBatch::single(token, pos, 0), *gpu_cache);
+    expect_rows_close(got, run(cpu, TokenBatch::single(token, pos, 0), *cpu_cache), vocab,
+                      "position " + std::to_string(pos));
+    token = last_argmax(got, vocab);
+    generated.push_back(token);
+  }
+  EXPECT_EQ(generated, kRunCGreedyIds);
+}
+
+}  // namespace
+}  // namespace llm
