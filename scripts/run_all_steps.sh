@@ -9,15 +9,20 @@
 #   BUILD_DIR=build-release scripts/run_all_steps.sh
 set -euo pipefail
 
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${BUILD_DIR:-build}
 shopt -s nullglob
-steps=("$build_dir"/bin/step[0-9][0-9]_*)
 ran=0
 failed=()
-for exe in "${steps[@]}"; do
-  name=$(basename "$exe")
-  [[ "$name" == *_bench ]] && continue
-  [[ -x "$exe" ]] || continue
+# A step is a folder stepNN_name whose executable has the same name.
+for step_dir in "$repo_root"/step[0-9][0-9]_*/; do
+  name=$(basename "$step_dir")
+  exe="$build_dir/bin/$name"
+  if [[ ! -x "$exe" ]]; then
+    echo "missing executable $exe (build first: cmake --build $build_dir -j)" >&2
+    failed+=("$name")
+    continue
+  fi
   echo
   echo "################ $name $* ################"
   json_args=()
