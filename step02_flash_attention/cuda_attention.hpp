@@ -1,0 +1,39 @@
+#pragma once
+// Step 02's CUDA variants, declared without CUDA types so variants.cpp (plain
+// C++) can list them. Defined in the .cu files of this folder, which are only
+// compiled when the build has CUDA (LLM_WITH_CUDA). Every pointer in
+// AttentionArgs is device memory; the work is queued on args.stream and
+// every launch is checked (llm::DeviceError on failure).
+#include <cstddef>
+
+#include "attention_problem.hpp"
+
+namespace step02::cuda {
+
+// Variant 2 (cuda_naive_attention.cu): S = QK^T/sqrt(d) for all heads in
+// global memory (workspace), a softmax kernel over each row, then O = P V.
+void naive_attention(const AttentionProblem& p, const AttentionArgs& args);
+std::size_t naive_workspace_bytes(const AttentionProblem& p);  // n_heads * Sq * Sk floats
+
+// Variant 3 (cuda_flash1.cu): fp32, one thread per query row, K/V tiles in
+// shared memory, online softmax, output renormalized every tile (FA1).
+void flash1_attention(const AttentionProblem& p, const AttentionArgs& args);
+
+// Variants 4 and 5 (cuda_flash2_mma.cu): fp16 / bf16 inputs (args.q16, k16,
+// v16), tensor-core mma.sync with fp32 accumulation, four warps per block
+// each owning 16 query rows (FA2).
+void flash2_fp16_attention(const AttentionProblem& p, const AttentionArgs& args);
+void flash2_bf16_attention(const AttentionProblem& p, const AttentionArgs& args);
+
+// Variant 6 (cuda_split_kv_decode.cu): Flash-Decoding. Each (query, head) is
+// split over several blocks along the keys; each writes a partial (m, l, o)
+// to the workspace and a second kernel reduces them. Reads K/V through the
+// KvView (so a paged cache works too). Made for seqlen_q = 1, correct for any.
+void split_kv_decode_attention(const AttentionProblem& p, const AttentionArgs& args);
+std::size_t split_kv_workspace_bytes(const AttentionProblem& p);
+int split_kv_splits(const AttentionProblem& p);  // how many key splits it uses for p
+
+// The fused kernels are compiled for these head dims only (templates).
+const char* fused_unsupported(const AttentionProblem& p);
+
+}  // namespace step02::cuda

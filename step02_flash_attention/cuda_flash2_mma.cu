@@ -1,0 +1,348 @@
+// Variants 4 and 5: FlashAttention-2 style with tensor cores, fp16 or bf16
+// inputs, fp32 accumulation and softmax.
+//
+// What changes against FlashAttention-1 (variant 3):
+//  * Work partitioning. A block of kWarps = 4 warps owns kRows = 64 query
+//    rows, 16 per warp, and all four warps share each K/V tile. A warp's
+//    rows are its own from start to end, so the softmax statistics of a row
+//    never leave the warp: no shared-memory exchange between warps (FA1's
+//    "split-K" across warps needed one per tile).
+//  * Fewer non-matmul FLOPs. The output stays UNNORMALIZED (o = sum p v)
+//    and is divided by l once at the end; each thread keeps a partial l and
+//    the four threads of a row add theirs up only after the last tile; exp
+//    is exp2 with log2(e) folded into the scale.
+//  * Tensor cores. S = Q K^T and O += P V are mma.sync instructions on
+//    16 x 8 x 16 fragments; S, P and O never leave registers.
+//
+// The mma.sync fragment layouts (PTX ISA, "mma.m16n8k16"), for lane =
+// 4 * g + t (g = lane / 4 in 0..7, t = lane % 4 in 0..3), each register
+// holding two 16-bit values (lower address = lower half):
+//   A (16 x 16, row-major)  a[0] = A[g][2t..2t+1]     a[1] = A[g+8][2t..2t+1]
+//                           a[2] = A[g][2t+8..2t+9]   a[3] = A[g+8][2t+8..2t+9]
+//   B (16 x 8, "col")       b[0] = B[2t..2t+1][g]     b[1] = B[2t+8..2t+9][g]
+//   C (16 x 8, fp32)        c[0..1] = C[g][2t..2t+1]  c[2..3] = C[g+8][2t..2t+1]
+// So a thread holds two rows (g and g+8) of every accumulator, and the C
+// fragments of S for keys 16k..16k+15 (two n-tiles of 8) are exactly the A
+// fragment of P for the P V product: P goes from the first mma to the second
+// without touching memory (converted to 16 bits in registers).
+//
+//  Q tile (64 x d)        K tile (64 keys x d)              S for one warp (16 x 64)
+//  +------------+ warp 0  +------------+                    +--+--+--+--+--+--+--+--+
+//  |  16 rows   |-------->|            |  S = Q K^T  ---->  |n0|n1|n2|n3|n4|n5|n6|n7| 8 C fragments
+//  +------------+ warp 1  |  shared by |                    +--+--+--+--+--+--+--+--+
+//  |  16 rows   |         |  all warps |  P = exp2(S - m)   then O(16 x d) += P V
+//  +------------+ ...     +------------+                    (d/8 C fragments of O per warp)
+//
+// sm_75 (T4) has no m16n8k16 for fp16 but has m16n8k8; one k16 product is two
+// k8 products on the two halves of the A and B registers (same layouts).
+// bf16 mma needs sm_80: the bf16 kernel compiles to a trap below that and
+// the host refuses to launch it there (variants.cpp: min compute capability).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda_attention.hpp"
+#include "cuda_common.cuh"
+
+namespace step02::cuda {
+namespace {
+
+using detail::ceil_div;
+
+constexpr int kWarps = 4;
+constexpr int kRowsPerWarp = 16;                // the M of one mma
+constexpr int kRows = kWarps * kRowsPerWarp;    // 64 query rows per block
+constexpr int kKeys = 64;                       // keys per K/V tile = 8 n-tiles of 8
+constexpr int kThreads = kWarps * 32;
+// Shared-memory rows are padded by 8 elements (16 bytes): with a row stride
+// of d + 8 halves, the 32 lanes' fragment loads below fall in 32 different
+// banks (without it, rows 0, 2, 4, 6 start in the same bank: 4-way conflicts).
+constexpr int kPad = 8;
+
+template <int kHeadDim>
+constexpr int shared_bytes() {
+  return 3 * kRows * (kHeadDim + kPad) * 2;  // Q, K, V tiles of 64 rows in 16 bits (kKeys == kRows)
+}
+static_assert(kKeys == kRows, "shared_bytes assumes the Q and K/V tiles have the same number of rows");
+
+// D = A B + D on one 16 x 8 x 16 tile (fp32 accumulators).
+template <bool kBf16>
+__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                            std::uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  if constexpr (kBf16) {
+    __trap();  // never launched: bf16 mma needs sm_80 (checked on the host)
+  } else {
+    // k = 0..7: A registers 0 and 1 (columns 2t, 2t+1 of rows g, g+8), B register 0.
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+    // k = 8..15: A registers 2 and 3, B register 1.
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b1));
+  }
+#else
+  // Host pass, or a GPU older than sm_75: the kernel is never launched there.
+  (void)d; (void)a; (void)b0; (void)b1;
+#if defined(__CUDA_ARCH__)
+  __trap();
+#endif
+#endif
+}
+
+// Two fp32 values -> one register of two 16-bit values (lo in the low half).
+template <bool kBf16>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (kBf16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const std::uint32_t*>(&v);
+  }
+}
+
+// Two 16-bit values already in the right format -> one register.
+__device__ __forceinline__ std::uint32_t pack_bits(std::uint16_t lo, std::uint16_t hi) {
+  return static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
+}
+
+// Copies rows row0..row0+63 of one head of a [seqlen, heads, d] 16-bit tensor
+// into a padded shared tile [64][d + kPad], 16 bytes per load (coalesced:
+// neighbouring threads take neighbouring 16-byte pieces of a row). Rows past
+// `seqlen` are zero: their scores are masked, and a zero value times a zero
+// probability stays zero (garbage could be NaN, and NaN * 0 = NaN).
+template <int kHeadDim>
+__device__ void load_tile(std::uint16_t* tile, const std::uint16_t* __restrict__ src, int row0, int seqlen,
+                          int heads, int head) {
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte pieces per row
+  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, chunk = idx % kChunks;
+    uint4 value = make_uint4(0u, 0u, 0u, 0u);
+    if (row0 + r < seqlen)
+      value = reinterpret_cast<const uint4*>(src + (static_cast<size_t>(row0 + r) * heads + head) * kHeadDim)[chunk];
+    *reinterpret_cast<uint4*>(tile + r * (kHeadDim + kPad) + chunk * 8) = value;
+  }
+}
+
+template <bool kBf16, int kHeadDim>
+__global__ void __launch_bounds__(kThreads)
+    flash2_kernel(const std::uint16_t* __restrict__ q, const std::uint16_t* __restrict__ k,
+                  const std::uint16_t* __restrict__ v, float* __restrict__ out, int seqlen_q, int seqlen_k,
+                  int n_heads, int n_kv_heads, int group, float scale_log2, bool causal) {
+  constexpr int kLd = kHeadDim + kPad;       // shared row stride (elements)
+  constexpr int kKSteps = kHeadDim / 16;     // k-steps of S = Q K^T
+  constexpr int kKeyTiles = kKeys / 8;       // n-tiles of S (8 keys each)
+  constexpr int kDimTiles = kHeadDim / 8;    // n-tiles of O (8 dims each)
+  extern __shared__ std::uint16_t smem[];
+  std::uint16_t* q_s = smem;                 // [kRows][kLd]
+  std::uint16_t* k_s = q_s + kRows * kLd;    // [kKeys][kLd]
+  std::uint16_t* v_s = k_s + kKeys * kLd;    // [kKeys][kLd]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;      // fragment coordinates (see the layout table above)
+  const int q0 = blockIdx.x * kRows;
+  const int h = blockIdx.y, kv_head = h / group;
+  const int warp_row0 = warp * kRowsPerWarp;
+  // The two query rows this thread accumulates (rows g and g + 8 of its warp's 16).
+  const int row_a = q0 + warp_row0 + g, row_b = row_a + 8;
+  const int last_a = detail::last_visible_key(row_a, seqlen_q, seqlen_k, causal);
+  const int last_b = detail::last_visible_key(row_b, seqlen_q, seqlen_k, causal);
+  // Same value in every thread: all threads run the same tiles and barriers.
+  const int keys_needed =
+      detail::last_visible_key(min(q0 + kRows, seqlen_q) - 1, seqlen_q, seqlen_k, causal) + 1;
+
+  load_tile<kHeadDim>(q_s, q, q0, seqlen_q, n_heads, h);
+  __syncthreads();  // the Q tile is complete before warps read their fragments
+  // The warp's Q rows as A fragments, loaded once and kept in registers.
+  std::uint32_t q_frag[kKSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    const std::uint16_t* base = q_s + warp_row0 * kLd + kk * 16 + 2 * t;
+    q_frag[kk][0] = *reinterpret_cast<const std::uint32_t*>(base + g * kLd);
+    q_frag[kk][1] = *reinterpret_cast<const std::uint32_t*>(base + (g + 8) * kLd);
+    q_frag[kk][2] = *reinterpret_cast<const std::uint32_t*>(base + g * kLd + 8);
+    q_frag[kk][3] = *reinterpret_cast<const std::uint32_t*>(base + (g + 8) * kLd + 8);
+  }
+
+  float o_acc[kDimTiles][4];  // unnormalized O, rows g / g+8, dims 8n + 2t, +1
+#pragma unroll
+  for (int n = 0; n < kDimTiles; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.0f;
+  float m_a = -INFINITY, m_b = -INFINITY;  // running max (log2 domain) of rows a and b
+  float l_a = 0.0f, l_b = 0.0f;            // this thread's PART of the running sums (16 of 64 columns)
+
+  for (int k0 = 0; k0 < keys_needed; k0 += kKeys) {
+    // Barrier: every warp is done with the previous K/V tile before it is
+    // overwritten. (A second buffer filled with cp.async while computing on
+    // the first would hide the load; left as an exercise.)
+    __syncthreads();
+    load_tile<kHeadDim>(k_s, k, k0, seqlen_k, n_kv_heads, kv_head);
+    load_tile<kHeadDim>(v_s, v, k0, seqlen_k, n_kv_heads, kv_head);
+    __syncthreads();  // the tile is complete before any warp reads it
+
+    // S = Q K^T for the warp's 16 rows x 64 keys: 8 C fragments.
+    float s[kKeyTiles][4];
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+        // B = K^T: B[dim][key] = K[key][dim], so B's "column" g is key row 8n + g.
+        const std::uint16_t* key = k_s + (n * 8 + g) * kLd + kk * 16 + 2 * t;
+        mma_16x8x16<kBf16>(s[n], q_frag[kk], *reinterpret_cast<const std::uint32_t*>(key),
+                           *reinterpret_cast<const std::uint32_t*>(key + 8));
+      }
+    }
+
+    // Scale into the log2 domain and mask (key past the row's last visible key,
+    // which also covers keys past seqlen_k); then the row maxima of this tile.
+    float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+      const int key = k0 + n * 8 + 2 * t;
+      s[n][0] = key <= last_a ? s[n][0] * scale_log2 : -INFINITY;
+      s[n][1] = key + 1 <= last_a ? s[n][1] * scale_log2 : -INFINITY;
+      s[n][2] = key <= last_b ? s[n][2] * scale_log2 : -INFINITY;
+      s[n][3] = key + 1 <= last_b ? s[n][3] * scale_log2 : -INFINITY;
+      tile_max_a = fmaxf(tile_max_a, fmaxf(s[n][0], s[n][1]));
+      tile_max_b = fmaxf(tile_max_b, fmaxf(s[n][2], s[n][3]));
+    }
+    // A row's 64 columns are spread over the 4 threads of a quad (t = 0..3,
+    // neighbouring lanes): two butterfly shuffles give all four the row max.
+#pragma unroll
+    for (int offset = 1; offset <= 2; offset *= 2) {
+      tile_max_a = fmaxf(tile_max_a, __shfl_xor_sync(0xffffffffu, tile_max_a, offset));
+      tile_max_b = fmaxf(tile_max_b, __shfl_xor_sync(0xffffffffu, tile_max_b, offset));
+    }
+    const float m_new_a = fmaxf(m_a, tile_max_a), m_new_b = fmaxf(m_b, tile_max_b);
+    // A row with no visible key so far has m_new = -inf; subtracting 0
+    // instead keeps exp2(-inf - (-inf)) = NaN out: every p and the rescale are 0.
+    const float base_a = m_new_a == -INFINITY ? 0.0f : m_new_a;
+    const float base_b = m_new_b == -INFINITY ? 0.0f : m_new_b;
+    const float rescale_a = exp2f(m_a - base_a), rescale_b = exp2f(m_b - base_b);
+    m_a = m_new_a;
+    m_b = m_new_b;
+
+    // P = exp2(S - m), and this thread's share of the row sums.
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+      s[n][0] = exp2f(s[n][0] - base_a);
+      s[n][1] = exp2f(s[n][1] - base_a);
+      s[n][2] = exp2f(s[n][2] - base_b);
+      s[n][3] = exp2f(s[n][3] - base_b);
+      sum_a += s[n][0] + s[n][1];
+      sum_b += s[n][2] + s[n][3];
+    }
+    l_a = rescale_a * l_a + sum_a;
+    l_b = rescale_b * l_b + sum_b;
+#pragma unroll
+    for (int n = 0; n < kDimTiles; ++n) {
+      o_acc[n][0] *= rescale_a;
+      o_acc[n][1] *= rescale_a;
+      o_acc[n][2] *= rescale_b;
+      o_acc[n][3] *= rescale_b;
+    }
+
+    // O += P V, 16 keys per k-step. P's A fragment is two of S's C fragments
+    // (n-tiles 2ks and 2ks+1), rounded to 16 bits (P is in [0, 1]: no overflow).
+#pragma unroll
+    for (int ks = 0; ks < kKeys / 16; ++ks) {
+      const std::uint32_t p_frag[4] = {pack2<kBf16>(s[2 * ks][0], s[2 * ks][1]),
+                                       pack2<kBf16>(s[2 * ks][2], s[2 * ks][3]),
+                                       pack2<kBf16>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                       pack2<kBf16>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+      // B = V[key][dim]: b[0] = V[16ks + 2t, +1][8n + g], b[1] = V[16ks + 8 + 2t, +1][8n + g];
+      // the two values of a register come from two rows, so they are packed by hand.
+      const std::uint16_t* v_rows = v_s + (ks * 16 + 2 * t) * kLd + g;
+#pragma unroll
+      for (int n = 0; n < kDimTiles; ++n) {
+        const std::uint16_t* col = v_rows + n * 8;
+        const std::uint32_t b0 = pack_bits(col[0], col[kLd]);
+        const std::uint32_t b1 = pack_bits(col[8 * kLd], col[9 * kLd]);
+        mma_16x8x16<kBf16>(o_acc[n], p_frag, b0, b1);
+      }
+    }
+  }
+
+  // The full row sums: add the four partial sums of each quad, once.
+#pragma unroll
+  for (int offset = 1; offset <= 2; offset *= 2) {
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, offset);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, offset);
+  }
+  // Normalize once (0 for a row that saw no key) and write fp32 output.
+  const float inv_a = l_a > 0.0f ? 1.0f / l_a : 0.0f, inv_b = l_b > 0.0f ? 1.0f / l_b : 0.0f;
+#pragma unroll
+  for (int n = 0; n < kDimTiles; ++n) {
+    const int dim = n * 8 + 2 * t;
+    if (row_a < seqlen_q)
+      *reinterpret_cast<float2*>(out + (static_cast<size_t>(row_a) * n_heads + h) * kHeadDim + dim) =
+          make_float2(o_acc[n][0] * inv_a, o_acc[n][1] * inv_a);
+    if (row_b < seqlen_q)
+      *reinterpret_cast<float2*>(out + (static_cast<size_t>(row_b) * n_heads + h) * kHeadDim + dim) =
+          make_float2(o_acc[n][2] * inv_b, o_acc[n][3] * inv_b);
+  }
+}
+
+template <bool kBf16, int kHeadDim>
+void launch(const AttentionProblem& p, const AttentionArgs& args) {
+  constexpr int bytes = shared_bytes<kHeadDim>();  // 27 KiB at d = 64, 51 KiB at d = 128 (opt-in)
+  detail::allow_dynamic_shared_memory(flash2_kernel<kBf16, kHeadDim>, bytes, "cuda_flash2");
+  const dim3 grid(ceil_div(p.seqlen_q, kRows), p.n_heads);
+  flash2_kernel<kBf16, kHeadDim><<<grid, kThreads, bytes, detail::stream_of(args)>>>(
+      args.q16, args.k16, args.v16, args.out, p.seqlen_q, p.seqlen_k, p.n_heads, p.n_kv_heads, p.group(),
+      softmax_scale(p.head_dim) * detail::kLog2e, p.causal);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+
+// Tensor-core mma needs sm_75 for fp16 and sm_80 for bf16: said in words
+// rather than as a launch failure.
+void require_compute_capability(int needed, const char* what) {
+  int device = 0, major = 0, minor = 0;
+  LLM_CUDA_CHECK(cudaGetDevice(&device));
+  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major * 10 + minor < needed)
+    throw llm::DeviceError(std::string(what) + " needs compute capability " + std::to_string(needed / 10) + "." +
+                           std::to_string(needed % 10) + " or newer; this GPU is " + std::to_string(major) + "." +
+                           std::to_string(minor));
+}
+
+template <bool kBf16>
+void flash2(const AttentionProblem& p, const AttentionArgs& args, const char* name) {
+  if (const char* why = fused_unsupported(p)) throw llm::InputError(std::string(name) + ": " + why);
+  require_compute_capability(kBf16 ? 80 : 75, kBf16 ? "bf16 tensor-core mma" : "fp16 tensor-core mma");
+  if (p.head_dim == 64) launch<kBf16, 64>(p, args);
+  else launch<kBf16, 128>(p, args);
+}
+
+}  // namespace
+
+void flash2_fp16_attention(const AttentionProblem& p, const AttentionArgs& args) {
+  flash2<false>(p, args, "cuda_flash2_fp16");
+}
+void flash2_bf16_attention(const AttentionProblem& p, const AttentionArgs& args) {
+  flash2<true>(p, args, "cuda_flash2_bf16");
+}
+
+}  // namespace step02::cuda

@@ -1,0 +1,132 @@
+// CudaProblem for CUDA builds: uploads one problem's inputs in fp32, fp16 and
+// bf16, runs a variant into a NaN-poisoned output, and times it with CUDA
+// events (llm::cuda::time_cuda flushes the L2 before each run).
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "cuda_runner.hpp"
+#include "half_precision.hpp"
+#include "llm/cuda/cuda_check.hpp"
+#include "llm/cuda/cuda_timer.hpp"
+#include "llm/cuda/device_buffer.hpp"
+#include "llm/errors.hpp"
+
+namespace step02 {
+
+using llm::cuda::DeviceBuffer;
+
+struct CudaProblem::Impl {
+  AttentionProblem p;
+  DeviceBuffer<float> q, k, v;               // [Sq, q_row], [Sk, kv_row] x 2, fp32
+  DeviceBuffer<std::uint16_t> q16, k16, v16;  // the same in fp16 bits
+  DeviceBuffer<std::uint16_t> qbf, kbf, vbf;  // the same in bf16 bits
+  DeviceBuffer<std::int32_t> block_table;     // [1] = {0}: K/V are one block
+  DeviceBuffer<float> out;                    // [Sq, q_row]
+  DeviceBuffer<unsigned char> workspace;      // grown to the largest variant's need
+
+  AttentionArgs args_for(const AttentionVariant& variant) {
+    AttentionArgs a;
+    a.q = q.data();
+    a.kv = contiguous_kv_view(k.data(), v.data(), p.seqlen_k, p.kv_row(), block_table.data());
+    if (variant.fn.dtype == llm::DType::F16) {
+      a.q16 = q16.data();
+      a.k16 = k16.data();
+      a.v16 = v16.data();
+    } else if (variant.fn.dtype == llm::DType::BF16) {
+      a.q16 = qbf.data();
+      a.k16 = kbf.data();
+      a.v16 = vbf.data();
+    }
+    a.out = out.data();
+    if (variant.fn.workspace_bytes) {
+      workspace.ensure(variant.fn.workspace_bytes(p));
+      a.workspace = workspace.data();
+    }
+    return a;
+  }
+};
+
+CudaProblem::CudaProblem(const AttentionProblem& p, std::span<const float> q, std::span<const float> k,
+                         std::span<const float> v)
+    : impl_(std::make_unique<Impl>()) {
+  p.validate();
+  if (q.size() != p.q_elements() || k.size() != p.kv_elements() || v.size() != p.kv_elements())
+    throw llm::InputError("CudaProblem: Q/K/V sizes do not match the problem");
+  Impl& m = *impl_;
+  m.p = p;
+  m.q = DeviceBuffer<float>(q);
+  m.k = DeviceBuffer<float>(k);
+  m.v = DeviceBuffer<float>(v);
+  const std::vector<float> qh(q.begin(), q.end()), kh(k.begin(), k.end()), vh(v.begin(), v.end());
+  for (const auto dtype : {llm::DType::F16, llm::DType::BF16}) {
+    const auto qb = to_16bit(qh, dtype), kb = to_16bit(kh, dtype), vb = to_16bit(vh, dtype);
+    auto [dq, dk, dv] = dtype == llm::DType::F16 ? std::tie(m.q16, m.k16, m.v16) : std::tie(m.qbf, m.kbf, m.vbf);
+    dq = DeviceBuffer<std::uint16_t>(std::span<const std::uint16_t>(qb));
+    dk = DeviceBuffer<std::uint16_t>(std::span<const std::uint16_t>(kb));
+    dv = DeviceBuffer<std::uint16_t>(std::span<const std::uint16_t>(vb));
+  }
+  const std::int32_t zero = 0;
+  m.block_table = DeviceBuffer<std::int32_t>(std::span<const std::int32_t>(&zero, 1));
+  m.out = DeviceBuffer<float>(p.q_elements());
+}
+
+CudaProblem::~CudaProblem() = default;
+
+std::string CudaProblem::skip_reason(const AttentionVariant& v) const {
+  if (v.backend != llm::Backend::Cuda) return "not a CUDA variant";
+  if (!v.fn.run) return "not in this build";
+  const int cc = cuda_compute_capability();
+  if (cc < v.fn.min_compute_capability)
+    return fmt::format("{} tensor-core mma needs sm_{}+; this GPU is sm_{}", llm::dtype_name(v.fn.dtype),
+                       v.fn.min_compute_capability, cc);
+  if (v.fn.unsupported)
+    if (const char* why = v.fn.unsupported(impl_->p)) return why;
+  if (v.fn.workspace_bytes) {
+    std::size_t free_bytes = 0, total_bytes = 0;
+    LLM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const std::size_t need = v.fn.workspace_bytes(impl_->p);
+    // Leave a tenth for the L2 flush buffer and the runtime.
+    if (need > impl_->workspace.size() && need - impl_->workspace.size() > free_bytes / 10 * 9)
+      return fmt::format("needs {:.1f} GiB of workspace, {:.1f} GiB free", need / 1073741824.0,
+                         free_bytes / 1073741824.0);
+  }
+  return "";
+}
+
+std::vector<float> CudaProblem::run_once(const AttentionVariant& v) {
+  Impl& m = *impl_;
+  // 0xFF bytes are a NaN in every float: a row the kernel does not write fails the check.
+  LLM_CUDA_CHECK(cudaMemset(m.out.data(), 0xFF, m.out.bytes()));
+  const AttentionArgs args = m.args_for(v);
+  v.fn.run(m.p, args);
+  LLM_CUDA_CHECK(cudaDeviceSynchronize());  // faults inside the kernel surface here
+  std::vector<float> host(m.p.q_elements());
+  m.out.download(std::span<float>(host));
+  return host;
+}
+
+llm::TimingStats CudaProblem::time(const AttentionVariant& v, int warmup, int runs) {
+  Impl& m = *impl_;
+  const AttentionArgs args = m.args_for(v);
+  return llm::cuda::time_cuda([&] { v.fn.run(m.p, args); }, warmup, runs, /*flush_l2=*/true);
+}
+
+int cuda_compute_capability() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return 0;
+  }
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return 0;
+  }
+  return major * 10 + minor;
+}
+
+}  // namespace step02

@@ -1,0 +1,45 @@
+#pragma once
+// Running the CUDA variants from plain C++ (main.cpp, bench.cpp, tests):
+// device copies of one problem's inputs, a NaN-poisoned output, the check
+// run and the CUDA-event timing. No CUDA types here; cuda_runner.cpp defines
+// it in CUDA builds, cuda_runner_unavailable.cpp (every call throws
+// llm::DeviceError "built without CUDA") otherwise.
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "attention_problem.hpp"
+#include "llm/harness/timer.hpp"
+#include "variants.hpp"
+
+namespace step02 {
+
+class CudaProblem {
+ public:
+  // Uploads Q, K, V (host, fp32: q [Sq, q_row], k/v [Sk, kv_row]) as fp32 and
+  // as fp16 and bf16 bits, and allocates the output. Throws llm::DeviceError.
+  CudaProblem(const AttentionProblem& p, std::span<const float> q, std::span<const float> k,
+              std::span<const float> v);
+  ~CudaProblem();
+  CudaProblem(const CudaProblem&) = delete;
+  CudaProblem& operator=(const CudaProblem&) = delete;
+
+  // "" when the variant can run here, else why not: not in this build, a CPU
+  // row, GPU too old (bf16 needs sm_80), head_dim, not enough memory.
+  std::string skip_reason(const AttentionVariant& v) const;
+  // Fills the output with NaN, runs the variant once, returns the output
+  // [Sq, q_row] (a row the kernel forgot stays NaN and fails the check).
+  std::vector<float> run_once(const AttentionVariant& v);
+  // CUDA-event timing with an L2 flush before each run (llm::cuda::time_cuda).
+  llm::TimingStats time(const AttentionVariant& v, int warmup, int runs);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Compute capability of the current GPU as 75, 80, 90 (0 when none).
+int cuda_compute_capability();
+
+}  // namespace step02

@@ -1,0 +1,62 @@
+#include "variants.hpp"
+
+#include <fmt/format.h>
+
+#include "cpu_attention.hpp"
+#include "cuda_attention.hpp"
+#include "llm/errors.hpp"
+
+namespace step02 {
+namespace {
+
+// A CUDA row's function, or nullptr in a build without CUDA (the row still
+// shows in --list and says why it does not run).
+#if defined(LLM_WITH_CUDA)
+#define STEP02_CUDA(fn) (fn)
+#else
+#define STEP02_CUDA(fn) nullptr
+#endif
+
+std::size_t no_bytes(const AttentionProblem&) { return 0; }
+
+}  // namespace
+
+const std::vector<AttentionVariant>& variants() {
+  using llm::Backend;
+  using llm::DType;
+  static const std::vector<AttentionVariant> table = {
+      {0, "cpu_naive", "materialize S = QK^T/sqrt(d) [Sq x Sk], mask, softmax, P V (Eigen products)", Backend::Cpu,
+       {&cpu::naive_attention, DType::F32, 0, false, nullptr, &cpu::naive_score_bytes, nullptr}},
+      {1, "cpu_flash", "tiles of Br x Bc, online softmax (running max/sum, rescale); S never stored", Backend::Cpu,
+       {&cpu::flash_attention, DType::F32, 0, false, nullptr, &cpu::flash_score_bytes, nullptr}},
+      {2, "cuda_naive", "S and P for all heads in global memory; scores, softmax, P V kernels", Backend::Cuda,
+       {STEP02_CUDA(&cuda::naive_attention), DType::F32, 0, false, STEP02_CUDA(&cuda::naive_workspace_bytes),
+        STEP02_CUDA(&cuda::naive_workspace_bytes), nullptr}},
+      {3, "cuda_flash1", "FA1: K/V tiles in shared memory, online softmax, thread per query row, fp32",
+       Backend::Cuda,
+       {STEP02_CUDA(&cuda::flash1_attention), DType::F32, 0, false, nullptr, &no_bytes,
+        STEP02_CUDA(&cuda::fused_unsupported)}},
+      {4, "cuda_flash2_fp16", "FA2: 4 warps x 16 query rows, mma.sync tensor cores, fp16 in, fp32 accumulate",
+       Backend::Cuda,
+       {STEP02_CUDA(&cuda::flash2_fp16_attention), DType::F16, 75, false, nullptr, &no_bytes,
+        STEP02_CUDA(&cuda::fused_unsupported)}},
+      {5, "cuda_flash2_bf16", "FA2 in bf16 (range of fp32, 8-bit mantissa); needs sm_80+", Backend::Cuda,
+       {STEP02_CUDA(&cuda::flash2_bf16_attention), DType::BF16, 80, false, nullptr, &no_bytes,
+        STEP02_CUDA(&cuda::fused_unsupported)}},
+      {6, "cuda_split_kv_decode", "Flash-Decoding: keys split over blocks, partial (m, l, o) reduced", Backend::Cuda,
+       {STEP02_CUDA(&cuda::split_kv_decode_attention), DType::F32, 0, true,
+        STEP02_CUDA(&cuda::split_kv_workspace_bytes), STEP02_CUDA(&cuda::split_kv_workspace_bytes),
+        STEP02_CUDA(&cuda::fused_unsupported)}},
+  };
+  return table;
+}
+
+const AttentionVariant& find_variant(int id) {
+  for (const auto& v : variants())
+    if (v.id == id) return v;
+  throw llm::InputError(fmt::format("step 02 has no variant {}", id));
+}
+
+int naive_id_for(llm::Backend backend) { return backend == llm::Backend::Cuda ? 2 : 0; }
+
+}  // namespace step02

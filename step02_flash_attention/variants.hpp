@@ -1,0 +1,47 @@
+#pragma once
+// Step 02's variant table (llm.c dev/cuda style): every implementation once,
+// with its id, name and one line of what changed. The executable (--list,
+// --variant), the tests and the benchmark all read this table.
+//
+//   id  name                 device  what changed
+//    0  cpu_naive            CPU     materialize S = QK^T/sqrt(d), mask, softmax, P V (Eigen products)
+//    1  cpu_flash            CPU     tiled Br x Bc, online softmax (running max/sum, rescaling); no S
+//    2  cuda_naive           CUDA    S and P in global memory: three kernels
+//    3  cuda_flash1          CUDA    FA1 style: K/V tiles in shared memory, online softmax, fp32
+//    4  cuda_flash2_fp16     CUDA    FA2 style: warps split queries, tensor-core mma, fp16 in / fp32 accumulate
+//    5  cuda_flash2_bf16     CUDA    the same in bf16 (sm_80+)
+//    6  cuda_split_kv_decode CUDA    Flash-Decoding: one query, the cache split across blocks, partials reduced
+//
+// Speedups are against the same device's naive row (0 on the CPU, 2 on CUDA).
+#include <cstddef>
+#include <vector>
+
+#include "attention_problem.hpp"
+#include "llm/harness/compare.hpp"
+#include "llm/harness/variant.hpp"
+
+namespace step02 {
+
+using AttentionFn = void (*)(const AttentionProblem& p, const AttentionArgs& args);
+using BytesFn = std::size_t (*)(const AttentionProblem& p);
+// nullptr when the variant handles the problem, else why not (head_dim, ...).
+using UnsupportedFn = const char* (*)(const AttentionProblem& p);
+
+struct AttentionKernel {
+  AttentionFn run = nullptr;        // nullptr: not in this build (a CUDA row of a CPU-only build)
+  llm::DType dtype = llm::DType::F32;  // precision of Q/K/V it reads (accumulation is fp32 everywhere)
+  int min_compute_capability = 0;   // CUDA rows: oldest GPU it runs on (75 = T4, 80 = A100, 90 = H100)
+  bool for_decode = false;          // made for one query per sequence (the prefill table leaves it out)
+  BytesFn workspace_bytes = nullptr;  // scratch the caller allocates and passes as args.workspace (none if null)
+  BytesFn score_bytes = nullptr;      // memory outside registers/shared memory holding scores or softmax stats
+  UnsupportedFn unsupported = nullptr;
+};
+
+using AttentionVariant = llm::Variant<AttentionKernel>;
+
+const std::vector<AttentionVariant>& variants();
+const AttentionVariant& find_variant(int id);  // throws InputError for an unknown id
+// The baseline a row's speedup is measured against: 0 for CPU rows, 2 for CUDA rows.
+int naive_id_for(llm::Backend backend);
+
+}  // namespace step02
