@@ -1,0 +1,191 @@
+#include "decode_attention_sweep.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <span>
+
+#include "cpu_cache_flush.hpp"
+#include "cuda_gqa_attention.hpp"
+#include "gqa_attention.hpp"
+#include "llm/attention.hpp"
+#include "llm/kv_cache.hpp"
+
+namespace step03 {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// A one-layer model config with the attention dims of the sweep: enough for
+// llm::CpuKvCache to size a real cache.
+llm::ModelConfig attention_layer_config(int n_heads, int kv_heads, int head_dim, int capacity) {
+  llm::ModelConfig c;
+  c.dim = n_heads * head_dim;
+  c.hidden_dim = 1;
+  c.n_layers = 1;
+  c.n_heads = n_heads;
+  c.n_kv_heads = kv_heads;
+  c.vocab_size = 1;
+  c.seq_len = capacity;
+  return c;
+}
+
+// Host bytes of K and V for `heads` heads at `context` positions (fp32).
+double kv_bytes(const SweepOptions& o, int heads, int context) {
+  return 2.0 * static_cast<double>(o.head_dim) * sizeof(float) * heads * context;
+}
+
+}  // namespace
+
+void fill_uniform(float* data, std::size_t n, std::uint64_t seed) {
+  std::uint64_t state = seed;
+  for (std::size_t i = 0; i < n; ++i) {
+    // splitmix64: one multiply-xorshift step per value.
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    // Top 24 bits -> [0, 1) exactly representable in float, then [-1, 1).
+    data[i] = static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  }
+}
+
+namespace {
+
+// One KV-head configuration: a real cache as long as its longest context (the
+// shorter contexts read its first positions), and its GPU copy.
+struct Configuration {
+  int kv_heads = 0;
+  llm::ModelConfig config;
+  std::unique_ptr<llm::CpuKvCache> cache;
+  llm::KvView view;
+  std::unique_ptr<CudaDecodeProblem> device;
+  std::size_t per_token_measured = 0;  // bytes_allocated() / capacity
+};
+
+// A cell being measured: its result and the variant's functions.
+struct PendingCell {
+  SweepCell cell;
+  const Configuration* configuration;
+  const DecodeAttentionFns* fns;
+  std::vector<double> samples_ms;
+};
+
+}  // namespace
+
+SweepResult run_decode_attention_sweep(const SweepOptions& o) {
+  SweepResult result;
+  std::unique_ptr<CpuCacheFlusher> flusher;
+  if (o.flush_caches && o.cpu) {
+    flusher = std::make_unique<CpuCacheFlusher>();
+    result.flush_bytes = flusher->bytes();
+  }
+  const auto& table = variants();
+  const std::size_t q_floats = static_cast<std::size_t>(o.n_heads) * o.head_dim;
+  std::vector<float> query(q_floats);  // [n_heads, head_dim], the same for every cell
+  fill_uniform(query.data(), q_floats, o.seed + 7);
+
+  // All configurations live at once (so their timings can be interleaved,
+  // below): the contexts that fit in the memory limit all together.
+  std::vector<int> contexts;
+  for (const int context : o.contexts) {
+    double need = kv_bytes(o, o.n_heads, context);  // repeat_kv's copy: n_heads wide
+    for (const int kv : o.kv_heads) need += kv_bytes(o, kv, context);
+    if (need > o.max_host_gib * kGiB)
+      result.skipped.push_back(fmt::format("context {}: the caches of all KV-head counts and the repeat_kv copy need "
+                                           "{:.1f} GiB > --max-host-gib {}",
+                                           context, need / kGiB, o.max_host_gib));
+    else
+      contexts.push_back(context);
+  }
+  if (contexts.empty()) return result;
+  const int capacity = *std::max_element(contexts.begin(), contexts.end());
+
+  std::vector<Configuration> configurations;
+  for (const int kv_heads : o.kv_heads) {
+    Configuration c;
+    c.kv_heads = kv_heads;
+    c.config = attention_layer_config(o.n_heads, kv_heads, o.head_dim, capacity);
+    c.cache = std::make_unique<llm::CpuKvCache>(c.config, 1, capacity);
+    c.view = c.cache->view(0, 0);
+    const std::size_t kv_floats = static_cast<std::size_t>(capacity) * c.config.kv_dim();
+    fill_uniform(c.view.keys, kv_floats, o.seed + 1000 * kv_heads + 1);
+    fill_uniform(c.view.values, kv_floats, o.seed + 1000 * kv_heads + 2);
+    c.per_token_measured = c.cache->bytes_allocated() / static_cast<std::size_t>(capacity);
+    if (o.cuda)
+      c.device = std::make_unique<CudaDecodeProblem>(llm::AttentionShape{o.n_heads, kv_heads, o.head_dim}, c.view,
+                                                     capacity, query);
+    configurations.push_back(std::move(c));
+  }
+
+  for (const int context : contexts) {
+    const int length_array[1] = {context};
+    const std::span<const int> lengths(length_array);  // [1] one sequence's valid positions
+    // Check every cell once (which also warms it up) ...
+    std::vector<PendingCell> cpu_cells;
+    for (const Configuration& c : configurations) {
+      const llm::AttentionShape shape{o.n_heads, c.kv_heads, o.head_dim};
+      const llm::KvView view_array[1] = {c.view};
+      const std::span<const llm::KvView> views(view_array);  // [1]
+      std::vector<float> reference(q_floats);  // [n_heads, head_dim]
+      llm::cpu::reference_decode_attention(shape, query.data(), views, lengths, reference.data());
+      for (const auto& v : table) {
+        if (std::find(o.variant_ids.begin(), o.variant_ids.end(), v.id) == o.variant_ids.end()) continue;
+        SweepCell cell;
+        cell.variant_id = v.id;
+        cell.variant_name = v.name;
+        cell.n_heads = o.n_heads;
+        cell.kv_heads = c.kv_heads;
+        cell.context = context;
+        cell.kv_bytes_per_token_formula = c.config.kv_bytes_per_token();
+        cell.kv_bytes_per_token_measured = c.per_token_measured;
+        cell.cache_bytes_at_context = c.config.kv_bytes_per_token() * static_cast<std::size_t>(context);
+        if (o.cpu) {
+          PendingCell pending{cell, &c, &v.fn, {}};
+          pending.cell.device = "cpu";
+          // Poison the output so a variant that writes nothing cannot pass.
+          std::vector<float> out(q_floats, std::numeric_limits<float>::quiet_NaN());  // [n_heads, head_dim]
+          v.fn.cpu(shape, query.data(), views, lengths, out.data());
+          pending.cell.error = llm::compare(out, reference, llm::tolerance_for(llm::DType::F32));
+          cpu_cells.push_back(std::move(pending));
+        }
+        if (o.cuda) {
+          SweepCell gpu = cell;
+          gpu.device = "cuda";
+          const std::vector<float> out = c.device->run(v.fn.cuda, context);
+          gpu.error = llm::compare(out, reference, llm::tolerance_for(llm::DType::F32));
+          gpu.timing = c.device->time(v.fn.cuda, context, o.warmup, o.repeats);
+          result.cells.push_back(std::move(gpu));
+        }
+      }
+    }
+    // ... then time the CPU cells round-robin: run r of every cell before run
+    // r+1 of any. The machine's background load drifts over seconds; with
+    // interleaving a slow spell spreads over all configurations instead of
+    // landing on whichever happened to be running, so the ratios between
+    // configurations (the point of the table) stay honest.
+    std::vector<float> out(q_floats);  // [n_heads, head_dim]
+    for (int run = 0; run < o.warmup + o.repeats; ++run) {
+      for (PendingCell& p : cpu_cells) {
+        const llm::AttentionShape shape{o.n_heads, p.configuration->kv_heads, o.head_dim};
+        const llm::KvView view_array[1] = {p.configuration->view};
+        const std::span<const llm::KvView> views(view_array);
+        const double ms = time_one_run([&] { p.fns->cpu(shape, query.data(), views, lengths, out.data()); },
+                                       flusher.get());
+        if (run >= o.warmup) p.samples_ms.push_back(ms);
+      }
+    }
+    for (PendingCell& p : cpu_cells) {
+      p.cell.timing = llm::TimingStats::from_samples(std::move(p.samples_ms));
+      result.cells.push_back(std::move(p.cell));
+    }
+  }
+  // CPU rows first, then CUDA, each in (context, kv_heads, variant) order.
+  std::stable_sort(result.cells.begin(), result.cells.end(),
+                   [](const SweepCell& a, const SweepCell& b) { return a.device < b.device; });
+  return result;
+}
+
+}  // namespace step03

@@ -1,0 +1,427 @@
+// Step 03: grouped-query attention (MHA, GQA, MQA).
+//
+// Three measurements, one table (+ JSON with --json):
+//   1. Decode attention (one new token against a long KV cache) for the same
+//      query heads (32, head_dim 128: Llama-like) with 32/16/8/4/1 KV heads,
+//      contexts 1k..32k, on the CPU and (when present) on CUDA, two variants:
+//        0 repeat_kv    expand K/V to every query head, then MHA (the naive way)
+//        1 group_aware  each KV head read once for all query heads of its group
+//      Every result is checked against common's reference attention.
+//   2. The real model: stories260K (8 query heads, 4 KV heads) converted to MHA
+//      (duplicated KV heads: must reproduce the original logits) and to fewer
+//      KV heads (mean-pooled: quality measured as KL divergence and top-1
+//      agreement with the original's next-token distributions).
+//   3. KV-cache bytes: by formula and as allocated, per KV-head count, and for
+//      well-known models at 4k/32k/128k with the sequences a budget holds.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+#include "conversion_experiment.hpp"
+#include "decode_attention_sweep.hpp"
+#include "gqa_attention.hpp"
+#include "json_tables.hpp"
+#include "kv_cache_sizes.hpp"
+#include "llm/cuda/cuda_runtime_api.hpp"
+#include "llm/errors.hpp"
+#include "llm/harness/cli.hpp"
+#include "llm/harness/results.hpp"
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+struct StepOptions {
+  int repeats = 5;
+  std::string contexts = "1024,2048,4096,8192,16384,32768";
+  std::string kv_heads = "32,16,8,4,1";
+  int query_heads = 32;
+  int head_dim = 128;
+  bool no_flush = false;
+  double max_host_gib = 4.0;
+  double kv_budget_gib = 40.0;
+};
+
+std::vector<int> parse_int_list(const std::string& text, const char* flag) {
+  std::vector<int> values;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    try {
+      std::size_t used = 0;
+      const int value = std::stoi(item, &used);
+      if (used != item.size() || value <= 0) throw std::invalid_argument(item);
+      values.push_back(value);
+    } catch (const std::exception&) {
+      throw llm::InputError(fmt::format("{} expects positive integers like 1024,4096 (got '{}')", flag, text));
+    }
+  }
+  if (values.empty()) throw llm::InputError(fmt::format("{} needs at least one value", flag));
+  return values;
+}
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+std::string context_label(int context) {
+  return context % 1024 == 0 ? fmt::format("{}k", context / 1024) : fmt::format("{}", context);
+}
+
+// ---------------------------------------------------------------------------
+// 1. Decode attention.
+
+// Baseline of every speedup: group_aware with kv_heads = n_heads (plain MHA,
+// each head's K/V read once) at the same device and context; when that cell
+// was not run, the row's own variant at MHA.
+double mha_baseline_ms(const std::vector<step03::SweepCell>& cells, const step03::SweepCell& cell) {
+  const step03::SweepCell* own = nullptr;
+  for (const auto& c : cells) {
+    if (c.device != cell.device || c.context != cell.context || c.kv_heads != c.n_heads) continue;
+    if (c.variant_id == 1) return c.timing.median_ms;
+    if (c.variant_id == cell.variant_id) own = &c;
+  }
+  return own ? own->timing.median_ms : cell.timing.median_ms;
+}
+
+void add_sweep_rows(llm::Results& results, const step03::SweepResult& sweep) {
+  for (const auto& c : sweep.cells) {
+    llm::ResultRow row;
+    row.device = c.device;
+    row.id = c.variant_id;
+    row.variant = fmt::format("{} {}/{} @{}", c.variant_name, c.n_heads, c.kv_heads, context_label(c.context));
+    row.time_ms = c.timing.median_ms;
+    row.speedup = mha_baseline_ms(sweep.cells, c) / c.timing.median_ms;
+    row.max_rel_err = c.error.max_rel_err;
+    row.ok = c.error.ok;
+    // Effective bandwidth: bytes of K/V in the cache over the time. The
+    // group-aware variant reads exactly these; repeat_kv reads them, writes
+    // n_heads/kv_heads times as many and reads those again.
+    row.throughput_key = "gbps";
+    row.throughput = static_cast<double>(c.cache_bytes_at_context) / (c.timing.median_ms * 1e-3) / 1e9;
+    row.extra["kind"] = std::string("decode_attention");
+    row.extra["variant_name"] = c.variant_name;
+    row.extra["n_heads"] = static_cast<long long>(c.n_heads);
+    row.extra["kv_heads"] = static_cast<long long>(c.kv_heads);
+    row.extra["group"] = static_cast<long long>(c.n_heads / c.kv_heads);
+    row.extra["context"] = static_cast<long long>(c.context);
+    row.extra["time_min_ms"] = c.timing.min_ms;
+    row.extra["time_max_ms"] = c.timing.max_ms;
+    row.extra["runs"] = static_cast<long long>(c.timing.runs);
+    row.extra["max_abs_err"] = c.error.max_abs_err;
+    row.extra["kv_bytes_per_token_formula"] = static_cast<long long>(c.kv_bytes_per_token_formula);
+    row.extra["kv_bytes_per_token_measured"] = static_cast<long long>(c.kv_bytes_per_token_measured);
+    row.extra["cache_bytes_at_context"] = static_cast<long long>(c.cache_bytes_at_context);
+    if (!c.error.ok)
+      std::fprintf(stderr, "check failed for %s %s: %s\n", c.device.c_str(), row.variant.c_str(),
+                   c.error.summary().c_str());
+    results.add_row(std::move(row));
+  }
+}
+
+// Per device: time of each variant by KV heads (rows) and context (columns),
+// and the speedup against MHA. The table the docs quote.
+void print_sweep_pivot(const step03::SweepResult& sweep, const std::vector<int>& contexts) {
+  std::vector<std::string> devices;
+  for (const auto& c : sweep.cells)
+    if (std::find(devices.begin(), devices.end(), c.device) == devices.end()) devices.push_back(c.device);
+  for (const std::string& device : devices) {
+    fmt::print("\ndecode attention on {}: median ms per call (speedup vs MHA group_aware at the same context)\n",
+               device);
+    fmt::print("{:<12} {:<13}", "variant", "q/kv (group)");
+    for (int ctx : contexts) fmt::print(" {:>17}", context_label(ctx));
+    fmt::print("\n");
+    std::map<std::pair<int, int>, std::map<int, const step03::SweepCell*>> grid;  // (variant, kv) -> context -> cell
+    std::vector<std::pair<int, int>> order;
+    for (const auto& c : sweep.cells) {
+      if (c.device != device) continue;
+      const auto key = std::make_pair(c.variant_id, c.kv_heads);
+      if (!grid.count(key)) order.push_back(key);
+      grid[key][c.context] = &c;
+    }
+    for (const auto& key : order) {
+      const auto& first = *grid[key].begin()->second;
+      fmt::print("{:<12} {:<13}", first.variant_name,
+                 fmt::format("{}/{} ({})", first.n_heads, first.kv_heads, first.n_heads / first.kv_heads));
+      for (int ctx : contexts) {
+        const auto it = grid[key].find(ctx);
+        if (it == grid[key].end()) {
+          fmt::print(" {:>17}", "-");
+          continue;
+        }
+        const auto& c = *it->second;
+        fmt::print(" {:>17}", fmt::format("{:.3f} ({:.1f}x)", c.timing.median_ms,
+                                          mha_baseline_ms(sweep.cells, c) / c.timing.median_ms));
+      }
+      fmt::print("\n");
+    }
+  }
+  for (const auto& s : sweep.skipped) fmt::print("skipped: {}\n", s);
+}
+
+// The step's claim: group-aware with groups of 8 at 8k+ context is >= 3x
+// faster than MHA. Printed per device as measured (it is a measurement, not a
+// correctness check: it does not change the exit status).
+void print_claim(const step03::SweepResult& sweep) {
+  for (const auto& c : sweep.cells) {
+    if (c.variant_id != 1 || c.n_heads / c.kv_heads != 8 || c.context < 8192) continue;
+    const double speedup = mha_baseline_ms(sweep.cells, c) / c.timing.median_ms;
+    fmt::print("claim: {} group_aware, groups of 8 ({}/{}), context {}: {:.2f}x faster than MHA -> {}\n", c.device,
+               c.n_heads, c.kv_heads, c.context, speedup, speedup >= 3.0 ? "holds (>= 3x)" : "does NOT hold (< 3x)");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// 2. The real-model conversion.
+
+void add_conversion_rows(llm::Results& results, const step03::ConversionExperiment& experiment) {
+  const auto& original = experiment.rows.front();
+  for (std::size_t i = 0; i < experiment.rows.size(); ++i) {
+    const auto& r = experiment.rows[i];
+    llm::ResultRow row;
+    row.device = "cpu";
+    row.id = static_cast<int>(i);
+    row.variant = fmt::format("model {} kv{}", r.conversion.name, r.conversion.kv_heads);
+    row.time_ms = r.forward_time.median_ms;
+    row.speedup = original.forward_time.median_ms / r.forward_time.median_ms;
+    row.max_rel_err = r.logits_vs_original.max_rel_err;
+    row.ok = r.ok;
+    row.throughput_key = "tokens_per_s";
+    row.throughput = static_cast<double>(experiment.text.size()) / (r.forward_time.median_ms * 1e-3);
+    row.extra["kind"] = std::string("conversion");
+    row.extra["conversion"] = r.conversion.name;
+    row.extra["what"] = r.conversion.what;
+    row.extra["kv_heads"] = static_cast<long long>(r.conversion.kv_heads);
+    row.extra["exact_expected"] = r.conversion.exact;
+    row.extra["positions"] = static_cast<long long>(r.agreement.positions);
+    row.extra["kl_mean"] = r.agreement.mean_kl;
+    row.extra["kl_max"] = r.agreement.max_kl;
+    row.extra["top1_agreement"] = r.agreement.top1_agreement;
+    row.extra["max_abs_err"] = r.logits_vs_original.max_abs_err;
+    row.extra["kv_bytes_per_token"] = static_cast<long long>(r.kv_bytes_per_token_formula);
+    row.extra["kv_bytes_full_context_formula"] = static_cast<long long>(r.kv_bytes_full_context_formula);
+    row.extra["kv_bytes_full_context_measured"] = static_cast<long long>(r.kv_bytes_full_context_measured);
+    row.extra["cache_vs_original"] =
+        static_cast<double>(r.kv_bytes_full_context_measured) / original.kv_bytes_full_context_measured;
+    if (!r.ok)
+      std::fprintf(stderr, "check failed for %s: %s\n", row.variant.c_str(), r.logits_vs_original.summary().c_str());
+    results.add_row(std::move(row));
+  }
+}
+
+void print_conversion(const step03::ConversionExperiment& experiment, const std::string& model_name,
+                      const llm::Tokenizer& tokenizer) {
+  std::string text;
+  for (std::size_t i = 1; i < experiment.text.size(); ++i)
+    text += tokenizer.decode_printable(experiment.text[i - 1], experiment.text[i]);
+  fmt::print("\nconversion experiment on {}: the original's text ({} positions), every model teacher-forced on it:\n",
+             model_name, experiment.text.size());
+  fmt::print("{}\n\n", text);
+  fmt::print("{:<15} {:>8} {:>12} {:>12} {:>10} {:>14} {:>14} {:>12}\n", "model", "kv_heads", "KL mean", "KL max",
+             "top-1", "max |dlogit|", "KV full ctx", "vs original");
+  const auto& original = experiment.rows.front();
+  for (const auto& r : experiment.rows)
+    fmt::print("{:<15} {:>8} {:>12.3e} {:>12.3e} {:>9.1f}% {:>14.3e} {:>14} {:>11.2f}x\n", r.conversion.name,
+               r.conversion.kv_heads, r.agreement.mean_kl, r.agreement.max_kl, 100.0 * r.agreement.top1_agreement,
+               r.logits_vs_original.max_abs_err, human_bytes(static_cast<double>(r.kv_bytes_full_context_measured)),
+               static_cast<double>(r.kv_bytes_full_context_measured) / original.kv_bytes_full_context_measured);
+}
+
+// ---------------------------------------------------------------------------
+// 3. KV-cache sizes.
+
+// By KV heads, for the sweep's attention dims: the measured bytes of the
+// sweep's one-layer fp32 caches, and the formula for a whole 32-layer fp16
+// model with those dims (Llama-2-7B's, with its KV heads varied).
+step03::JsonTable cache_by_kv_heads(const step03::SweepOptions& sweep_options, const step03::SweepResult& sweep) {
+  step03::JsonTable table{"kv_cache_by_kv_heads", {}};
+  fmt::print("\nKV cache = 2 x layers x kv_heads x head_dim x positions x bytes/value; {} query heads, head_dim {}\n",
+             sweep_options.n_heads, sweep_options.head_dim);
+  fmt::print("{:>8} {:>6} {:>22} {:>22} {:>24} {:>14} {:>14}\n", "kv_heads", "group", "1 layer fp32: formula",
+             "measured (allocated)", "32 layers fp16 per token", "at 4k", "at 32k");
+  for (const int kv : sweep_options.kv_heads) {
+    llm::ModelConfig layer;
+    layer.dim = sweep_options.n_heads * sweep_options.head_dim;
+    layer.n_layers = 1;
+    layer.n_heads = sweep_options.n_heads;
+    layer.n_kv_heads = kv;
+    llm::ModelConfig model = layer;
+    model.n_layers = 32;
+    long long measured = -1;  // -1: no cache of this config was allocated
+    for (const auto& c : sweep.cells)
+      if (c.kv_heads == kv) measured = static_cast<long long>(c.kv_bytes_per_token_measured);
+    const std::size_t fp16_token = model.kv_bytes_per_token(2);
+    fmt::print("{:>8} {:>6} {:>22} {:>22} {:>24} {:>14} {:>14}\n", kv, sweep_options.n_heads / kv,
+               layer.kv_bytes_per_token(), measured >= 0 ? fmt::format("{}", measured) : "-",
+               human_bytes(static_cast<double>(fp16_token)), human_bytes(fp16_token * 4096.0),
+               human_bytes(fp16_token * 32768.0));
+    table.rows.push_back({{"kv_heads", static_cast<long long>(kv)},
+                          {"group", static_cast<long long>(sweep_options.n_heads / kv)},
+                          {"bytes_per_token_1_layer_fp32_formula", static_cast<long long>(layer.kv_bytes_per_token())},
+                          {"bytes_per_token_1_layer_fp32_measured", measured},
+                          {"bytes_per_token_32_layers_fp16", static_cast<long long>(fp16_token)},
+                          {"bytes_32_layers_fp16_at_4k", static_cast<long long>(fp16_token * 4096)},
+                          {"bytes_32_layers_fp16_at_32k", static_cast<long long>(fp16_token * 32768)}});
+  }
+  return table;
+}
+
+step03::JsonTable well_known_cache_sizes(double budget_gib) {
+  step03::JsonTable table{"well_known_models", {}};
+  const std::vector<long long> contexts = {4096, 32768, 131072};
+  fmt::print("\nKV cache of well-known models (fp16), and sequences that fit in {:.0f} GiB of KV memory:\n", budget_gib);
+  fmt::print("{:<12} {:>7} {:>8} {:>11} {:>11} {:>19} {:>19} {:>19}\n", "model", "layers", "q/kv", "per token",
+             "if MHA", "4k (seqs)", "32k (seqs)", "128k (seqs)");
+  for (const auto& m : step03::well_known_models()) {
+    const llm::ModelConfig config = step03::attention_config(m);
+    llm::ModelConfig as_mha = config;
+    as_mha.n_kv_heads = m.n_heads;
+    const double per_token = static_cast<double>(config.kv_bytes_per_token(2));
+    step03::JsonObject row = {{"model", m.name},
+                              {"n_layers", static_cast<long long>(m.n_layers)},
+                              {"n_heads", static_cast<long long>(m.n_heads)},
+                              {"n_kv_heads", static_cast<long long>(m.n_kv_heads)},
+                              {"head_dim", static_cast<long long>(m.head_dim)},
+                              {"bytes_per_token_fp16", static_cast<long long>(per_token)},
+                              {"bytes_per_token_fp16_if_mha", static_cast<long long>(as_mha.kv_bytes_per_token(2))},
+                              {"budget_gib", budget_gib},
+                              {"note", m.note}};
+    fmt::print("{:<12} {:>7} {:>8} {:>11} {:>11}", m.name, m.n_layers, fmt::format("{}/{}", m.n_heads, m.n_kv_heads),
+               human_bytes(per_token), human_bytes(static_cast<double>(as_mha.kv_bytes_per_token(2))));
+    for (const long long ctx : contexts) {
+      const double bytes = per_token * static_cast<double>(ctx);
+      const long long fit = step03::sequences_that_fit(budget_gib * kGiB, bytes);
+      fmt::print(" {:>19}", fmt::format("{} ({})", human_bytes(bytes), fit));
+      row.emplace_back(fmt::format("bytes_at_{}k", ctx / 1024), static_cast<long long>(bytes));
+      row.emplace_back(fmt::format("sequences_at_{}k", ctx / 1024), fit);
+    }
+    fmt::print("\n");
+    table.rows.push_back(std::move(row));
+  }
+  return table;
+}
+
+// ---------------------------------------------------------------------------
+
+int body(int argc, char** argv) {
+  CLI::App app{"Step 03: grouped-query attention. KV heads vs cache size and decode attention time; "
+               "MHA/MQA conversion of a real GQA model."};
+  llm::CommonOptions o;
+  StepOptions s;
+  llm::add_common_options(app, o);
+  app.add_option("--repeats", s.repeats, "timed runs per cell (median reported)")->check(CLI::PositiveNumber);
+  app.add_option("--contexts", s.contexts, "decode-attention context lengths, comma-separated")->capture_default_str();
+  app.add_option("--kv-heads", s.kv_heads, "KV-head counts to time (each must divide --query-heads)")
+      ->capture_default_str();
+  app.add_option("--query-heads", s.query_heads, "query heads of the timed attention")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--head-dim", s.head_dim, "head size of the timed attention")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--no-flush", s.no_flush, "do not evict the CPU caches between timed runs");
+  app.add_option("--max-host-gib", s.max_host_gib, "skip contexts whose cache + repeat_kv copy need more host memory")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--kv-budget-gib", s.kv_budget_gib, "KV memory budget for the sequences-that-fit table")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  const auto& table = step03::variants();
+  if (o.list_variants) {
+    for (const auto& v : table) fmt::print("{:>3}  {:<12} {}\n", v.id, v.name, v.what_changed);
+    return 0;
+  }
+
+  step03::SweepOptions sweep_options;
+  sweep_options.n_heads = s.query_heads;
+  sweep_options.head_dim = s.head_dim;
+  sweep_options.kv_heads = parse_int_list(s.kv_heads, "--kv-heads");
+  sweep_options.contexts = parse_int_list(s.contexts, "--contexts");
+  sweep_options.variant_ids = llm::parse_variant_selection(o.variant, llm::variant_ids(table));
+  sweep_options.repeats = s.repeats;
+  sweep_options.flush_caches = !s.no_flush;
+  sweep_options.max_host_gib = s.max_host_gib;
+  sweep_options.seed = o.seed;
+  if (o.quick) {
+    // Seconds on a slow CI core: two short contexts, one timed run, warm caches.
+    // The checks are the point here, not the timings.
+    sweep_options.contexts = {512, 2048};
+    sweep_options.repeats = 1;
+    sweep_options.flush_caches = false;
+    o.steps = std::min(o.steps, 64);
+  }
+  for (int kv : sweep_options.kv_heads)
+    if (sweep_options.n_heads % kv != 0)
+      throw llm::InputError(fmt::format("--kv-heads {} does not divide --query-heads {}", kv, sweep_options.n_heads));
+  const llm::DeviceSelection devices = llm::select_devices(o.device);
+  sweep_options.cpu = devices.cpu;
+  sweep_options.cuda = devices.cuda;
+
+  llm::LoadedModel loaded = llm::load_model(o);
+  const llm::ModelConfig& config = loaded.weights.config;
+  const std::vector<int> prompt = loaded.tokenizer.encode(o.prompt, /*add_bos=*/true, /*add_eos=*/false);
+  const int positions = std::min(o.steps, config.seq_len);
+
+  fmt::print("decode attention: {} query heads, head_dim {}, KV heads {}, contexts {}{}\n", sweep_options.n_heads,
+             sweep_options.head_dim, s.kv_heads, o.quick ? "512,2048 (--quick)" : s.contexts,
+             sweep_options.flush_caches ? ", CPU caches flushed before every timed run" : "");
+  const step03::SweepResult sweep = run_decode_attention_sweep(sweep_options);
+  const step03::ConversionExperiment experiment = step03::run_conversion_experiment(
+      loaded.weights, prompt, positions, o.temperature, o.top_p, o.seed, o.quick ? 1 : s.repeats);
+
+  llm::Results results("step03_gqa", "GQA: KV heads vs KV-cache size and decode attention time");
+  results.set_device_info([&] {
+    auto info = llm::query_device_info();
+    if (!devices.skipped_reason.empty()) info.cuda_note = devices.skipped_reason;
+    return info;
+  }());
+  results.set_config("model", loaded.name);
+  results.set_config("model_config", config.describe());
+  results.set_config("attention_query_heads", static_cast<long long>(sweep_options.n_heads));
+  results.set_config("attention_head_dim", static_cast<long long>(sweep_options.head_dim));
+  results.set_config("attention_kv_heads", s.kv_heads);
+  results.set_config("repeats", static_cast<long long>(sweep_options.repeats));
+  results.set_config("cpu_cache_flush_bytes", static_cast<long long>(sweep.flush_bytes));
+  results.set_config("speedup_baseline", std::string("decode attention: group_aware at kv_heads = query heads (MHA), "
+                                                     "same device and context; models: the original"));
+  results.set_config("conversion_positions", static_cast<long long>(experiment.text.size()));
+  results.set_config("temperature", static_cast<double>(o.temperature));
+  results.set_config("quick", o.quick);
+  add_sweep_rows(results, sweep);
+  add_conversion_rows(results, experiment);
+
+  fmt::print("{}\n", results.format_table());
+  print_sweep_pivot(sweep, sweep_options.contexts);
+  print_claim(sweep);
+  print_conversion(experiment, loaded.name, loaded.tokenizer);
+  std::vector<step03::JsonTable> tables;
+  tables.push_back(cache_by_kv_heads(sweep_options, sweep));
+  tables.push_back(well_known_cache_sizes(s.kv_budget_gib));
+
+  if (!devices.skipped_reason.empty()) fmt::print("\nCUDA rows skipped: {}\n", devices.skipped_reason);
+  if (!o.json_path.empty()) {
+    step03::write_results_json(o.json_path, results, tables);
+    fmt::print("results written to {}\n", o.json_path);
+  }
+  if (!results.all_ok()) {
+    std::fprintf(stderr, "error: a variant disagrees with the reference (see the table)\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return llm::run_main(argc, argv, body); }
