@@ -4,6 +4,8 @@
 //   build/bin/step01_kv_cache_bench --benchmark_filter=kv_cache
 #include <benchmark/benchmark.h>
 
+#include "llm/harness/benchmark_main.hpp"
+
 #include "generation.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
@@ -57,10 +59,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  register_all();
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return llm::run_benchmarks(argc, argv, register_all); }

@@ -19,19 +19,6 @@ void reserve(GenerationResult& result, const llm::Model& model, std::span<const 
   result.logits.reserve(n * static_cast<std::size_t>(model.config().vocab_size));
 }
 
-void check_prompt(const llm::Model& model, std::span<const int> prompt, int total_positions) {
-  if (prompt.empty()) throw llm::InputError("the prompt must hold at least the BOS token");
-  const int context = model.config().seq_len;
-  if (static_cast<int>(prompt.size()) > context)
-    throw llm::InputError(fmt::format("the prompt is {} tokens; the model's context is {}", prompt.size(), context));
-  if (total_positions > context)
-    throw llm::InputError(fmt::format("--steps {} exceeds the model's context of {} positions", total_positions,
-                                      context));
-  if (total_positions < static_cast<int>(prompt.size()))
-    throw llm::InputError(fmt::format("--steps {} is shorter than the prompt ({} tokens)", total_positions,
-                                      prompt.size()));
-}
-
 // Samples from `logits`, records the token and its logits. Returns false when
 // generation should stop (BOS sampled).
 bool accept(GenerationResult& result, std::span<const float> logits, llm::Sampler& sampler, double ms) {
@@ -46,7 +33,7 @@ bool accept(GenerationResult& result, std::span<const float> logits, llm::Sample
 
 GenerationResult generate_recompute(llm::Model& model, std::span<const int> prompt, int total_positions,
                                     llm::Sampler& sampler) {
-  check_prompt(model, prompt, total_positions);
+  llm::validate_generation(model.config(), prompt, total_positions);
   GenerationResult result;
   reserve(result, model, prompt, total_positions);
   // sequence: [n] every token so far, prompt then generated.
@@ -69,7 +56,7 @@ GenerationResult generate_recompute(llm::Model& model, std::span<const int> prom
 
 GenerationResult generate_cached(llm::Model& model, std::span<const int> prompt, int total_positions,
                                  llm::Sampler& sampler) {
-  check_prompt(model, prompt, total_positions);
+  llm::validate_generation(model.config(), prompt, total_positions);
   GenerationResult result;
   reserve(result, model, prompt, total_positions);
   // Capacity exactly what this generation needs: the cache's size is the

@@ -103,11 +103,7 @@ int body(int argc, char** argv) {
   int repeats = 5;
   llm::add_common_options(app, o);
   app.add_option("--repeats", repeats, "timed runs per variant (median reported)")->check(CLI::PositiveNumber);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const auto status = llm::parse_command_line(app, argc, argv)) return *status;
 
   const auto& table = step01::variants();
   if (o.list_variants) {
@@ -154,11 +150,7 @@ int body(int argc, char** argv) {
   }
 
   llm::Results results("step01_kv_cache", "KV cache: recompute the prefix vs cache K/V");
-  results.set_device_info([&] {
-    auto info = llm::query_device_info();
-    if (!devices.skipped_reason.empty()) info.cuda_note = devices.skipped_reason;
-    return info;
-  }());
+  results.set_device_info(llm::device_info_for(devices));
   results.set_config("model", loaded.name);
   results.set_config("model_config", config.describe());
   results.set_config("prompt_tokens", static_cast<long long>(prompt.size()));
@@ -246,16 +238,7 @@ int body(int argc, char** argv) {
   results.set_config("kv_bytes_formula_this_run", static_cast<long long>(formula_this_run));
   results.set_config("kv_bytes_per_token", static_cast<long long>(config.kv_bytes_per_token()));
 
-  if (!devices.skipped_reason.empty()) fmt::print("\nCUDA rows skipped: {}\n", devices.skipped_reason);
-  if (!o.json_path.empty()) {
-    results.write_json(o.json_path);
-    fmt::print("results written to {}\n", o.json_path);
-  }
-  if (!results.all_ok()) {
-    std::fprintf(stderr, "error: a variant disagrees with the reference (see the table)\n");
-    return 1;
-  }
-  return 0;
+  return llm::finish_run(results, o, devices);
 }
 
 }  // namespace

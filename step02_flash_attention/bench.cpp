@@ -6,6 +6,8 @@
 //   4 * d * heads * visible (query, key) pairs per run.
 #include <benchmark/benchmark.h>
 
+#include "llm/harness/benchmark_main.hpp"
+
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -80,10 +82,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  register_all();
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return llm::run_benchmarks(argc, argv, register_all); }

@@ -174,11 +174,7 @@ int body(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--prefill-tokens", prefill_tokens, "prompt length of the model prefill comparison")
       ->check(CLI::PositiveNumber);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const auto status = llm::parse_command_line(app, argc, argv)) return *status;
 
   const auto& table = step02::variants();
   if (o.list_variants) {
@@ -209,8 +205,7 @@ int body(int argc, char** argv) {
   }
 
   llm::Results results("step02_flash_attention", "FlashAttention: naive vs tiled online-softmax attention");
-  llm::DeviceInfo info = llm::query_device_info();
-  if (!devices.skipped_reason.empty()) info.cuda_note = devices.skipped_reason;
+  const llm::DeviceInfo info = llm::device_info_for(devices);
   results.set_device_info(info);
   results.set_config("heads", fmt::format("{}", fmt::join(heads_list, ",")));
   results.set_config("head_dims", fmt::format("{}", fmt::join(head_dims, ",")));
@@ -419,17 +414,7 @@ int body(int argc, char** argv) {
       "cannot use these kernels";
   results.set_config("cuda_model_prefill", cuda_model_note);
   if (s.cuda) fmt::print("\nCUDA model prefill: {}\n", cuda_model_note);
-  if (!devices.skipped_reason.empty()) fmt::print("\nCUDA rows skipped: {}\n", devices.skipped_reason);
-
-  if (!o.json_path.empty()) {
-    results.write_json(o.json_path);
-    fmt::print("results written to {}\n", o.json_path);
-  }
-  if (!all_ok || !results.all_ok()) {
-    std::fprintf(stderr, "error: a variant disagrees with the reference (see the table)\n");
-    return 1;
-  }
-  return 0;
+  return llm::finish_run(results, o, devices, all_ok);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 // CPU's last-level cache. The executable's table is the flushed measurement.
 #include <benchmark/benchmark.h>
 
+#include "llm/harness/benchmark_main.hpp"
+
 #include <fmt/format.h>
 
 #include <map>
@@ -100,10 +102,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  register_all();
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return llm::run_benchmarks(argc, argv, register_all); }

@@ -24,7 +24,6 @@
 #include "conversion_experiment.hpp"
 #include "decode_attention_sweep.hpp"
 #include "gqa_attention.hpp"
-#include "json_tables.hpp"
 #include "kv_cache_sizes.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
@@ -243,8 +242,8 @@ void print_conversion(const step03::ConversionExperiment& experiment, const std:
 // By KV heads, for the sweep's attention dims: the measured bytes of the
 // sweep's one-layer fp32 caches, and the formula for a whole 32-layer fp16
 // model with those dims (Llama-2-7B's, with its KV heads varied).
-step03::JsonTable cache_by_kv_heads(const step03::SweepOptions& sweep_options, const step03::SweepResult& sweep) {
-  step03::JsonTable table{"kv_cache_by_kv_heads", {}};
+llm::JsonTable cache_by_kv_heads(const step03::SweepOptions& sweep_options, const step03::SweepResult& sweep) {
+  llm::JsonTable table{"kv_cache_by_kv_heads", {}};
   fmt::print("\nKV cache = 2 x layers x kv_heads x head_dim x positions x bytes/value; {} query heads, head_dim {}\n",
              sweep_options.n_heads, sweep_options.head_dim);
   fmt::print("{:>8} {:>6} {:>22} {:>22} {:>24} {:>14} {:>14}\n", "kv_heads", "group", "1 layer fp32: formula",
@@ -276,8 +275,8 @@ step03::JsonTable cache_by_kv_heads(const step03::SweepOptions& sweep_options, c
   return table;
 }
 
-step03::JsonTable well_known_cache_sizes(double budget_gib) {
-  step03::JsonTable table{"well_known_models", {}};
+llm::JsonTable well_known_cache_sizes(double budget_gib) {
+  llm::JsonTable table{"well_known_models", {}};
   const std::vector<long long> contexts = {4096, 32768, 131072};
   fmt::print("\nKV cache of well-known models (fp16), and sequences that fit in {:.0f} GiB of KV memory:\n", budget_gib);
   fmt::print("{:<12} {:>7} {:>8} {:>11} {:>11} {:>19} {:>19} {:>19}\n", "model", "layers", "q/kv", "per token",
@@ -287,7 +286,7 @@ step03::JsonTable well_known_cache_sizes(double budget_gib) {
     llm::ModelConfig as_mha = config;
     as_mha.n_kv_heads = m.n_heads;
     const double per_token = static_cast<double>(config.kv_bytes_per_token(2));
-    step03::JsonObject row = {{"model", m.name},
+    llm::JsonObject row = {{"model", m.name},
                               {"n_layers", static_cast<long long>(m.n_layers)},
                               {"n_heads", static_cast<long long>(m.n_heads)},
                               {"n_kv_heads", static_cast<long long>(m.n_kv_heads)},
@@ -332,11 +331,7 @@ int body(int argc, char** argv) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--kv-budget-gib", s.kv_budget_gib, "KV memory budget for the sequences-that-fit table")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const auto status = llm::parse_command_line(app, argc, argv)) return *status;
 
   const auto& table = step03::variants();
   if (o.list_variants) {
@@ -382,11 +377,7 @@ int body(int argc, char** argv) {
       loaded.weights, prompt, positions, o.temperature, o.top_p, o.seed, o.quick ? 1 : s.repeats);
 
   llm::Results results("step03_gqa", "GQA: KV heads vs KV-cache size and decode attention time");
-  results.set_device_info([&] {
-    auto info = llm::query_device_info();
-    if (!devices.skipped_reason.empty()) info.cuda_note = devices.skipped_reason;
-    return info;
-  }());
+  results.set_device_info(llm::device_info_for(devices));
   results.set_config("model", loaded.name);
   results.set_config("model_config", config.describe());
   results.set_config("attention_query_heads", static_cast<long long>(sweep_options.n_heads));
@@ -406,20 +397,9 @@ int body(int argc, char** argv) {
   print_sweep_pivot(sweep, sweep_options.contexts);
   print_claim(sweep);
   print_conversion(experiment, loaded.name, loaded.tokenizer);
-  std::vector<step03::JsonTable> tables;
-  tables.push_back(cache_by_kv_heads(sweep_options, sweep));
-  tables.push_back(well_known_cache_sizes(s.kv_budget_gib));
-
-  if (!devices.skipped_reason.empty()) fmt::print("\nCUDA rows skipped: {}\n", devices.skipped_reason);
-  if (!o.json_path.empty()) {
-    step03::write_results_json(o.json_path, results, tables);
-    fmt::print("results written to {}\n", o.json_path);
-  }
-  if (!results.all_ok()) {
-    std::fprintf(stderr, "error: a variant disagrees with the reference (see the table)\n");
-    return 1;
-  }
-  return 0;
+  results.add_table(cache_by_kv_heads(sweep_options, sweep));
+  results.add_table(well_known_cache_sizes(s.kv_budget_gib));
+  return llm::finish_run(results, o, devices);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 //   build/bin/step04_speculative_bench --benchmark_filter=verify
 #include <benchmark/benchmark.h>
 
+#include "llm/harness/benchmark_main.hpp"
+
 #include "early_exit_drafter.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
@@ -82,10 +84,4 @@ void register_all() {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  register_all();
-  benchmark::Initialize(&argc, argv);
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return llm::run_benchmarks(argc, argv, register_all); }

@@ -145,11 +145,7 @@ int body(int argc, char** argv) {
   app.add_option("--repeats", s.repeats, "timed generations per configuration (median reported)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const auto status = llm::parse_command_line(app, argc, argv)) return *status;
 
   const auto& table = step04::variants();
   if (o.list_variants) {
@@ -206,11 +202,7 @@ int body(int argc, char** argv) {
   const llm::ModelWeights& draft_model_weights = draft_weights ? *draft_weights : loaded.weights;
 
   llm::Results results("step04_speculative", "speculative decoding: draft k tokens, verify them in one target pass");
-  results.set_device_info([&] {
-    auto info = llm::query_device_info();
-    if (!devices.skipped_reason.empty()) info.cuda_note = devices.skipped_reason;
-    return info;
-  }());
+  results.set_device_info(llm::device_info_for(devices));
   results.set_config("model", loaded.name);
   results.set_config("model_config", config.describe());
   results.set_config("draft_model", draft_name);
@@ -403,16 +395,7 @@ int body(int argc, char** argv) {
   if (draft_name == "self")
     fmt::print("draft_model(self): no --draft-model given, so the target drafts for itself (alpha = 1 in greedy "
                "mode, c ~ 1):\nan always-right drafter that costs as much as the target never pays.\n");
-  if (!devices.skipped_reason.empty()) fmt::print("\nCUDA rows skipped: {}\n", devices.skipped_reason);
-  if (!o.json_path.empty()) {
-    results.write_json(o.json_path);
-    fmt::print("results written to {}\n", o.json_path);
-  }
-  if (!results.all_ok()) {
-    std::fprintf(stderr, "error: speculative output differs from plain decoding (see the table)\n");
-    return 1;
-  }
-  return 0;
+  return llm::finish_run(results, o, devices);
 }
 
 }  // namespace

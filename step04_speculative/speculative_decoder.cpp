@@ -13,14 +13,7 @@ namespace {
 
 void check_arguments(const llm::Model& target, std::span<const int> prompt, int total_positions, int k) {
   if (k < 1) throw llm::InputError(fmt::format("k (drafts per round) must be at least 1 (got {})", k));
-  if (prompt.empty()) throw llm::InputError("the prompt must hold at least the BOS token");
-  const int context = target.config().seq_len;
-  if (total_positions > context)
-    throw llm::InputError(fmt::format("--steps {} exceeds the model's context of {} positions", total_positions,
-                                      context));
-  if (total_positions < static_cast<int>(prompt.size()))
-    throw llm::InputError(fmt::format("--steps {} is shorter than the prompt ({} tokens)", total_positions,
-                                      prompt.size()));
+  llm::validate_generation(target.config(), prompt, total_positions);
 }
 
 std::span<const float> row(std::span<const float> rows, int index, int vocab) {

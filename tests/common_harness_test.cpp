@@ -2,6 +2,7 @@
 // the results JSON, and --variant parsing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -376,4 +377,20 @@ TEST(VariantTable, VariantIdsListsTheTableInOrder) {
 }
 
 }  // namespace
+TEST(ResultsJson, ExtraTablesKeepTheDocumentWellFormed) {
+  llm::Results results("step03_gqa", "test");
+  llm::ResultRow row;
+  row.device = "cpu";
+  row.variant = "x";
+  row.ok = true;
+  results.add_row(row);
+  results.add_table({"tables_a", {{{"k", 1LL}, {"name", std::string("v\"q")}}}});
+  results.add_table({"empty", {}});
+  const std::string json = results.to_json();
+  EXPECT_NE(json.find("\"tables_a\": [\n    {\"k\": 1, \"name\": \"v\\\"q\"}\n  ]"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"empty\": [\n  ]"), std::string::npos);
+  EXPECT_EQ(std::count(json.begin(), json.end(), '{'), std::count(json.begin(), json.end(), '}'));
+  EXPECT_EQ(json.substr(json.size() - 2), "}\n");
+}
+
 }  // namespace llm

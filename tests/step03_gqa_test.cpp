@@ -15,7 +15,6 @@
 #include "conversion_experiment.hpp"
 #include "decode_attention_sweep.hpp"
 #include "gqa_attention.hpp"
-#include "json_tables.hpp"
 #include "kv_cache_sizes.hpp"
 #include "kv_heads_conversion.hpp"
 #include "llm/checkpoint.hpp"
@@ -340,21 +339,6 @@ TEST(Step03CacheSizes, WellKnownModelsPerTokenBytes) {
   EXPECT_EQ(fp16_per_token["Mistral-7B"], 2u * 32 * 8 * 128 * 2);
   EXPECT_EQ(sequences_that_fit(10.0, 3.0), 3);
   EXPECT_EQ(sequences_that_fit(2.0, 3.0), 0);
-}
-
-TEST(Step03Json, ExtraTablesKeepTheDocumentWellFormed) {
-  llm::Results results("step03_gqa", "test");
-  llm::ResultRow row;
-  row.device = "cpu";
-  row.variant = "x";
-  row.ok = true;
-  results.add_row(row);
-  const std::string json =
-      results_json_with_tables(results, {{"tables_a", {{{"k", 1LL}, {"name", std::string("v\"q")}}}}, {"empty", {}}});
-  EXPECT_NE(json.find("\"tables_a\": [\n    {\"k\": 1, \"name\": \"v\\\"q\"}\n  ]"), std::string::npos) << json;
-  EXPECT_NE(json.find("\"empty\": [\n  ]"), std::string::npos);
-  EXPECT_EQ(std::count(json.begin(), json.end(), '{'), std::count(json.begin(), json.end(), '}'));
-  EXPECT_EQ(json.substr(json.size() - 2), "}\n");
 }
 
 }  // namespace

@@ -36,4 +36,9 @@ class Model {
 // Shared by every Model so errors read the same on every device.
 void validate_batch(const ModelConfig& config, const TokenBatch& batch, const KvCache& cache);
 
+// Checks a generation request before any forward: a non-empty prompt (BOS at
+// least) that fits the context, and a total of positions (prompt included,
+// as llama2.c's -n) between the prompt's length and the context.
+void validate_generation(const ModelConfig& config, std::span<const int> prompt, int total_positions);
+
 }  // namespace llm

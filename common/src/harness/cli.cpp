@@ -8,6 +8,7 @@
 #include "llm/checkpoint.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
+#include "llm/harness/results.hpp"
 
 namespace llm {
 
@@ -60,6 +61,35 @@ DeviceSelection select_devices(const std::string& flag) {
     }
   }
   return s;
+}
+
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return std::nullopt;
+}
+
+DeviceInfo device_info_for(const DeviceSelection& devices) {
+  DeviceInfo info = query_device_info();
+  if (!devices.skipped_reason.empty()) info.cuda_note = devices.skipped_reason;
+  return info;
+}
+
+int finish_run(const Results& results, const CommonOptions& options, const DeviceSelection& devices,
+               bool other_checks_passed) {
+  if (!devices.skipped_reason.empty()) fmt::print("\nCUDA rows skipped: {}\n", devices.skipped_reason);
+  if (!options.json_path.empty()) {
+    results.write_json(options.json_path);
+    fmt::print("results written to {}\n", options.json_path);
+  }
+  if (!other_checks_passed || !results.all_ok()) {
+    std::fprintf(stderr, "error: a variant disagrees with its reference (see the table)\n");
+    return 1;
+  }
+  return 0;
 }
 
 int run_main(int argc, char** argv, int (*body)(int, char**)) {

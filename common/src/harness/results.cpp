@@ -120,7 +120,19 @@ std::string Results::to_json() const {
     for (const auto& [k, v] : r.extra) out += fmt::format(", {}: {}", json_escape(k), scalar_json(v));
     out += "}";
   }
-  out += "\n  ]\n}\n";
+  out += "\n  ]";
+  for (const JsonTable& table : tables_) {
+    out += fmt::format(",\n  {}: [", json_escape(table.name));
+    for (std::size_t r = 0; r < table.rows.size(); ++r) {
+      out += r ? ",\n    {" : "\n    {";
+      for (std::size_t k = 0; k < table.rows[r].size(); ++k)
+        out += fmt::format("{}{}: {}", k ? ", " : "", json_escape(table.rows[r][k].first),
+                           scalar_json(table.rows[r][k].second));
+      out += "}";
+    }
+    out += "\n  ]";
+  }
+  out += "\n}\n";
   return out;
 }
 

@@ -2,7 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <set>
+#include <algorithm>
+#include <vector>
 
 #include "llm/errors.hpp"
 
@@ -14,7 +15,10 @@ void validate_batch(const ModelConfig& config, const TokenBatch& batch, const Kv
   if (batch.positions.size() != batch.tokens.size() || batch.sequences.size() != batch.tokens.size())
     throw InputError("batch tokens, positions and sequences differ in length");
 
-  std::set<int> finished_sequences;  // sequences whose run of rows has ended
+  // Sequences whose run of rows has ended (a handful: a linear search beats a
+  // std::set, whose node allocations would cost more than a decode step's checks).
+  thread_local std::vector<int> finished_sequences;
+  finished_sequences.clear();
   for (int r = 0; r < n; ++r) {
     const int token = batch.tokens[r], pos = batch.positions[r], seq = batch.sequences[r];
     if (token < 0 || token >= config.vocab_size)
@@ -33,12 +37,23 @@ void validate_batch(const ModelConfig& config, const TokenBatch& batch, const Kv
             "KV cache full: sequence {} needs position {} but the cache holds {} positions per sequence", seq, pos,
             cache.capacity()));
     } else {
-      if (finished_sequences.count(seq))
+      if (std::find(finished_sequences.begin(), finished_sequences.end(), seq) != finished_sequences.end())
         throw InputError(fmt::format("the rows of sequence {} must be contiguous in the batch", seq));
       cache.check_writable(seq, pos);  // no gap after the cached prefix, room in the cache
     }
-    if (r + 1 == n || batch.sequences[r + 1] != seq) finished_sequences.insert(seq);
+    if (r + 1 == n || batch.sequences[r + 1] != seq) finished_sequences.push_back(seq);
   }
+}
+
+void validate_generation(const ModelConfig& config, std::span<const int> prompt, int total_positions) {
+  if (prompt.empty()) throw InputError("the prompt must hold at least the BOS token");
+  const int context = config.seq_len;
+  if (static_cast<int>(prompt.size()) > context)
+    throw InputError(fmt::format("the prompt is {} tokens; the model's context is {}", prompt.size(), context));
+  if (total_positions > context)
+    throw InputError(fmt::format("--steps {} exceeds the model's context of {} positions", total_positions, context));
+  if (total_positions < static_cast<int>(prompt.size()))
+    throw InputError(fmt::format("--steps {} is shorter than the prompt ({} tokens)", total_positions, prompt.size()));
 }
 
 }  // namespace llm

@@ -3,8 +3,10 @@
 // name: a preset with seeded random weights, or a llama2.c checkpoint.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "llm/harness/device_info.hpp"
 #include "llm/tokenizer.hpp"
 #include "llm/weights.hpp"
 
@@ -50,6 +52,21 @@ struct DeviceSelection {
   std::string skipped_reason;
 };
 DeviceSelection select_devices(const std::string& device_flag);
+
+// Parses the command line. Returns the exit status when the program should
+// stop here (--help, or a bad flag: CLI11 has printed why), nullopt otherwise.
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv);
+
+// The device description for a results header; when --device all skipped
+// CUDA, the reason replaces the generic note.
+DeviceInfo device_info_for(const DeviceSelection& devices);
+
+class Results;
+// The common end of every step: says why CUDA rows are missing, writes the
+// JSON when --json was given, and returns 0 when every row (and
+// `other_checks_passed`) is ok, else prints an error and returns 1.
+int finish_run(const Results& results, const CommonOptions& options, const DeviceSelection& devices,
+               bool other_checks_passed = true);
 
 // Runs `body` and turns course errors into a message on stderr and exit status
 // 1, so no executable ends in an uncaught exception. (Command-line errors are

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -16,6 +17,15 @@
 namespace llm {
 
 using JsonScalar = std::variant<bool, long long, double, std::string>;
+
+// A table that is not a list of timed variants (cache sizes, a sweep, ...):
+// it travels in the JSON beside "rows" as a top-level array of flat objects,
+//   {"step": ..., "rows": [...], "<name>": [{...}, ...]}
+using JsonObject = std::vector<std::pair<std::string, JsonScalar>>;  // keys in insertion order
+struct JsonTable {
+  std::string name;
+  std::vector<JsonObject> rows;
+};
 
 struct ResultRow {
   std::string device;    // "cpu" or "cuda"
@@ -38,6 +48,7 @@ class Results {
   void set_config(const std::string& key, JsonScalar value) { config_[key] = std::move(value); }
   void set_device_info(const DeviceInfo& info) { device_info_ = info; }
   void add_row(ResultRow row) { rows_.push_back(std::move(row)); }
+  void add_table(JsonTable table) { tables_.push_back(std::move(table)); }
   const std::vector<ResultRow>& rows() const { return rows_; }
   bool all_ok() const;
 
@@ -53,6 +64,7 @@ class Results {
   std::map<std::string, JsonScalar> config_;
   DeviceInfo device_info_;
   std::vector<ResultRow> rows_;
+  std::vector<JsonTable> tables_;
 };
 
 // The commit the binary was built from, read at build time (cmake/WriteGitCommit.cmake).
