@@ -1,6 +1,6 @@
 # Run at build time (cmake -P): writes the current commit into a source file,
 # touching it only when the commit changed, so results always name the code
-# they were measured with.
+# they were measured with. Uncommitted changes, new files included, add "-dirty".
 execute_process(COMMAND git rev-parse --short=10 HEAD
   WORKING_DIRECTORY ${SOURCE_DIR}
   OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE
@@ -8,7 +8,7 @@ execute_process(COMMAND git rev-parse --short=10 HEAD
 if(NOT rc EQUAL 0)
   set(commit "unknown")
 endif()
-execute_process(COMMAND git status --porcelain --untracked-files=no
+execute_process(COMMAND git status --porcelain --untracked-files=normal
   WORKING_DIRECTORY ${SOURCE_DIR}
   OUTPUT_VARIABLE dirty OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
 if(dirty)
