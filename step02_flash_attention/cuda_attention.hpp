@@ -16,8 +16,12 @@ void naive_attention(const AttentionProblem& p, const AttentionArgs& args);
 std::size_t naive_workspace_bytes(const AttentionProblem& p);  // n_heads * Sq * Sk floats
 
 // Variant 3 (cuda_flash1.cu): fp32, one thread per query row, K/V tiles in
-// shared memory, online softmax, output renormalized every tile (FA1).
+// shared memory, online softmax, output renormalized every tile (FA1). Also
+// the CUDA model's prefill hook (cuda_model_hooks.hpp: flash1_prefill).
 void flash1_attention(const AttentionProblem& p, const AttentionArgs& args);
+// nullptr when flash1_attention takes p, else why not: it is compiled for
+// more head dims than the other fused kernels (down to the `tiny` preset's 8).
+const char* flash1_unsupported(const AttentionProblem& p);
 
 // Variants 4 and 5 (cuda_flash2_mma.cu): fp16 / bf16 inputs (args.q16, k16,
 // v16), tensor-core mma.sync with fp32 accumulation, four warps per block
@@ -33,7 +37,7 @@ void split_kv_decode_attention(const AttentionProblem& p, const AttentionArgs& a
 std::size_t split_kv_workspace_bytes(const AttentionProblem& p);
 int split_kv_splits(const AttentionProblem& p);  // how many key splits it uses for p
 
-// The fused kernels are compiled for these head dims only (templates).
+// Variants 4-6 are compiled for head dims 64 and 128 only (templates).
 const char* fused_unsupported(const AttentionProblem& p);
 
 }  // namespace step02::cuda

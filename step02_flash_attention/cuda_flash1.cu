@@ -26,8 +26,19 @@
 // d = 64:  q_t 16 KiB + K, V 2 x 8 KiB (kKeys 32) = 32 KiB
 // d = 128: q_t 32 KiB + K, V 2 x 8 KiB (kKeys 16) = 48 KiB, the most a block
 //          gets without an opt-in, on every GPU from the T4 on.
+// d = 8:   q_t  2 KiB + K, V 2 x 0.5 KiB (kKeys 16) = 3 KiB (the `tiny` preset)
+//
+// The same kernel serves two callers: the variant table (flash1_attention,
+// contiguous K/V of a random problem) and the model's attention hook
+// (flash1_prefill, K/V in the model's cache). Both reach it through
+// flash1_attention, because the model's prefill IS one AttentionProblem:
+// Sq = n_new queries against Sk = n_past + n_new keys, causal bottom-right.
+#include <cstdint>
+#include <string>
+
 #include "cuda_attention.hpp"
 #include "cuda_common.cuh"
+#include "cuda_model_hooks.hpp"
 
 namespace step02::cuda {
 namespace {
@@ -38,7 +49,11 @@ constexpr int kRows = 64;  // query rows (= threads) per block: 2 warps
 
 template <int kHeadDim>
 constexpr int keys_per_tile() {
-  return kHeadDim <= 64 ? 32 : 16;  // keeps shared memory at <= 48 KiB (see above)
+  // d = 128: 16 keys keep shared memory at <= 48 KiB (see above).
+  // d <= 16: 16 keys too, for registers: s[kKeys] is a register array next to
+  // o[d], and with 32 keys ptxas (CUDA 13, sm_90) spilled at d = 16; with 16
+  // it needs at most ~120 registers and spills nothing (ptxas -v, sm_75..90).
+  return kHeadDim <= 16 || kHeadDim > 64 ? 16 : 32;
 }
 
 template <int kHeadDim>
@@ -158,6 +173,44 @@ void launch(const AttentionProblem& p, const AttentionArgs& args) {
   LLM_CUDA_CHECK_LAUNCH();
 }
 
+// The head dims the kernel is compiled for, listed once: the pack both
+// instantiates the kernel and is what flash1_unsupported accepts. It has to be
+// a compile-time list because o[kHeadDim] must live in registers, and
+// registers cannot be indexed by a runtime value. 8 and 48 are the heads of
+// the `tiny` and `small` presets (stories260K, stories15M dims), 64 and 128
+// the Llama family's, 16 and 32 small test models'. Every entry is a multiple
+// of 4 (the float4 loads) and at most 128 (48 KiB of shared memory and 128
+// output registers per thread; 256 would need an opt-in the T4 cannot give
+// and would spill o[]). The model's own kernels take any head_dim up to 256.
+template <int... kDims>
+struct HeadDims {
+  static bool contains(int d) { return ((d == kDims) || ...); }
+  // Runs launch<d> for the one d equal to p.head_dim (the caller checked
+  // contains(p.head_dim)): a fold over ||, which stops at the first match.
+  static void dispatch(const AttentionProblem& p, const AttentionArgs& args) {
+    static_cast<void>(((p.head_dim == kDims && (launch<kDims>(p, args), true)) || ...));
+  }
+  static std::string list() {  // "8, 16, 32, 48, 64, 128"
+    std::string s;
+    ((s += (s.empty() ? "" : ", ") + std::to_string(kDims)), ...);
+    return s;
+  }
+};
+using Flash1HeadDims = HeadDims<8, 16, 32, 48, 64, 128>;
+
+// float4 loads of K/V rows need every row start on a 16-byte boundary: the
+// pool pointers aligned (cudaMalloc gives 256 bytes) and the row and head
+// offsets (multiples of kv_dim and head_dim floats) multiples of 4 floats.
+// head_dim % 4 == 0 is guaranteed by the list above; the rest is the caller's
+// memory, checked here so a misaligned view fails with a sentence instead of
+// a misaligned-address fault inside the kernel.
+const char* kv_view_misaligned(const llm::KvView& kv) {
+  const auto aligned = [](const float* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned(kv.keys) || !aligned(kv.values)) return "K/V pool pointers must be 16-byte aligned (float4 loads)";
+  if (kv.kv_dim % 4 != 0) return "K/V rows must be a multiple of 4 floats (float4 loads)";
+  return nullptr;
+}
+
 }  // namespace
 
 const char* fused_unsupported(const AttentionProblem& p) {
@@ -166,10 +219,53 @@ const char* fused_unsupported(const AttentionProblem& p) {
   return nullptr;
 }
 
+const char* flash1_unsupported(const AttentionProblem& p) {
+  // Built once; the pointer stays valid for the program's life.
+  static const std::string head_dims = "cuda_flash1 is compiled for head_dim " + Flash1HeadDims::list() + " only";
+  if (!Flash1HeadDims::contains(p.head_dim)) return head_dims.c_str();
+  if (p.n_heads > 65535) return "more than 65535 heads (grid.y limit)";
+  return nullptr;
+}
+
 void flash1_attention(const AttentionProblem& p, const AttentionArgs& args) {
-  if (const char* why = fused_unsupported(p)) throw llm::InputError(std::string("cuda_flash1: ") + why);
-  if (p.head_dim == 64) launch<64>(p, args);
-  else launch<128>(p, args);
+  if (const char* why = flash1_unsupported(p)) throw llm::InputError(std::string("cuda_flash1: ") + why);
+  if (const char* why = kv_view_misaligned(args.kv)) throw llm::InputError(std::string("cuda_flash1: ") + why);
+  Flash1HeadDims::dispatch(p, args);
+}
+
+// ---------------------------------------------------------------------------
+// The model's attention hook (llm::cuda::CudaAttentionKernels::PrefillFn).
+// The twin of step02::cpu::flash_prefill: the hook's arguments ARE an
+// attention problem, so this only renames them and runs the variant-table
+// kernel above; no second kernel to keep in sync.
+
+void flash1_prefill(const llm::AttentionShape& shape, const float* q, const llm::KvView& kv, int n_past, int n_new,
+                    float* out, float* /*workspace: FlashAttention needs none*/, cudaStream_t stream) {
+  // Shape first, even for an empty run, so a config the kernel cannot take
+  // fails on the first forward whatever its batch looks like.
+  const AttentionProblem shape_only{shape.n_heads, shape.n_kv_heads, shape.head_dim, 1, 1, true};
+  shape_only.validate();
+  if (const char* why = flash1_unsupported(shape_only))
+    throw llm::InputError(std::string("step02 flash1_prefill: ") + why);
+  if (n_new <= 0) return;  // a grid of 0 blocks is a launch error
+  if (n_past < 0) throw llm::InputError("step02 flash1_prefill: n_past must be >= 0");
+
+  // Query i sits at position n_past + i and sees keys 0..n_past + i: with
+  // Sq = n_new and Sk = n_past + n_new that is AttentionProblem's
+  // bottom-right rule, last_visible_key(i) = Sk - Sq + i = n_past + i.
+  const AttentionProblem p{shape.n_heads, shape.n_kv_heads, shape.head_dim, n_new, n_past + n_new, true};
+  AttentionArgs args;
+  args.q = q;      // [n_new, n_heads, head_dim]
+  args.kv = kv;    // positions 0..n_past+n_new-1 written (the model appends K/V before attending)
+  args.out = out;  // [n_new, n_heads, head_dim]
+  args.stream = stream;  // the model's stream: the launch is queued behind the K/V writes
+  flash1_attention(p, args);
+}
+
+std::size_t flash1_prefill_workspace_floats(const llm::AttentionShape& /*shape*/, int /*n_past*/, int /*n_new*/) {
+  // Zero: the scores live one tile at a time in registers and shared memory.
+  // (The naive hook asks for n_new x n_heads x (n_past + n_new) floats here.)
+  return 0;
 }
 
 }  // namespace step02::cuda

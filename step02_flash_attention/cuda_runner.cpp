@@ -1,6 +1,7 @@
 // CudaProblem for CUDA builds: uploads one problem's inputs in fp32, fp16 and
 // bf16, runs a variant into a NaN-poisoned output, and times it with CUDA
-// events (llm::cuda::time_cuda flushes the L2 before each run).
+// events (llm::cuda::time_cuda flushes the L2 before each run). And the CUDA
+// model with step 02's FlashAttention in its attention hook.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -8,9 +9,20 @@
 #include <tuple>
 #include <vector>
 
+// Two files are called cuda_attention.hpp: common/cuda's (the model's hook,
+// CudaAttentionKernels) and this folder's (the variants). A quoted include
+// looks in the including file's folder first, so the line below gets this
+// folder's, and cuda_model.hpp (common/cuda, a public include directory of
+// llm_common in CUDA builds) gets the hook from its own folder. Likewise the
+// namespaces: inside namespace step02, cuda:: is step02::cuda, so the model's
+// types are always spelled llm::cuda::...
+#include "cuda_attention.hpp"    // this folder: flash1_unsupported
+#include "cuda_model.hpp"        // common/cuda: CudaModel, CudaModelOptions, CudaAttentionKernels
+#include "cuda_model_hooks.hpp"  // this folder: flash1_prefill and its workspace function
 #include "cuda_runner.hpp"
 #include "half_precision.hpp"
 #include "llm/cuda/cuda_check.hpp"
+#include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/cuda/cuda_timer.hpp"
 #include "llm/cuda/device_buffer.hpp"
 #include "llm/errors.hpp"
@@ -127,6 +139,29 @@ int cuda_compute_capability() {
     return 0;
   }
   return major * 10 + minor;
+}
+
+std::unique_ptr<llm::Model> make_cuda_model(const llm::ModelWeights& weights, CudaModelPrefill prefill) {
+  llm::cuda::CudaModelOptions options;  // dense cuBLAS products, the default attention kernels
+  if (prefill == CudaModelPrefill::Flash1) {
+    // Refuse a head the FA1 kernel is not compiled for now, with the list of
+    // those it is, rather than after gigabytes of weights went to the GPU.
+    const llm::ModelConfig& c = weights.config;
+    const AttentionProblem heads{c.n_heads, c.n_kv_heads, c.head_dim(), 1, 1, true};
+    if (const char* why = cuda::flash1_unsupported(heads))
+      throw llm::InputError(fmt::format("step02 flash prefill (head_dim {}): {}", c.head_dim(), why));
+    // Only the prefill changes. The workspace function matters as much as the
+    // kernel: the model sizes its attention workspace by asking it, so the
+    // O(N^2) score buffer of the default is never allocated.
+    options.attention.prefill = &cuda::flash1_prefill;
+    options.attention.prefill_workspace = &cuda::flash1_prefill_workspace_floats;
+    // decode / decode_workspace stay llm::cuda::kernels::decode_attention and
+    // decode_scores_floats: the split-KV kernel (variant 6) reads one KvView
+    // and one length, the decode hook hands it device arrays of both.
+  }
+  const llm::cuda::DeviceStatus status = llm::cuda::device_status();
+  if (!status.usable) throw llm::DeviceError("cannot run the CUDA model: " + status.reason);
+  return std::make_unique<llm::cuda::CudaModel>(weights, options);
 }
 
 }  // namespace step02

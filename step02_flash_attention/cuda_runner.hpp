@@ -1,9 +1,10 @@
 #pragma once
 // Running the CUDA variants from plain C++ (main.cpp, bench.cpp, tests):
 // device copies of one problem's inputs, a NaN-poisoned output, the check
-// run and the CUDA-event timing. No CUDA types here; cuda_runner.cpp defines
-// it in CUDA builds, cuda_runner_unavailable.cpp (every call throws
-// llm::DeviceError "built without CUDA") otherwise.
+// run and the CUDA-event timing; and the CUDA model with step 02's attention
+// plugged in. No CUDA types here; cuda_runner.cpp defines it in CUDA builds,
+// cuda_runner_unavailable.cpp (every call throws llm::DeviceError "built
+// without CUDA") otherwise.
 #include <memory>
 #include <span>
 #include <string>
@@ -11,6 +12,8 @@
 
 #include "attention_problem.hpp"
 #include "llm/harness/timer.hpp"
+#include "llm/model.hpp"
+#include "llm/weights.hpp"
 #include "variants.hpp"
 
 namespace step02 {
@@ -41,5 +44,21 @@ class CudaProblem {
 
 // Compute capability of the current GPU as 75, 80, 90 (0 when none).
 int cuda_compute_capability();
+
+// Which attention a CUDA model's prefill runs (decode keeps the model's
+// default kernel either way).
+enum class CudaModelPrefill {
+  Baseline,  // llm::cuda::kernels::prefill_attention: every score in a global
+             // workspace, [n_new, n_heads, n_past + n_new] floats
+  Flash1,    // step02::cuda::flash1_prefill: variant 3's FA1 kernel, no workspace
+};
+
+// A llm::cuda::CudaModel (weights uploaded) whose attention hook runs
+// `prefill`. Its forward returns host logits after waiting for the GPU, so a
+// host stopwatch around forward() times the whole prefill. Throws
+// llm::InputError when the model's head_dim is one the FA1 kernel is not
+// compiled for (checked before anything is uploaded), llm::DeviceError when no
+// GPU is usable or in a build without CUDA.
+std::unique_ptr<llm::Model> make_cuda_model(const llm::ModelWeights& weights, CudaModelPrefill prefill);
 
 }  // namespace step02

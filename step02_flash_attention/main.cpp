@@ -6,8 +6,10 @@
 //   that holds scores (naive: Sq x Sk per head; flash: one tile + O(Sq)
 //   running statistics), and the max error against a float64 reference.
 // Then the decode shape (one query against a long cache), and the model's
-// prefill of a long prompt with the common reference attention ("before")
-// and with cpu_flash plugged into the attention hook ("after").
+// prefill of a long prompt with the model's default attention ("before") and
+// with step 02's flash kernel plugged into its attention hook ("flash"): on
+// the CPU (cpu_flash via CpuModel::set_attention) and on CUDA (cuda_flash1
+// via CudaModelOptions.attention), every logit checked against the CPU's.
 // Exits non-zero when any variant disagrees with the reference.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -15,7 +17,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
 
@@ -333,8 +337,10 @@ int body(int argc, char** argv) {
     }
   }
 
-  // --- the model's prefill of a long prompt, before and after (CPU)
-  if (s.cpu) {
+  // --- the model's prefill of a long prompt, before and after, per device:
+  // the same weights and prompt, the model's default attention ("before")
+  // and step 02's flash kernel plugged into its attention hook ("flash").
+  if (s.cpu || s.cuda) {
     llm::LoadedModel loaded = llm::load_model(o);
     llm::ModelWeights weights = std::move(loaded.weights);
     // Random prompt tokens; the context grows to hold them (RoPE works at any
@@ -347,73 +353,135 @@ int body(int argc, char** argv) {
     for (int& t : prompt) t = token(rng);
     const llm::TokenBatch batch = llm::TokenBatch::prefill(prompt, 0, 0);
 
-    struct Hook {
-      int id;
+    // One row: how to get the model with that row's attention, and its name.
+    // The CPU rows share one CpuModel and swap its hook (set_attention); each
+    // CUDA row builds its own CudaModel with the hook in CudaModelOptions, one
+    // at a time, so the GPU never holds two copies of the weights.
+    struct ModelRow {
+      std::string device;
+      int id;  // 0: before (the baseline of its device), 1: flash
       std::string name, what;
-      llm::cpu::PrefillAttentionFn fn;
+      std::function<llm::Model&()> prepare;  // may throw InputError: the row is skipped
     };
-    const std::vector<Hook> hooks = {
-        {0, "model_prefill_before", "llm::cpu::reference_prefill_attention (steps 00-01)",
-         &llm::cpu::reference_prefill_attention},
-        {1, "model_prefill_flash", "step02::cpu::flash_prefill via CpuModel::set_attention",
-         &step02::cpu::flash_prefill},
-    };
-    fmt::print("\nmodel prefill on the CPU: {} ({}), a {}-token prompt, logits of the last row\n", loaded.name,
-               c.describe(), prefill_tokens);
-    fmt::print("  {:<22} {:>10} {:>12} {:>8} {:>10}  {}  {}\n", "variant", "time", "tok/s", "speedup", "max_rel",
-               "ok", "attention");
-    llm::CpuModel model(weights);
-    auto cache = model.make_cache(1, prefill_tokens);
-    std::vector<float> before_logits;
-    double before_ms = 0.0;
-    for (const auto& hook : hooks) {
-      model.set_attention({hook.fn, &llm::cpu::reference_decode_attention});
+    std::optional<llm::CpuModel> cpu_model;
+    std::unique_ptr<llm::Model> cuda_model;
+    std::vector<ModelRow> model_rows;
+    if (s.cpu) {
+      cpu_model.emplace(weights);
+      const auto with_cpu_prefill = [&cpu_model](llm::cpu::PrefillAttentionFn prefill) {
+        return [&cpu_model, prefill]() -> llm::Model& {
+          cpu_model->set_attention({prefill, &llm::cpu::reference_decode_attention});
+          return *cpu_model;
+        };
+      };
+      model_rows.push_back({"cpu", 0, "model_prefill_before", "llm::cpu::reference_prefill_attention (steps 00-01)",
+                            with_cpu_prefill(&llm::cpu::reference_prefill_attention)});
+      model_rows.push_back({"cpu", 1, "model_prefill_flash", "step02::cpu::flash_prefill via CpuModel::set_attention",
+                            with_cpu_prefill(&step02::cpu::flash_prefill)});
+    }
+    if (s.cuda) {
+      const auto with_cuda_prefill = [&cuda_model, &weights](step02::CudaModelPrefill prefill) {
+        return [&cuda_model, &weights, prefill]() -> llm::Model& {
+          cuda_model.reset();  // free the previous row's model before uploading the next
+          cuda_model = step02::make_cuda_model(weights, prefill);
+          return *cuda_model;
+        };
+      };
+      model_rows.push_back({"cuda", 0, "model_prefill_before",
+                            "llm::cuda::kernels::prefill_attention (CudaModel default; scores in a global workspace)",
+                            with_cuda_prefill(step02::CudaModelPrefill::Baseline)});
+      model_rows.push_back({"cuda", 1, "model_prefill_flash",
+                            "step02::cuda::flash1_prefill (variant 3) via CudaModelOptions.attention",
+                            with_cuda_prefill(step02::CudaModelPrefill::Flash1)});
+    }
+
+    fmt::print("\nmodel prefill: {} ({}), a {}-token prompt, logits of the last row\n", loaded.name, c.describe(),
+               prefill_tokens);
+    fmt::print("vs before = max_rel against the same device's model_prefill_before; vs cpu = against the CPU's "
+               "(the reference){}\n",
+               s.cpu ? "" : " (not run: CPU rows are off)");
+    fmt::print("  {:<5} {:<22} {:>10} {:>12} {:>8} {:>10} {:>10}  {:<4} {}\n", "dev", "variant", "time", "tok/s",
+               "speedup", "vs before", "vs cpu", "ok", "attention");
+    const llm::Tolerance tolerance = llm::model_logits_tolerance(llm::DType::F32);
+    std::vector<float> cpu_reference;  // logits of the CPU's before row: every row is checked against it
+    struct Before {
       std::vector<float> logits;
+      double ms = 0.0;
+    };
+    std::map<std::string, Before> before;  // per device
+    for (const auto& r : model_rows) {
+      llm::Model* model = nullptr;
+      try {
+        model = &r.prepare();
+      } catch (const llm::InputError& e) {  // a head the kernel is not compiled for: say so, do not fail
+        fmt::print("  {:<5} {:<22} skipped: {}\n", r.device, r.name, e.what());
+        continue;
+      }
+      auto cache = model->make_cache(1, prefill_tokens);
+      std::vector<float> logits;
+      // One warm-up run, untimed: the first CUDA forward also allocates the
+      // model's scratch and loads the kernels. The forward returns host logits
+      // after waiting for the GPU, so the host stopwatch of time_cpu measures
+      // the whole prefill on either device. The GPU rows are cheap: more runs.
+      const int runs = o.quick ? 1 : (r.device == "cuda" ? std::max(5, s.repeats) : std::max(2, s.repeats));
       const auto t = llm::time_cpu(
           [&] {
             cache->clear();
-            const auto l = model.forward(batch, *cache);
+            const auto l = model->forward(batch, *cache);
             logits.assign(l.begin(), l.end());
           },
-          1, o.quick ? 1 : std::max(2, s.repeats));
-      if (hook.id == 0) {
-        before_logits = logits;
-        before_ms = t.median_ms;
+          1, runs);
+      if (r.id == 0) {
+        before[r.device] = {logits, t.median_ms};
+        if (r.device == "cpu") cpu_reference = logits;
       }
-      const auto error = llm::compare(logits, before_logits, llm::model_logits_tolerance(llm::DType::F32));
-      const double speedup = before_ms / t.median_ms;
-      fmt::print("  {:<22} {:>10} {:>12.0f} {:>7.2f}x {:>10.2e}  {:<3} {}\n", hook.name, format_ms(t.median_ms),
-                 prefill_tokens / (t.median_ms * 1e-3), speedup, error.max_rel_err, error.ok ? "ok" : "FAIL",
-                 hook.what);
-      if (!error.ok) {
-        all_ok = false;
-        std::fprintf(stderr, "check failed for %s: %s\n", hook.name.c_str(), error.summary().c_str());
-      }
+      const auto base = before.find(r.device);
+      std::optional<llm::CompareResult> vs_before, vs_cpu;
+      if (base != before.end()) vs_before = llm::compare(logits, base->second.logits, tolerance);
+      if (!cpu_reference.empty()) vs_cpu = llm::compare(logits, cpu_reference, tolerance);
+      const bool ok = (!vs_before || vs_before->ok) && (!vs_cpu || vs_cpu->ok);
+      const double max_rel = std::max(vs_before ? vs_before->max_rel_err : 0.0, vs_cpu ? vs_cpu->max_rel_err : 0.0);
+      const double speedup = base != before.end() ? base->second.ms / t.median_ms : 0.0;
+      const auto rel = [](const std::optional<llm::CompareResult>& e) {
+        return e ? fmt::format("{:.2e}", e->max_rel_err) : std::string("-");
+      };
+      fmt::print("  {:<5} {:<22} {:>10} {:>12.0f} {:>8} {:>10} {:>10}  {:<4} {}\n", r.device, r.name,
+                 format_ms(t.median_ms), prefill_tokens / (t.median_ms * 1e-3),
+                 speedup > 0 ? fmt::format("{:.2f}x", speedup) : "-", rel(vs_before), rel(vs_cpu),
+                 ok ? "ok" : "FAIL", r.what);
+      const auto report = [&r](const std::optional<llm::CompareResult>& e, const char* against) {
+        if (e && !e->ok)
+          std::fprintf(stderr, "check failed for %s %s vs %s: %s\n", r.device.c_str(), r.name.c_str(), against,
+                       e->summary().c_str());
+      };
+      report(vs_before, "its device's model_prefill_before");
+      report(vs_cpu, "the CPU reference");
+      if (!ok) all_ok = false;
       llm::ResultRow row;
-      row.device = "cpu";
-      row.variant = hook.name;
-      row.id = hook.id;
+      row.device = r.device;
+      row.variant = r.name;
+      row.id = r.id;
       row.time_ms = t.median_ms;
       row.speedup = speedup;
-      row.max_rel_err = error.max_rel_err;
-      row.ok = error.ok;
+      row.max_rel_err = max_rel;  // the worse of the two checks
+      row.ok = ok;
       row.throughput_key = "tokens_per_s";
       row.throughput = prefill_tokens / (t.median_ms * 1e-3);
       row.extra["phase"] = std::string("model_prefill");
       row.extra["prompt_tokens"] = static_cast<long long>(prefill_tokens);
-      row.extra["attention"] = hook.what;
+      row.extra["attention"] = r.what;
       row.extra["time_min_ms"] = t.min_ms;
       row.extra["time_max_ms"] = t.max_ms;
+      if (vs_before) row.extra["max_rel_err_vs_before"] = vs_before->max_rel_err;
+      if (vs_cpu) row.extra["max_rel_err_vs_cpu"] = vs_cpu->max_rel_err;  // absent when the CPU rows are off
       results.add_row(std::move(row));
     }
     results.set_config("model", loaded.name);
     results.set_config("model_config", c.describe());
+    results.set_config("model_prefill_reference",
+                       s.cpu ? std::string("cpu model_prefill_before (last-row logits)")
+                             : std::string("none: CPU rows off, CUDA rows checked against cuda model_prefill_before"));
   }
-  const std::string cuda_model_note =
-      "pending: llm::cuda::CudaModel has no attention hook yet (common/cuda), so the CUDA model's prefill "
-      "cannot use these kernels";
-  results.set_config("cuda_model_prefill", cuda_model_note);
-  if (s.cuda) fmt::print("\nCUDA model prefill: {}\n", cuda_model_note);
   return llm::finish_run(results, o, devices, all_ok);
 }
 

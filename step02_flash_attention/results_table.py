@@ -45,11 +45,13 @@ def main(path: str) -> None:
     if model:
         print(f"**model prefill, {data['config'].get('model', '')} "
               f"({data['config'].get('model_config', '')}), {model[0]['prompt_tokens']}-token prompt**\n")
+        # max rel err: the worse of "vs the same device's before row" and
+        # "vs the CPU's before row" (the reference), on the last row's logits.
         print("| variant | attention | time | tokens/s | speedup | max rel err (logits) |")
         print("|---|---|---:|---:|---:|---:|")
         for r in model:
-            print(f"| {r['variant']} | {r['attention']} | {r['time_ms']:.1f} ms | {r['tokens_per_s']:.0f} | "
-                  f"{r['speedup']:.2f}x | {r['max_rel_err']:.1e} |")
+            print(f"| {r['device']} {r['variant']} | {r['attention']} | {r['time_ms']:.1f} ms | "
+                  f"{r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | {r['max_rel_err']:.1e} |")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ const std::vector<AttentionVariant>& variants() {
       {3, "cuda_flash1", "FA1: K/V tiles in shared memory, online softmax, thread per query row, fp32",
        Backend::Cuda,
        {STEP02_CUDA(&cuda::flash1_attention), DType::F32, 0, false, nullptr, &no_bytes,
-        STEP02_CUDA(&cuda::fused_unsupported)}},
+        STEP02_CUDA(&cuda::flash1_unsupported)}},
       {4, "cuda_flash2_fp16", "FA2: 4 warps x 16 query rows, mma.sync tensor cores, fp16 in, fp32 accumulate",
        Backend::Cuda,
        {STEP02_CUDA(&cuda::flash2_fp16_attention), DType::F16, 75, false, nullptr, &no_bytes,

@@ -3,21 +3,35 @@
 // outputs poisoned with NaN before each run: lengths 1, 7, 33, 129, 1000 and
 // tile multiples, causal and not, seqlen_q != seqlen_k, head dims 64 and 128,
 // GQA, and large-magnitude logits in fp16 (no overflow, no NaN). Split-KV
-// decode gets long caches with one query. Every test skips with the reason
-// when no CUDA device is usable (always in a CPU-only build).
+// decode gets long caches with one query. FA1 also at the small head dims it
+// is compiled for (8 = the `tiny` preset). Then the model: a CudaModel with
+// the FA1 kernel in its attention hook against the default CudaModel and the
+// CPU reference, every logits row, one prefill and a second chunk after it.
+// Every test that needs a GPU skips with the reason when no CUDA device is
+// usable (always in a CPU-only build); the argument checks run everywhere.
 #include <gtest/gtest.h>
 
+#include <random>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention_problem.hpp"
 #include "cuda_runner.hpp"
 #include "half_precision.hpp"
+#include "llm/config.hpp"
+#include "llm/cpu_model.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
+#include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
+#include "llm/weights.hpp"
 #include "reference_attention.hpp"
 #include "test_support.hpp"
 #include "variants.hpp"
+#if defined(LLM_WITH_CUDA)
+#include "cuda_model_hooks.hpp"  // uses cudaStream_t: CUDA builds only
+#endif
 
 #define LLM_REQUIRE_CUDA_DEVICE()                                                             \
   do {                                                                                        \
@@ -56,6 +70,12 @@ std::vector<Case> cases() {
   c.push_back({"q129_k7_full", {2, 2, 64, 129, 7, false}});
   c.push_back({"q129_k33_causal_empty_rows", {2, 2, 64, 129, 33, true}});
   c.push_back({"gqa4_len129_causal", {8, 2, 64, 129, 129, true}});
+  // Head dims only FA1 is compiled for (the others skip, saying why): the
+  // `tiny` preset's 8, and 16, 32, 48 with GQA and n_past > 0 shapes.
+  c.push_back({"tiny_heads_len129_causal_d8", {8, 4, 8, 129, 129, true}});
+  c.push_back({"q70_k370_causal_d16_gqa", {4, 2, 16, 70, 370, true}});
+  c.push_back({"q33_k65_causal_d32_mqa", {2, 1, 32, 33, 65, true}});
+  c.push_back({"len100_full_d48", {6, 6, 48, 100, 100, false}});
   // Decode: one query against a long cache (what split-KV is made for).
   c.push_back({"decode_k1_d64", {4, 4, 64, 1, 1, true}});
   c.push_back({"decode_k5000_d64", {4, 4, 64, 1, 5000, true}});
@@ -125,5 +145,133 @@ TEST(step02CudaTiming, TimesEveryRunnableVariant) {
     EXPECT_EQ(t.runs, 3) << variant.name;
   }
 }
+
+// ---------------------------------------------------------------------------
+// The model: FA1 in llm::cuda::CudaModel's attention hook.
+
+struct ModelCase {
+  std::string name;
+  llm::ModelConfig config;
+};
+void PrintTo(const ModelCase& c, std::ostream* os) { *os << c.name << " (" << c.config.describe() << ")"; }
+
+std::vector<ModelCase> model_cases() {
+  // head_dim 64 (the Llama kernels' size) with GQA 4/2; the rest small so the
+  // CPU reference stays fast. seq_len 512 holds the longest test (300 + 70).
+  llm::ModelConfig head64;
+  head64.dim = 256;
+  head64.hidden_dim = 512;
+  head64.n_layers = 2;
+  head64.n_heads = 4;
+  head64.n_kv_heads = 2;
+  head64.vocab_size = 300;
+  head64.seq_len = 512;
+  return {
+      {"tiny", llm::find_preset("tiny").config},  // GQA 8/4, head_dim 8
+      {"head64_gqa", head64},
+  };
+}
+
+std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(0, vocab - 1);
+  std::vector<int> tokens(static_cast<std::size_t>(n));
+  for (int& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+// Logits of every row (forward's span is only valid until the next call).
+// Every row, not only the last: the last query sees every key, so a causal
+// masking bug shows in the other rows first.
+std::vector<float> all_rows(llm::Model& model, const llm::TokenBatch& batch, llm::KvCache& cache) {
+  const auto logits = model.forward(batch, cache, llm::LogitsFor::AllRows);
+  return {logits.begin(), logits.end()};
+}
+
+// Every vocab-sized row within the tolerance for a whole model's fp32 logits.
+void expect_rows_close(const std::vector<float>& got, const std::vector<float>& ref, int vocab,
+                       const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  const auto row = static_cast<std::size_t>(vocab);
+  for (std::size_t r = 0; r * row < got.size(); ++r) {
+    const auto result = llm::compare(std::span<const float>(got).subspan(r * row, row),
+                                     std::span<const float>(ref).subspan(r * row, row),
+                                     llm::model_logits_tolerance(llm::DType::F32));
+    EXPECT_TRUE(result.ok) << what << ", logits row " << r << ": " << result.summary();
+  }
+}
+
+class FlashCudaModelTest : public ::testing::TestWithParam<ModelCase> {};
+
+// For each prompt length n: a prefill of n tokens (n_past = 0), then a second
+// chunk of 70 after it (n_past = n), on three models with the same weights.
+// n = 1 is a single row, which the model sends to the decode kernel; its
+// second chunk is then a prefill after one cached position.
+TEST_P(FlashCudaModelTest, MatchesDefaultCudaModelAndCpu) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const llm::ModelConfig& config = GetParam().config;
+  const llm::ModelWeights weights = llm::random_weights(config, 20240602);
+  llm::CpuModel cpu(weights);
+  const auto flash = step02::make_cuda_model(weights, step02::CudaModelPrefill::Flash1);
+  const auto baseline = step02::make_cuda_model(weights, step02::CudaModelPrefill::Baseline);
+  const int vocab = config.vocab_size;
+  // 70 > 64: two query blocks of the kernel; not a multiple of a K/V tile.
+  constexpr int kSecondChunk = 70;
+  for (const int n : {1, 7, 33, 129, 300}) {
+    SCOPED_TRACE("prompt of " + std::to_string(n) + " tokens");
+    ASSERT_LE(n + kSecondChunk, config.seq_len);
+    const auto tokens = random_tokens(n + kSecondChunk, vocab, 1000u + static_cast<unsigned>(n));
+    const std::vector<int> first(tokens.begin(), tokens.begin() + n), second(tokens.begin() + n, tokens.end());
+    const auto cpu_cache = cpu.make_cache(1, config.seq_len);
+    const auto flash_cache = flash->make_cache(1, config.seq_len);
+    const auto baseline_cache = baseline->make_cache(1, config.seq_len);
+    for (const auto& [chunk, n_past] : {std::pair{&first, 0}, std::pair{&second, n}}) {
+      const llm::TokenBatch batch = llm::TokenBatch::prefill(*chunk, n_past, 0);
+      const std::string where = std::to_string(chunk->size()) + " rows at n_past " + std::to_string(n_past);
+      const auto ref = all_rows(cpu, batch, *cpu_cache);
+      const auto base = all_rows(*baseline, batch, *baseline_cache);
+      const auto got = all_rows(*flash, batch, *flash_cache);
+      expect_rows_close(got, base, vocab, "flash vs default CUDA model, " + where);
+      expect_rows_close(got, ref, vocab, "flash CUDA model vs CpuModel, " + where);
+      expect_rows_close(base, ref, vocab, "default CUDA model vs CpuModel, " + where);
+    }
+    EXPECT_EQ(flash_cache->length(0), n + kSecondChunk);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(step02, FlashCudaModelTest, ::testing::ValuesIn(model_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// A head FA1 is not compiled for (12 = dim 96 / 8 heads): an InputError that
+// names it, before anything is uploaded, so no GPU is needed. A build
+// without CUDA says that instead.
+TEST(step02FlashCudaModel, RefusesAHeadDimTheKernelLacks) {
+  llm::ModelConfig config = llm::find_preset("tiny").config;
+  config.dim = 96;  // 8 heads of 12
+  const llm::ModelWeights weights = llm::random_weights(config, 3);
+  if (!llm::cuda::built_with_cuda()) {
+    EXPECT_THROW(step02::make_cuda_model(weights, step02::CudaModelPrefill::Flash1), llm::DeviceError);
+    return;
+  }
+  try {
+    step02::make_cuda_model(weights, step02::CudaModelPrefill::Flash1);
+    ADD_FAILURE() << "expected llm::InputError for head_dim 12";
+  } catch (const llm::InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim"), std::string::npos) << e.what();
+  }
+}
+
+#if defined(LLM_WITH_CUDA)
+// The hook itself, without a GPU: no workspace, the head_dim check, and an
+// empty run that returns before touching the device.
+TEST(step02FlashPrefillHook, NeedsNoWorkspaceAndChecksTheHead) {
+  const llm::AttentionShape good{8, 4, 8}, bad{8, 4, 12};
+  EXPECT_EQ(step02::cuda::flash1_prefill_workspace_floats(good, 1000, 2048), 0u);
+  const llm::KvView no_cache;
+  EXPECT_THROW(step02::cuda::flash1_prefill(bad, nullptr, no_cache, 0, 5, nullptr, nullptr, nullptr),
+               llm::InputError);
+  EXPECT_NO_THROW(step02::cuda::flash1_prefill(good, nullptr, no_cache, 3, 0, nullptr, nullptr, nullptr));
+}
+#endif
 
 }  // namespace
