@@ -88,20 +88,6 @@ std::vector<float> run(Model& model, const TokenBatch& batch, KvCache& cache,
   return {logits.begin(), logits.end()};
 }
 
-// Compares every vocab-sized row of `got` with `ref` at the fp32 tolerance for
-// a whole model's logits (every layer's rounding compounds).
-void expect_rows_close(const std::vector<float>& got, const std::vector<float>& ref, int vocab,
-                       const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  const auto row = static_cast<std::size_t>(vocab);
-  for (std::size_t r = 0; r * row < got.size(); ++r) {
-    const CompareResult result =
-        compare(std::span<const float>(got).subspan(r * row, row), std::span<const float>(ref).subspan(r * row, row),
-                model_logits_tolerance(DType::F32));
-    EXPECT_TRUE(result.ok) << what << ", logits row " << r << ": " << result.summary();
-  }
-}
-
 // The last vocab-sized row's argmax.
 int last_argmax(const std::vector<float>& logits, int vocab) {
   return argmax(std::span<const float>(logits).subspan(logits.size() - static_cast<std::size_t>(vocab)));
@@ -161,7 +147,7 @@ TEST_P(CudaVsCpu, PrefillThenDecodeMatchesCpu) {
   const TokenBatch prefill = TokenBatch::prefill(prompt, 0, 0);
   const auto ref = run(cpu, prefill, *cpu_cache, LogitsFor::AllRows);
   const auto got = run(*gpu, prefill, *gpu_cache, LogitsFor::AllRows);
-  expect_rows_close(got, ref, vocab, "prefill");
+  llm::testing::expect_logit_rows_close(got, ref, vocab, "prefill");
   EXPECT_EQ(gpu_cache->length(0), 37);
 
   int cpu_token = last_argmax(ref, vocab);
@@ -170,7 +156,7 @@ TEST_P(CudaVsCpu, PrefillThenDecodeMatchesCpu) {
     const int pos = 37 + step;
     const auto ref_step = run(cpu, TokenBatch::single(cpu_token, pos, 0), *cpu_cache);
     const auto got_step = run(*gpu, TokenBatch::single(cpu_token, pos, 0), *gpu_cache);
-    expect_rows_close(got_step, ref_step, vocab, "decode step " + std::to_string(step));
+    llm::testing::expect_logit_rows_close(got_step, ref_step, vocab, "decode step " + std::to_string(step));
     cpu_token = last_argmax(ref_step, vocab);
     ASSERT_EQ(last_argmax(got_step, vocab), cpu_token) << "greedy token at decode step " << step;
   }
@@ -191,7 +177,7 @@ TEST_P(CudaVsCpu, ChunkedPrefillMatchesCpu) {
   for (int chunk : {1, 2, 16, 21}) {  // 40 tokens: a sequence of length 1 first
     const std::vector<int> part(prompt.begin() + start, prompt.begin() + start + chunk);
     const TokenBatch batch = TokenBatch::prefill(part, start, 0);
-    expect_rows_close(run(*gpu, batch, *gpu_cache, LogitsFor::AllRows), run(cpu, batch, *cpu_cache, LogitsFor::AllRows),
+    llm::testing::expect_logit_rows_close(run(*gpu, batch, *gpu_cache, LogitsFor::AllRows), run(cpu, batch, *cpu_cache, LogitsFor::AllRows),
                       config.vocab_size, "chunk at position " + std::to_string(start));
     start += chunk;
   }
@@ -237,14 +223,14 @@ TEST(CudaModel, MixedBatchEqualsSeparateRuns) {
     run(*gpu, TokenBatch::prefill(prompt1, 0, 1), *gpu_cache);
     run(cpu, TokenBatch::prefill(prompt1, 0, 1), *cpu_cache);
     const auto got = run(*gpu, mixed, *gpu_cache, LogitsFor::AllRows);
-    expect_rows_close(got, run(cpu, mixed, *cpu_cache, LogitsFor::AllRows), vocab, "mixed batch vs CPU");
+    llm::testing::expect_logit_rows_close(got, run(cpu, mixed, *cpu_cache, LogitsFor::AllRows), vocab, "mixed batch vs CPU");
 
     // Rows of sequence 0 and the row of sequence 1, in batch order.
     std::vector<float> expected;
     if (decode_first) expected.insert(expected.end(), seq1.begin(), seq1.end());
     expected.insert(expected.end(), seq0.begin(), seq0.end());
     if (!decode_first) expected.insert(expected.end(), seq1.begin(), seq1.end());
-    expect_rows_close(got, expected, vocab, "mixed batch vs separate runs");
+    llm::testing::expect_logit_rows_close(got, expected, vocab, "mixed batch vs separate runs");
     EXPECT_EQ(gpu_cache->length(0), 10);
     EXPECT_EQ(gpu_cache->length(1), 7);
 
@@ -255,8 +241,8 @@ TEST(CudaModel, MixedBatchEqualsSeparateRuns) {
     const auto both = run(*gpu, decode, *gpu_cache);
     std::vector<float> both_expected(seq1_next);
     both_expected.insert(both_expected.end(), seq0_next.begin(), seq0_next.end());
-    expect_rows_close(both, both_expected, vocab, "batched decode vs separate runs");
-    expect_rows_close(both, run(cpu, decode, *cpu_cache), vocab, "batched decode vs CPU");
+    llm::testing::expect_logit_rows_close(both, both_expected, vocab, "batched decode vs separate runs");
+    llm::testing::expect_logit_rows_close(both, run(cpu, decode, *cpu_cache), vocab, "batched decode vs CPU");
   }
 }
 
@@ -343,7 +329,7 @@ TEST(CudaStories260K, GreedyFromBosMatchesLlama2c) {
   std::vector<int> generated;
   for (int pos = 0; pos < static_cast<int>(kRunCGreedyIds.size()); ++pos) {
     const auto got = run(*gpu, TokenBatch::single(token, pos, 0), *gpu_cache);
-    expect_rows_close(got, run(cpu, TokenBatch::single(token, pos, 0), *cpu_cache), vocab,
+    llm::testing::expect_logit_rows_close(got, run(cpu, TokenBatch::single(token, pos, 0), *cpu_cache), vocab,
                       "position " + std::to_string(pos));
     token = last_argmax(got, vocab);
     generated.push_back(token);

@@ -188,19 +188,6 @@ std::vector<float> all_rows(llm::Model& model, const llm::TokenBatch& batch, llm
   return {logits.begin(), logits.end()};
 }
 
-// Every vocab-sized row within the tolerance for a whole model's fp32 logits.
-void expect_rows_close(const std::vector<float>& got, const std::vector<float>& ref, int vocab,
-                       const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  const auto row = static_cast<std::size_t>(vocab);
-  for (std::size_t r = 0; r * row < got.size(); ++r) {
-    const auto result = llm::compare(std::span<const float>(got).subspan(r * row, row),
-                                     std::span<const float>(ref).subspan(r * row, row),
-                                     llm::model_logits_tolerance(llm::DType::F32));
-    EXPECT_TRUE(result.ok) << what << ", logits row " << r << ": " << result.summary();
-  }
-}
-
 class FlashCudaModelTest : public ::testing::TestWithParam<ModelCase> {};
 
 // For each prompt length n: a prefill of n tokens (n_past = 0), then a second
@@ -231,9 +218,9 @@ TEST_P(FlashCudaModelTest, MatchesDefaultCudaModelAndCpu) {
       const auto ref = all_rows(cpu, batch, *cpu_cache);
       const auto base = all_rows(*baseline, batch, *baseline_cache);
       const auto got = all_rows(*flash, batch, *flash_cache);
-      expect_rows_close(got, base, vocab, "flash vs default CUDA model, " + where);
-      expect_rows_close(got, ref, vocab, "flash CUDA model vs CpuModel, " + where);
-      expect_rows_close(base, ref, vocab, "default CUDA model vs CpuModel, " + where);
+      llm::testing::expect_logit_rows_close(got, base, vocab, "flash vs default CUDA model, " + where);
+      llm::testing::expect_logit_rows_close(got, ref, vocab, "flash CUDA model vs CpuModel, " + where);
+      llm::testing::expect_logit_rows_close(base, ref, vocab, "default CUDA model vs CpuModel, " + where);
     }
     EXPECT_EQ(flash_cache->length(0), n + kSecondChunk);
   }

@@ -1,12 +1,17 @@
 #include "test_support.hpp"
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <filesystem>
+#include <span>
 #include <unistd.h>
 
 #ifndef LLM_DEFAULT_MODELS_DIR
 #define LLM_DEFAULT_MODELS_DIR "../shared/models"
 #endif
+
+#include "llm/harness/compare.hpp"
 
 namespace llm::testing {
 
@@ -34,6 +39,18 @@ std::string temp_path(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / ("llm_tests_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   return (dir / name).string();
+}
+
+void expect_logit_rows_close(const std::vector<float>& got, const std::vector<float>& ref, int vocab,
+                             const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  const auto row = static_cast<std::size_t>(vocab);
+  for (std::size_t r = 0; r * row < got.size(); ++r) {
+    const CompareResult result = compare(std::span<const float>(got).subspan(r * row, row),
+                                         std::span<const float>(ref).subspan(r * row, row),
+                                         model_logits_tolerance(DType::F32));
+    EXPECT_TRUE(result.ok) << what << ", logits row " << r << ": " << result.summary();
+  }
 }
 
 }  // namespace llm::testing

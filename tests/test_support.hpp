@@ -19,6 +19,12 @@ std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale 
 // A file path in the system temp folder unique to this test process.
 std::string temp_path(const std::string& name);
 
+// Expects every vocab-sized row of `got` to match `ref` within the fp32
+// tolerance for a whole model's logits (every layer's rounding compounds);
+// a failure names `what` and the row.
+void expect_logit_rows_close(const std::vector<float>& got, const std::vector<float>& ref, int vocab,
+                             const std::string& what);
+
 }  // namespace llm::testing
 
 // Skips the current test with a message when the model file is missing.
