@@ -393,4 +393,15 @@ TEST(ResultsJson, ExtraTablesKeepTheDocumentWellFormed) {
   EXPECT_EQ(json.substr(json.size() - 2), "}\n");
 }
 
+TEST(TimeCpu, RunsBeforeEachUntimedBeforeEveryCall) {
+  int calls = 0, setups = 0;
+  const TimingStats stats = time_cpu([&] { ++calls; }, /*warmup=*/2, /*runs=*/5, [&] {
+    EXPECT_EQ(setups, calls);  // the setup precedes each call, never two in a row
+    ++setups;
+  });
+  EXPECT_EQ(calls, 7);
+  EXPECT_EQ(setups, 7);
+  EXPECT_EQ(stats.runs, 5);
+}
+
 }  // namespace llm

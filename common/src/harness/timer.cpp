@@ -18,11 +18,16 @@ TimingStats TimingStats::from_samples(std::vector<double> samples_ms) {
   return s;
 }
 
-TimingStats time_cpu(const std::function<void()>& fn, int warmup, int runs) {
-  for (int i = 0; i < warmup; ++i) fn();
+TimingStats time_cpu(const std::function<void()>& fn, int warmup, int runs,
+                     const std::function<void()>& before_each) {
+  for (int i = 0; i < warmup; ++i) {
+    if (before_each) before_each();
+    fn();
+  }
   std::vector<double> samples;
   samples.reserve(static_cast<std::size_t>(runs));
   for (int i = 0; i < runs; ++i) {
+    if (before_each) before_each();
     Stopwatch watch;
     fn();
     samples.push_back(watch.elapsed_ms());

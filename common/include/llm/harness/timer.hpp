@@ -17,7 +17,11 @@ struct TimingStats {
 };
 
 // Runs `fn` `warmup` times untimed, then `runs` times timed with a steady clock.
-TimingStats time_cpu(const std::function<void()>& fn, int warmup, int runs);
+// `before_each`, when given, runs untimed before every call of `fn`: to put the
+// caches in the state the measured code meets in real use (flush them, or run
+// what precedes `fn` in the real loop).
+TimingStats time_cpu(const std::function<void()>& fn, int warmup, int runs,
+                     const std::function<void()>& before_each = {});
 
 // A steady-clock stopwatch for timing phases inside a run.
 class Stopwatch {
