@@ -301,17 +301,11 @@ int body(int argc, char** argv) {
       for (int k : s.ks) {
         const SpeculativeRun spec = measure_speculative(*target, *drafter, prompt, positions, k, o, s.repeats);
         const step04::SpeculativeStats& st = spec.first.stats;
-        // The costs again, right after the runs they predict (load drifts),
-        // each pass timed right after an untimed pass of the other side, as
-        // the loop alternates them (each evicts some of the other's weights).
-        step04::DrafterStep drafter_step(*drafter, cost_context, k, sampling);
-        const step04::TargetCosts costs = step04::measure_target_costs(*target, cost_context, max_k, s.cost_runs,
-                                                                       [&] { drafter_step(); });
-        step04::TargetStep target_step(*target, cost_context);
+        // The costs again, right after the runs they predict (load drifts).
+        const step04::TargetCosts costs = step04::measure_target_costs(*target, cost_context, max_k, s.cost_runs);
         const std::vector<double> v_of_j = costs.verify_cost_ratio();
-        const double c = step04::measure_draft_step_ms(*drafter, cost_context, k, sampling, s.cost_runs,
-                                                       [&] { target_step(); }) /
-                         costs.step_ms;
+        const double c =
+            step04::measure_draft_step_ms(*drafter, cost_context, k, sampling, s.cost_runs) / costs.step_ms;
         const double alpha = st.alpha();
         const step04::SpeedupPrediction predicted =
             step04::predict_speedup(alpha, st.drafted_per_round, st.steps_per_round, c, v_of_j);

@@ -10,8 +10,7 @@ std::vector<double> TargetCosts::verify_cost_ratio() const {
   return ratio;
 }
 
-TargetCosts measure_target_costs(llm::Model& target, std::span<const int> context, int max_k, int runs,
-                                 const std::function<void()>& before_each) {
+TargetCosts measure_target_costs(llm::Model& target, std::span<const int> context, int max_k, int runs) {
   const int n = static_cast<int>(context.size());
   auto cache = target.make_cache(1, n + max_k);
   // Cache every committed token but the last, as at the start of a round.
@@ -29,7 +28,7 @@ TargetCosts measure_target_costs(llm::Model& target, std::span<const int> contex
           target.forward(batch, *cache, which);
           cache->truncate(0, n - 1);
         },
-        /*warmup=*/3, runs, before_each);
+        /*warmup=*/3, runs);
     costs.verify_ms.push_back(t.median_ms);
   }
   costs.step_ms = costs.verify_ms[0];
@@ -37,7 +36,7 @@ TargetCosts measure_target_costs(llm::Model& target, std::span<const int> contex
 }
 
 double measure_draft_step_ms(Drafter& drafter, std::span<const int> context, int k, const SamplingSettings& sampling,
-                             int runs, const std::function<void()>& before_each) {
+                             int runs) {
   llm::Sampler rng(1, 1.0f, 0.0f, 7);  // a source of uniforms only
   Draft draft;
   const int n = static_cast<int>(context.size());
@@ -45,35 +44,8 @@ double measure_draft_step_ms(Drafter& drafter, std::span<const int> context, int
   drafter.reset(n + k);
   drafter.propose(context, step_k, sampling, rng, draft);  // caches the context (untimed)
   // Each timed call re-feeds only the last committed token: one forward.
-  return llm::time_cpu([&] { drafter.propose(context, step_k, sampling, rng, draft); }, /*warmup=*/3, runs,
-                       before_each)
+  return llm::time_cpu([&] { drafter.propose(context, step_k, sampling, rng, draft); }, /*warmup=*/3, runs)
       .median_ms;
 }
-
-TargetStep::TargetStep(llm::Model& target, std::span<const int> context)
-    : target_(target),
-      cache_(target.make_cache(1, static_cast<int>(context.size()))),
-      last_(llm::TokenBatch::single(context.back(), static_cast<int>(context.size()) - 1, 0)),
-      cached_(static_cast<int>(context.size()) - 1) {
-  std::vector<int> prefix(context.begin(), context.end() - 1);
-  if (!prefix.empty()) target_.forward(llm::TokenBatch::prefill(prefix, 0, 0), *cache_);
-}
-
-void TargetStep::operator()() {
-  target_.forward(last_, *cache_);
-  cache_->truncate(0, cached_);
-}
-
-DrafterStep::DrafterStep(Drafter& drafter, std::span<const int> context, int k, const SamplingSettings& sampling)
-    : drafter_(drafter),
-      context_(context),
-      step_k_(drafter.one_step_per_token() ? 1 : k),
-      sampling_(sampling),
-      rng_(1, 1.0f, 0.0f, 11) {
-  drafter_.reset(static_cast<int>(context.size()) + k);
-  drafter_.propose(context_, step_k_, sampling_, rng_, draft_);  // caches the context
-}
-
-void DrafterStep::operator()() { drafter_.propose(context_, step_k_, sampling_, rng_, draft_); }
 
 }  // namespace step04

@@ -2,12 +2,7 @@
 // The per-pass costs the speedup formula needs, measured on their own (not
 // inside the speculative loop), so the prediction is independent of the run
 // it is compared with: one target decode step, one target verification pass
-// over j+1 rows for every j, and one drafter step. The loop alternates drafter
-// and target, and each evicts some of the other's weights from the core's
-// caches; so a cost can be measured with the other side's pass run untimed
-// before every timed pass (`before_each`), as the loop runs them.
-#include <functional>
-#include <memory>
+// over j+1 rows for every j, and one drafter step.
 #include <span>
 #include <vector>
 
@@ -28,43 +23,12 @@ struct TargetCosts {
 // n-1, e.g. the middle of a generation, since attention grows with position).
 // Median of `runs` timings after warm-up; the cache is truncated back after
 // each timed forward so every run sees the same state.
-TargetCosts measure_target_costs(llm::Model& target, std::span<const int> context, int max_k, int runs,
-                                 const std::function<void()>& before_each = {});
+TargetCosts measure_target_costs(llm::Model& target, std::span<const int> context, int max_k, int runs);
 
 // One drafter step at the same point: one draft forward for model drafters
 // (propose with k = 1 after the context is cached), one lookup of k tokens
 // for n-gram lookup.
 double measure_draft_step_ms(Drafter& drafter, std::span<const int> context, int k, const SamplingSettings& sampling,
-                             int runs, const std::function<void()>& before_each = {});
-
-// One target decode step at the end of `context`, repeatable (its cache is
-// rolled back after each call): the untimed pass a drafter's cost follows.
-class TargetStep {
- public:
-  TargetStep(llm::Model& target, std::span<const int> context);
-  void operator()();
-
- private:
-  llm::Model& target_;
-  std::unique_ptr<llm::KvCache> cache_;  // the context but its last token, cached
-  llm::TokenBatch last_;                 // [1 row] the last committed token
-  int cached_ = 0;
-};
-
-// One drafter step at the end of `context`, repeatable: the untimed pass a
-// target cost follows. Resets the drafter and caches the context first.
-class DrafterStep {
- public:
-  DrafterStep(Drafter& drafter, std::span<const int> context, int k, const SamplingSettings& sampling);
-  void operator()();
-
- private:
-  Drafter& drafter_;
-  std::span<const int> context_;
-  int step_k_;
-  SamplingSettings sampling_;
-  llm::Sampler rng_;
-  Draft draft_;
-};
+                             int runs);
 
 }  // namespace step04
