@@ -246,6 +246,41 @@ TEST(CudaModel, MixedBatchEqualsSeparateRuns) {
   }
 }
 
+// Contexts longer than the attention kernels' 128 threads per block (each
+// thread then scores several keys; the other tests stay under 100 keys), and
+// two prefill runs plus a decode row in one batch (the prefill launches share
+// the workspace one after the other): the same logits as the CPU.
+TEST(CudaModel, LongContextsAndTwoPrefillRunsMatchCpu) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const ModelConfig config = find_preset("tiny").config;  // seq_len 512
+  const ModelWeights weights = random_weights(config, 31);
+  const int vocab = config.vocab_size;
+  CpuModel cpu(weights);
+  const auto gpu = cuda::make_cuda_model(weights);
+  const auto cpu_cache = cpu.make_cache(3, 400);
+  const auto gpu_cache = gpu->make_cache(3, 400);
+
+  // Sequence 0 prefills 300 tokens (its last query sees 300 keys), sequence 1
+  // prefills 20, sequence 2 decodes its first token.
+  TokenBatch mixed = TokenBatch::prefill(random_tokens(300, vocab, 12), 0, 0);
+  const std::vector<int> prompt1 = random_tokens(20, vocab, 13);
+  for (int i = 0; i < 20; ++i) mixed.add(prompt1[static_cast<std::size_t>(i)], i, 1);
+  mixed.add(5, 0, 2);
+  llm::testing::expect_logit_rows_close(run(*gpu, mixed, *gpu_cache, LogitsFor::AllRows),
+                                        run(cpu, mixed, *cpu_cache, LogitsFor::AllRows), vocab,
+                                        "two prefill runs and a decode row");
+
+  // Batched decode of all three, the longest over 301..303 keys.
+  for (int step = 0; step < 3; ++step) {
+    TokenBatch decode;
+    decode.add(7 + step, 300 + step, 0);
+    decode.add(11 + step, 20 + step, 1);
+    decode.add(13 + step, 1 + step, 2);
+    llm::testing::expect_logit_rows_close(run(*gpu, decode, *gpu_cache), run(cpu, decode, *cpu_cache), vocab,
+                                          "batched decode step " + std::to_string(step));
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Errors read the same as on the CPU.
 

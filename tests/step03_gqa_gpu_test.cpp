@@ -1,5 +1,5 @@
 // Step 03 (grouped-query attention), CUDA: both GPU variants against the CPU
-// reference for groups 1, 2, 4, 8, 32 (MQA) at odd lengths, lengths that are
+// reference for groups 1, 2, 3, 4, 8, 32 (MQA) at odd lengths, lengths that are
 // not multiples of the kernels' 64-key chunks, and head sizes up to 256.
 // Skips with the reason when no CUDA device is usable.
 #include <gtest/gtest.h>
@@ -74,7 +74,10 @@ INSTANTIATE_TEST_SUITE_P(Step03Groups, Step03CudaDecodeTest,
                                            GpuCase{8, 1, 64, 300, {3, 300}},
                                            GpuCase{32, 4, 128, 1100, {1, 1031}},
                                            GpuCase{32, 1, 128, 1100, {77, 1100}},
-                                           GpuCase{4, 2, 256, 200, {199}}),
+                                           GpuCase{4, 2, 256, 200, {199}},
+                                           // A group that is not a power of two (3) and a head_dim
+                                           // that is not a multiple of the 32 lanes (80).
+                                           GpuCase{6, 2, 80, 200, {1, 130, 200}}),
                          [](const auto& info) {
                            const GpuCase& c = info.param;
                            return "q" + std::to_string(c.n_heads) + "_kv" + std::to_string(c.n_kv_heads) + "_hd" +
