@@ -8,9 +8,10 @@
 //   y.download(std::span<float>(host_y));        // cudaMemcpy back
 //
 // The *_async helpers queue the copy on a stream. With pageable (ordinary)
-// host memory an async host->device copy returns once the source has been
-// staged, so the host vector may change afterwards; a device->host copy into
-// pageable memory is only complete after the stream is synchronized.
+// host memory the CUDA documentation only promises that an async copy *may*
+// return before it is done, so keep the host vector unchanged until the
+// stream is synchronized (CudaModel::forward synchronizes once, at its end);
+// a device->host copy is complete only after that synchronization.
 //
 // CUDA-aware translation units only (includes the CUDA headers).
 #include <cuda_runtime.h>
