@@ -87,16 +87,6 @@ double window_median(const std::vector<double>& ms, std::size_t index) {
   return llm::TimingStats::from_samples(std::vector<double>(ms.begin() + lo, ms.begin() + hi)).median_ms;
 }
 
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024.0 && u < 4) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", bytes, units[u]);
-}
-
 int body(int argc, char** argv) {
   CLI::App app{"Step 01: the KV cache. Generation with and without caching K/V, on CPU and CUDA."};
   llm::CommonOptions o;
@@ -226,14 +216,15 @@ int body(int argc, char** argv) {
   for (const auto& c : cache_rows) {
     const auto total = step01::kv_cache_bytes(c.layers, c.kv_heads, c.head_dim, c.positions, c.bytes);
     fmt::print("{:<42} {:>7} {:>8} {:>8} {:>9} {:>13} {:>12}\n", c.name, c.layers, c.kv_heads, c.head_dim,
-               c.positions, human_bytes(static_cast<double>(total) / c.positions), human_bytes(static_cast<double>(total)));
+               c.positions, llm::format_bytes(static_cast<double>(total) / c.positions),
+               llm::format_bytes(static_cast<double>(total)));
   }
   const auto formula_this_run =
       step01::kv_cache_bytes(config.n_layers, config.n_kv_heads, config.head_dim(), positions, 4);
   for (const auto& m : runs)
     if (m.first.kv_bytes_allocated)
       fmt::print("allocated by the {} cache this run: {} ({} bytes; formula {} bytes)\n", m.device,
-                 human_bytes(static_cast<double>(m.first.kv_bytes_allocated)), m.first.kv_bytes_allocated,
+                 llm::format_bytes(static_cast<double>(m.first.kv_bytes_allocated)), m.first.kv_bytes_allocated,
                  formula_this_run);
   results.set_config("kv_bytes_formula_this_run", static_cast<long long>(formula_this_run));
   results.set_config("kv_bytes_per_token", static_cast<long long>(config.kv_bytes_per_token()));

@@ -29,6 +29,15 @@ void AttentionProblem::validate() const {
     throw llm::InputError(fmt::format("sequence lengths must be positive (Sq {}, Sk {})", seqlen_q, seqlen_k));
 }
 
+PrefillCall prefill_call(const llm::AttentionShape& shape, const float* q, const llm::KvView& kv, int n_past,
+                         int n_new, float* out) {
+  PrefillCall call{{shape.n_heads, shape.n_kv_heads, shape.head_dim, n_new, n_past + n_new, true}, {}};
+  call.args.q = q;
+  call.args.kv = kv;  // positions 0..n_past+n_new-1 written (the model appends K/V before attending)
+  call.args.out = out;
+  return call;
+}
+
 llm::KvView contiguous_kv_view(float* keys, float* values, int seqlen, int kv_row, const std::int32_t* block_table) {
   llm::KvView view;
   view.keys = keys;

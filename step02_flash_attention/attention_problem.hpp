@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include "llm/attention.hpp"
 #include "llm/harness/compare.hpp"
 #include "llm/kv_cache.hpp"
 
@@ -69,6 +70,18 @@ struct AttentionArgs {
   void* workspace = nullptr;          // scratch of the variant's workspace_bytes(problem) (device memory on CUDA)
   void* stream = nullptr;             // cudaStream_t for CUDA variants (nullptr: the default stream)
 };
+
+// The model's prefill hook as one problem: n_new queries of one sequence at
+// positions n_past.. against keys 0..n_past+n_new-1, causal. With Sq = n_new
+// and Sk = n_past + n_new, the bottom-right rule gives query i the keys
+// 0..Sk-Sq+i = 0..n_past+i: exactly the model's causal mask.
+// q, out [n_new, n_heads, head_dim]; kv as the model hands it over.
+struct PrefillCall {
+  AttentionProblem problem;
+  AttentionArgs args;
+};
+PrefillCall prefill_call(const llm::AttentionShape& shape, const float* q, const llm::KvView& kv, int n_past,
+                         int n_new, float* out);
 
 // A KvView over plain contiguous K and V buffers [seqlen, kv_row]: one block
 // as long as the sequence. `block_table` must point at a single 0 (and, for a

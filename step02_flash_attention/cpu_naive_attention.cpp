@@ -69,12 +69,8 @@ std::size_t naive_score_bytes(const AttentionProblem& p) {
 
 void naive_prefill(const llm::AttentionShape& shape, const float* q, const llm::KvView& kv, int n_past, int n_new,
                    float* out) {
-  const AttentionProblem p{shape.n_heads, shape.n_kv_heads, shape.head_dim, n_new, n_past + n_new, true};
-  AttentionArgs args;
-  args.q = q;
-  args.kv = kv;
-  args.out = out;
-  naive_attention(p, args);
+  const PrefillCall call = prefill_call(shape, q, kv, n_past, n_new, out);
+  naive_attention(call.problem, call.args);
 }
 
 }  // namespace step02::cpu

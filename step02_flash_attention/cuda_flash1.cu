@@ -250,16 +250,9 @@ void flash1_prefill(const llm::AttentionShape& shape, const float* q, const llm:
   if (n_new <= 0) return;  // a grid of 0 blocks is a launch error
   if (n_past < 0) throw llm::InputError("step02 flash1_prefill: n_past must be >= 0");
 
-  // Query i sits at position n_past + i and sees keys 0..n_past + i: with
-  // Sq = n_new and Sk = n_past + n_new that is AttentionProblem's
-  // bottom-right rule, last_visible_key(i) = Sk - Sq + i = n_past + i.
-  const AttentionProblem p{shape.n_heads, shape.n_kv_heads, shape.head_dim, n_new, n_past + n_new, true};
-  AttentionArgs args;
-  args.q = q;      // [n_new, n_heads, head_dim]
-  args.kv = kv;    // positions 0..n_past+n_new-1 written (the model appends K/V before attending)
-  args.out = out;  // [n_new, n_heads, head_dim]
-  args.stream = stream;  // the model's stream: the launch is queued behind the K/V writes
-  flash1_attention(p, args);
+  PrefillCall call = prefill_call(shape, q, kv, n_past, n_new, out);  // see attention_problem.hpp
+  call.args.stream = stream;  // the model's stream: the launch is queued behind the K/V writes
+  flash1_attention(call.problem, call.args);
 }
 
 std::size_t flash1_prefill_workspace_floats(const llm::AttentionShape& /*shape*/, int /*n_past*/, int /*n_new*/) {

@@ -76,16 +76,6 @@ struct Reference {
   }
 };
 
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024.0 && u < 4) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, units[u]);
-}
-
 std::string format_ms(double ms) {
   if (ms >= 1000.0) return fmt::format("{:.2f} s", ms / 1000.0);
   if (ms >= 1.0) return fmt::format("{:.2f} ms", ms);
@@ -257,7 +247,7 @@ int body(int argc, char** argv) {
       const double gbps = kv_bytes / (m.time.median_ms * 1e-3) / 1e9;
       fmt::print("  {:<5} {:<21} {:>10} {:>9.3f} {:>9.1f} {:>8} {:>11} {:>10.2e}  {}\n", m.device, m.variant->name,
                  format_ms(m.time.median_ms), tflops, gbps, speedup > 0 ? fmt::format("{:.2f}x", speedup) : "-",
-                 human_bytes(static_cast<double>(score_bytes)), m.error.max_rel_err, m.error.ok ? "ok" : "FAIL");
+                 llm::format_bytes(static_cast<double>(score_bytes)), m.error.max_rel_err, m.error.ok ? "ok" : "FAIL");
       if (!m.error.ok) {
         all_ok = false;
         std::fprintf(stderr, "check failed for %s %s on %s: %s\n", m.device.c_str(), m.variant->name.c_str(),

@@ -63,16 +63,6 @@ std::vector<int> parse_int_list(const std::string& text, const char* flag) {
   return values;
 }
 
-std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024.0 && u < 4) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  return fmt::format("{:.1f} {}", bytes, units[u]);
-}
-
 std::string context_label(int context) {
   return context % 1024 == 0 ? fmt::format("{}k", context / 1024) : fmt::format("{}", context);
 }
@@ -232,7 +222,7 @@ void print_conversion(const step03::ConversionExperiment& experiment, const std:
   for (const auto& r : experiment.rows)
     fmt::print("{:<15} {:>8} {:>12.3e} {:>12.3e} {:>9.1f}% {:>14.3e} {:>14} {:>11.2f}x\n", r.conversion.name,
                r.conversion.kv_heads, r.agreement.mean_kl, r.agreement.max_kl, 100.0 * r.agreement.top1_agreement,
-               r.logits_vs_original.max_abs_err, human_bytes(static_cast<double>(r.kv_bytes_full_context_measured)),
+               r.logits_vs_original.max_abs_err, llm::format_bytes(static_cast<double>(r.kv_bytes_full_context_measured)),
                static_cast<double>(r.kv_bytes_full_context_measured) / original.kv_bytes_full_context_measured);
 }
 
@@ -262,8 +252,8 @@ llm::JsonTable cache_by_kv_heads(const step03::SweepOptions& sweep_options, cons
     const std::size_t fp16_token = model.kv_bytes_per_token(2);
     fmt::print("{:>8} {:>6} {:>22} {:>22} {:>24} {:>14} {:>14}\n", kv, sweep_options.n_heads / kv,
                layer.kv_bytes_per_token(), measured >= 0 ? fmt::format("{}", measured) : "-",
-               human_bytes(static_cast<double>(fp16_token)), human_bytes(fp16_token * 4096.0),
-               human_bytes(fp16_token * 32768.0));
+               llm::format_bytes(static_cast<double>(fp16_token)), llm::format_bytes(fp16_token * 4096.0),
+               llm::format_bytes(fp16_token * 32768.0));
     table.rows.push_back({{"kv_heads", static_cast<long long>(kv)},
                           {"group", static_cast<long long>(sweep_options.n_heads / kv)},
                           {"bytes_per_token_1_layer_fp32_formula", static_cast<long long>(layer.kv_bytes_per_token())},
@@ -296,11 +286,11 @@ llm::JsonTable well_known_cache_sizes(double budget_gib) {
                               {"budget_gib", budget_gib},
                               {"note", m.note}};
     fmt::print("{:<12} {:>7} {:>8} {:>11} {:>11}", m.name, m.n_layers, fmt::format("{}/{}", m.n_heads, m.n_kv_heads),
-               human_bytes(per_token), human_bytes(static_cast<double>(as_mha.kv_bytes_per_token(2))));
+               llm::format_bytes(per_token), llm::format_bytes(static_cast<double>(as_mha.kv_bytes_per_token(2))));
     for (const long long ctx : contexts) {
       const double bytes = per_token * static_cast<double>(ctx);
       const long long fit = step03::sequences_that_fit(budget_gib * kGiB, bytes);
-      fmt::print(" {:>19}", fmt::format("{} ({})", human_bytes(bytes), fit));
+      fmt::print(" {:>19}", fmt::format("{} ({})", llm::format_bytes(bytes), fit));
       row.emplace_back(fmt::format("bytes_at_{}k", ctx / 1024), static_cast<long long>(bytes));
       row.emplace_back(fmt::format("sequences_at_{}k", ctx / 1024), fit);
     }

@@ -19,34 +19,14 @@
 namespace llm {
 namespace {
 
-// gtest alone (gmock is a separate package): the message is printed on failure.
-::testing::AssertionResult HasSubstr(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
-}
+using ::llm::testing::HasSubstr;
+using ::llm::testing::read_bytes;
+using ::llm::testing::write_bytes;
 
 // Small and odd on purpose: head_dim 6, GQA 3/1, nothing a power of two.
 ModelConfig small_config(bool shared_classifier) {
-  ModelConfig c;
-  c.dim = 18;
-  c.hidden_dim = 35;
-  c.n_layers = 2;
-  c.n_heads = 3;
-  c.n_kv_heads = 1;
-  c.vocab_size = 37;
-  c.seq_len = 11;
-  c.shared_classifier = shared_classifier;
-  return c;
-}
-
-std::vector<char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const std::string& path, const std::vector<char>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return make_config(/*dim=*/18, /*hidden_dim=*/35, /*n_layers=*/2, /*n_heads=*/3, /*n_kv_heads=*/1,
+                     /*vocab_size=*/37, /*seq_len=*/11, shared_classifier);
 }
 
 void write_header(const std::string& path, const std::vector<std::int32_t>& header, std::size_t padding = 0) {

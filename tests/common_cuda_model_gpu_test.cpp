@@ -28,29 +28,10 @@
 #include "llm/cuda/cuda_timer.hpp"
 #endif
 
-// Skips the current test, with the reason, unless a CUDA device is usable.
-#define LLM_REQUIRE_CUDA_DEVICE()                                                         \
-  do {                                                                                    \
-    const ::llm::cuda::DeviceStatus llm_status_ = ::llm::cuda::device_status();           \
-    if (!llm_status_.usable) GTEST_SKIP() << "skipping: " << llm_status_.reason;          \
-  } while (0)
-
 namespace llm {
 namespace {
 
-ModelConfig make_config(int dim, int hidden, int layers, int heads, int kv_heads, int vocab, int seq_len,
-                        bool shared_classifier) {
-  ModelConfig c;
-  c.dim = dim;
-  c.hidden_dim = hidden;
-  c.n_layers = layers;
-  c.n_heads = heads;
-  c.n_kv_heads = kv_heads;
-  c.vocab_size = vocab;
-  c.seq_len = seq_len;
-  c.shared_classifier = shared_classifier;
-  return c;
-}
+using ::llm::testing::random_tokens;
 
 struct ConfigCase {
   std::string name;
@@ -71,14 +52,6 @@ std::vector<ConfigCase> config_cases() {
       // Plain multi-head attention (group 1), head_dim 16.
       {"mha", make_config(48, 100, 2, 3, 3, 130, 80, true)},
   };
-}
-
-std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(0, vocab - 1);
-  std::vector<int> tokens(static_cast<std::size_t>(n));
-  for (int& t : tokens) t = dist(rng);
-  return tokens;
 }
 
 // forward() returns a span valid until the next call: keep a copy.

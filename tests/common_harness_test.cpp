@@ -21,14 +21,11 @@
 namespace llm {
 namespace {
 
+using ::llm::testing::HasSubstr;
+
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr Tolerance kHugeTolerance{1e30, 1e30};
-
-::testing::AssertionResult HasSubstr(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
-}
 
 // --- compare ----------------------------------------------------------------
 

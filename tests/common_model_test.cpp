@@ -24,15 +24,13 @@
 namespace llm {
 namespace {
 
+using ::llm::testing::HasSubstr;
+using ::llm::testing::random_tokens;
+
 ::testing::AssertionResult matches_f32(std::span<const float> got, std::span<const float> ref) {
   const CompareResult r = compare(got, ref, tolerance_for(DType::F32));
   if (r.ok) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << r.summary();
-}
-
-::testing::AssertionResult HasSubstr(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
 }
 
 std::vector<float> copy(std::span<const float> s) { return {s.begin(), s.end()}; }
@@ -44,27 +42,11 @@ std::span<const float> row(const std::vector<float>& logits, int r, int vocab) {
 
 // Not a power of two anywhere: head_dim 8, GQA 6/3, separate classifier.
 ModelConfig odd_config() {
-  ModelConfig c;
-  c.dim = 48;
-  c.hidden_dim = 100;
-  c.n_layers = 3;
-  c.n_heads = 6;
-  c.n_kv_heads = 3;
-  c.vocab_size = 300;
-  c.seq_len = 64;
-  c.shared_classifier = false;
-  return c;
+  return make_config(/*dim=*/48, /*hidden_dim=*/100, /*n_layers=*/3, /*n_heads=*/6, /*n_kv_heads=*/3,
+                     /*vocab_size=*/300, /*seq_len=*/64, /*shared_classifier=*/false);
 }
 
 ModelConfig config_named(const std::string& name) { return name == "odd" ? odd_config() : find_preset(name).config; }
-
-std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(0, vocab - 1);
-  std::vector<int> tokens(static_cast<std::size_t>(n));
-  for (int& t : tokens) t = dist(rng);
-  return tokens;
-}
 
 // --- the model on the tiny preset and on the odd config ---------------------
 

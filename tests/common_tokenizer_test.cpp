@@ -19,10 +19,9 @@
 namespace llm {
 namespace {
 
-::testing::AssertionResult HasSubstr(const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
-}
+using ::llm::testing::HasSubstr;
+using ::llm::testing::read_bytes;
+using ::llm::testing::write_bytes;
 
 // The message of the InputError Tokenizer::load throws (fails the test if none).
 std::string load_error(const std::string& path, int vocab_size) {
@@ -48,16 +47,6 @@ std::string round_trip(const Tokenizer& tok, const std::string& text) {
   std::string decoded;
   for (std::size_t i = 1; i < ids.size(); ++i) decoded += tok.decode(ids[i - 1], ids[i]);
   return decoded;
-}
-
-std::vector<char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const std::string& path, const std::vector<char>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // A tokenizer file in llama2.c's format: <unk>, <s>, </s>, the 256 byte

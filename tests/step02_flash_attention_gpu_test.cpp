@@ -33,12 +33,6 @@
 #include "cuda_model_hooks.hpp"  // uses cudaStream_t: CUDA builds only
 #endif
 
-#define LLM_REQUIRE_CUDA_DEVICE()                                                             \
-  do {                                                                                        \
-    const ::llm::cuda::DeviceStatus llm_status_ = ::llm::cuda::device_status();               \
-    if (!llm_status_.usable) GTEST_SKIP() << "no usable CUDA device: " << llm_status_.reason; \
-  } while (0)
-
 namespace {
 
 using step02::AttentionProblem;
@@ -115,15 +109,10 @@ TEST_P(CudaVariantTest, MatchesFloat64Reference) {
   EXPECT_LE(r.max_rel_err, limit) << variant.name << " on " << p.describe() << ": " << r.summary();
 }
 
-std::vector<int> cuda_variant_ids() {
-  std::vector<int> ids;
-  for (const auto& v : step02::variants())
-    if (v.backend == llm::Backend::Cuda) ids.push_back(v.id);
-  return ids;
-}
-
-INSTANTIATE_TEST_SUITE_P(step02, CudaVariantTest, ::testing::Combine(::testing::ValuesIn(cuda_variant_ids()),
-                                                                     ::testing::ValuesIn(cases())),
+INSTANTIATE_TEST_SUITE_P(step02, CudaVariantTest,
+                         ::testing::Combine(::testing::ValuesIn(llm::variant_ids(step02::variants(),
+                                                                                 llm::Backend::Cuda)),
+                                            ::testing::ValuesIn(cases())),
                          [](const auto& info) {
                            return step02::find_variant(std::get<0>(info.param)).name + "_" +
                                   std::get<1>(info.param).name;
@@ -137,7 +126,7 @@ TEST(step02CudaTiming, TimesEveryRunnableVariant) {
   const auto k = llm::testing::random_vector(p.kv_elements(), 2, 2.0f);
   const auto v = llm::testing::random_vector(p.kv_elements(), 3, 1.0f);
   step02::CudaProblem gpu(p, q, k, v);
-  for (int id : cuda_variant_ids()) {
+  for (int id : llm::variant_ids(step02::variants(), llm::Backend::Cuda)) {
     const auto& variant = step02::find_variant(id);
     if (!gpu.skip_reason(variant).empty()) continue;
     const auto t = gpu.time(variant, 1, 3);
@@ -158,26 +147,13 @@ void PrintTo(const ModelCase& c, std::ostream* os) { *os << c.name << " (" << c.
 std::vector<ModelCase> model_cases() {
   // head_dim 64 (the Llama kernels' size) with GQA 4/2; the rest small so the
   // CPU reference stays fast. seq_len 512 holds the longest test (300 + 70).
-  llm::ModelConfig head64;
-  head64.dim = 256;
-  head64.hidden_dim = 512;
-  head64.n_layers = 2;
-  head64.n_heads = 4;
-  head64.n_kv_heads = 2;
-  head64.vocab_size = 300;
-  head64.seq_len = 512;
+  const llm::ModelConfig head64 = llm::make_config(/*dim=*/256, /*hidden_dim=*/512, /*n_layers=*/2, /*n_heads=*/4,
+                                                   /*n_kv_heads=*/2, /*vocab_size=*/300, /*seq_len=*/512,
+                                                   /*shared_classifier=*/true);
   return {
       {"tiny", llm::find_preset("tiny").config},  // GQA 8/4, head_dim 8
       {"head64_gqa", head64},
   };
-}
-
-std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> dist(0, vocab - 1);
-  std::vector<int> tokens(static_cast<std::size_t>(n));
-  for (int& t : tokens) t = dist(rng);
-  return tokens;
 }
 
 // Logits of every row (forward's span is only valid until the next call).
@@ -207,7 +183,7 @@ TEST_P(FlashCudaModelTest, MatchesDefaultCudaModelAndCpu) {
   for (const int n : {1, 7, 33, 129, 300}) {
     SCOPED_TRACE("prompt of " + std::to_string(n) + " tokens");
     ASSERT_LE(n + kSecondChunk, config.seq_len);
-    const auto tokens = random_tokens(n + kSecondChunk, vocab, 1000u + static_cast<unsigned>(n));
+    const auto tokens = llm::testing::random_tokens(n + kSecondChunk, vocab, 1000u + static_cast<unsigned>(n));
     const std::vector<int> first(tokens.begin(), tokens.begin() + n), second(tokens.begin() + n, tokens.end());
     const auto cpu_cache = cpu.make_cache(1, config.seq_len);
     const auto flash_cache = flash->make_cache(1, config.seq_len);

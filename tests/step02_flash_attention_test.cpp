@@ -121,15 +121,10 @@ TEST_P(CpuVariantTest, MatchesFloat64Reference) {
         ASSERT_EQ(got[static_cast<std::size_t>(i) * p.q_row() + x], 0.0f) << "row " << i << " sees no key";
 }
 
-std::vector<int> cpu_variant_ids() {
-  std::vector<int> ids;
-  for (const auto& v : step02::variants())
-    if (v.backend == llm::Backend::Cpu) ids.push_back(v.id);
-  return ids;
-}
-
-INSTANTIATE_TEST_SUITE_P(step02, CpuVariantTest, ::testing::Combine(::testing::ValuesIn(cpu_variant_ids()),
-                                                                    ::testing::ValuesIn(cases())),
+INSTANTIATE_TEST_SUITE_P(step02, CpuVariantTest,
+                         ::testing::Combine(::testing::ValuesIn(llm::variant_ids(step02::variants(),
+                                                                                 llm::Backend::Cpu)),
+                                            ::testing::ValuesIn(cases())),
                          [](const auto& info) {
                            return step02::find_variant(std::get<0>(info.param)).name + "_" +
                                   std::get<1>(info.param).name;
@@ -160,7 +155,7 @@ TEST(step02CpuPaged, ReadsKeysAndValuesThroughTheBlockTable) {
     std::copy_n(in.v.begin() + static_cast<std::ptrdiff_t>(t) * p.kv_row(), p.kv_row(), view.value_row(t));
   }
   const auto ref = step02::reference_attention_f64(p, in.q, in.k, in.v, all_rows(p));
-  for (int id : cpu_variant_ids()) {
+  for (int id : llm::variant_ids(step02::variants(), llm::Backend::Cpu)) {
     step02::AttentionArgs args;
     args.q = in.q.data();
     args.kv = view;

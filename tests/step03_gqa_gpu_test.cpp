@@ -16,12 +16,6 @@
 namespace step03 {
 namespace {
 
-#define REQUIRE_GPU()                                                          \
-  do {                                                                         \
-    const auto status = llm::cuda::device_status();                            \
-    if (!status.usable) GTEST_SKIP() << "no usable CUDA device: " << status.reason; \
-  } while (0)
-
 struct GpuCase {
   int n_heads, n_kv_heads, head_dim, capacity;
   std::vector<int> lengths;  // decode lengths to run on the same uploaded cache
@@ -34,7 +28,7 @@ void PrintTo(const GpuCase& c, std::ostream* os) {
 class Step03CudaDecodeTest : public ::testing::TestWithParam<GpuCase> {};
 
 TEST_P(Step03CudaDecodeTest, BothVariantsMatchTheCpuReference) {
-  REQUIRE_GPU();
+  LLM_REQUIRE_CUDA_DEVICE();
   const GpuCase& c = GetParam();
   const llm::AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim};
   const int kv_dim = c.n_kv_heads * c.head_dim;
@@ -85,7 +79,7 @@ INSTANTIATE_TEST_SUITE_P(Step03Groups, Step03CudaDecodeTest,
                          });
 
 TEST(Step03CudaDecode, RejectsGroupsBeyondTheKernelLimit) {
-  REQUIRE_GPU();
+  LLM_REQUIRE_CUDA_DEVICE();
   // 64 query heads on one KV head: group 64 > kCudaMaxGroup.
   const llm::AttentionShape shape{64, 1, 16};
   auto keys = llm::testing::random_vector(16 * 8, 1);

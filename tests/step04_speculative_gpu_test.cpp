@@ -9,12 +9,12 @@
 #include "llm/harness/compare.hpp"
 #include "ngram_drafter.hpp"
 #include "speculative_decoder.hpp"
+#include "test_support.hpp"
 
 namespace {
 
 TEST(step04SpeculativeGpu, GreedyIdenticalToPlainDecodingOnCuda) {
-  const auto status = llm::cuda::device_status();
-  if (!status.usable) GTEST_SKIP() << "no usable CUDA device: " << status.reason;
+  LLM_REQUIRE_CUDA_DEVICE();
 
   const auto weights = llm::random_weights(llm::find_preset("tiny").config, 42);
   auto target = llm::cuda::make_cuda_model(weights);

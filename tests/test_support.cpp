@@ -4,6 +4,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <span>
 #include <unistd.h>
 
@@ -33,6 +35,29 @@ std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale)
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
+}
+
+std::vector<int> random_tokens(int n, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(0, vocab - 1);
+  std::vector<int> tokens(static_cast<std::size_t>(n));
+  for (int& t : tokens) t = dist(rng);
+  return tokens;
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+::testing::AssertionResult HasSubstr(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
 }
 
 std::string temp_path(const std::string& name) {

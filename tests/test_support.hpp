@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "llm/cuda/cuda_runtime_api.hpp"
+
 namespace llm::testing {
 
 // Path of a file in the real-models folder ($LLM_MODELS_DIR, else
@@ -16,8 +20,19 @@ std::optional<std::string> model_file(const std::string& name);
 // Fresh random values in [-scale, scale]; never all zeros.
 std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.0f);
 
+// Random token ids in [0, vocab), reproducible from `seed`.
+std::vector<int> random_tokens(int n, int vocab, unsigned seed);
+
 // A file path in the system temp folder unique to this test process.
 std::string temp_path(const std::string& name);
+// A whole file's bytes, and writing them back (to build truncated or
+// corrupted copies of model and tokenizer files).
+std::vector<char> read_bytes(const std::string& path);
+void write_bytes(const std::string& path, const std::vector<char>& bytes);
+
+// EXPECT_TRUE(HasSubstr(message, "truncated")) with gtest alone (gmock is a
+// separate package); on failure it prints both strings.
+::testing::AssertionResult HasSubstr(const std::string& text, const std::string& part);
 
 // Expects every vocab-sized row of `got` to match `ref` within the fp32
 // tolerance for a whole model's logits (every layer's rounding compounds);
@@ -26,6 +41,13 @@ void expect_logit_rows_close(const std::vector<float>& got, const std::vector<fl
                              const std::string& what);
 
 }  // namespace llm::testing
+
+// Skips the current test, with the reason, unless a CUDA device is usable.
+#define LLM_REQUIRE_CUDA_DEVICE()                                                             \
+  do {                                                                                        \
+    const ::llm::cuda::DeviceStatus llm_status_ = ::llm::cuda::device_status();               \
+    if (!llm_status_.usable) GTEST_SKIP() << "no usable CUDA device: " << llm_status_.reason; \
+  } while (0)
 
 // Skips the current test with a message when the model file is missing.
 #define LLM_REQUIRE_MODEL_FILE(var, name)                                                  \

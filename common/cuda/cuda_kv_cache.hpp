@@ -26,13 +26,10 @@ class CudaKvCache final : public KvCache {
   // copied into device memory), never call key_row() on the host.
   KvView view(int layer, int sequence) const;
   std::size_t bytes_allocated() const override;
-  // True when this cache was shaped for `config` (layers and K/V width): a
-  // cache of another model would be written out of bounds on the GPU.
-  bool fits(const ModelConfig& config) const { return config.n_layers == n_layers_ && config.kv_dim() == kv_dim_; }
+  bool fits(const ModelConfig& config) const { return layout_.fits(config); }
 
  private:
-  int n_layers_;
-  int kv_dim_;
+  ContiguousKvLayout layout_;  // the same layout as CpuKvCache, in device memory
   DeviceBuffer<float> keys_;              // [n_layers, num_sequences, capacity, kv_dim]
   DeviceBuffer<float> values_;            // [n_layers, num_sequences, capacity, kv_dim]
   DeviceBuffer<std::int32_t> block_ids_;  // [num_sequences]: sequence s is block s

@@ -35,6 +35,10 @@ struct ModelConfig {
   std::string describe() const;  // one line: "dim 64, hidden 172, 5 layers, ..."
 };
 
+// A config from its dimensions, in the checkpoint header's order.
+ModelConfig make_config(int dim, int hidden_dim, int n_layers, int n_heads, int n_kv_heads, int vocab_size,
+                        int seq_len, bool shared_classifier);
+
 // A built-in model: seeded random weights with real models' shapes.
 struct Preset {
   std::string name;

@@ -11,6 +11,13 @@
 
 #include "llm/config.hpp"
 
+// Functions that run on the host and, compiled by nvcc, in kernels too.
+#if defined(__CUDACC__)
+#define LLM_HOST_DEVICE __host__ __device__
+#else
+#define LLM_HOST_DEVICE
+#endif
+
 namespace llm {
 
 // K/V rows of one layer of one sequence. Plain data: usable in CUDA kernels.
@@ -22,21 +29,12 @@ struct KvView {
   int kv_dim = 0;                   // n_kv_heads * head_dim floats per row
 
   // Offset (in floats) of position `pos`'s row inside the pool.
-#if defined(__CUDACC__)
-  __host__ __device__
-#endif
-  std::size_t row_offset(int pos) const {
+  LLM_HOST_DEVICE std::size_t row_offset(int pos) const {
     const int block = block_table[pos / block_size];
     return (static_cast<std::size_t>(block) * block_size + pos % block_size) * kv_dim;
   }
-#if defined(__CUDACC__)
-  __host__ __device__
-#endif
-  float* key_row(int pos) const { return keys + row_offset(pos); }
-#if defined(__CUDACC__)
-  __host__ __device__
-#endif
-  float* value_row(int pos) const { return values + row_offset(pos); }
+  LLM_HOST_DEVICE float* key_row(int pos) const { return keys + row_offset(pos); }
+  LLM_HOST_DEVICE float* value_row(int pos) const { return values + row_offset(pos); }
 };
 
 // Owns K/V memory for a fixed number of sequence slots. Tracks how many
@@ -65,12 +63,40 @@ class KvCache {
   virtual std::size_t bytes_allocated() const = 0;  // K and V together
 
  protected:
-  KvCache(int num_sequences, int capacity)
-      : capacity_(capacity), lengths_(static_cast<std::size_t>(num_sequences), 0) {}
+  // Throws InputError unless there is at least one sequence and one position.
+  KvCache(int num_sequences, int capacity);
 
  private:
   int capacity_;
   std::vector<int> lengths_;  // [num_sequences] valid positions per slot
+};
+
+// The layout of a contiguous cache, on either device: per layer, one block of
+// `capacity` rows per sequence, so sequence s's single logical block is
+// physical block s. It knows sizes and builds views; the cache owns the memory.
+class ContiguousKvLayout {
+ public:
+  ContiguousKvLayout(const ModelConfig& config, int num_sequences, int capacity)
+      : n_layers_(config.n_layers), num_sequences_(num_sequences), capacity_(capacity), kv_dim_(config.kv_dim()) {}
+
+  // Floats in the K pool (and in the V pool): layers x sequences x capacity x kv_dim.
+  std::size_t floats() const {
+    return static_cast<std::size_t>(n_layers_) * num_sequences_ * capacity_ * kv_dim_;
+  }
+  // The block table of every sequence, side by side: {0, 1, ..., num_sequences-1}.
+  std::vector<std::int32_t> block_ids() const;
+  // The view of one layer of one sequence, given the pools and block_ids()
+  // wherever they live (host or device memory).
+  KvView view(float* keys, float* values, const std::int32_t* block_ids, int layer, int sequence) const;
+  // True when the cache was shaped for `config` (layers and K/V width): a
+  // cache of another model would be read and written out of bounds.
+  bool fits(const ModelConfig& config) const { return config.n_layers == n_layers_ && config.kv_dim() == kv_dim_; }
+
+ private:
+  int n_layers_;
+  int num_sequences_;
+  int capacity_;
+  int kv_dim_;
 };
 
 // Host memory, one contiguous [capacity, kv_dim] buffer per layer and sequence.
@@ -80,12 +106,10 @@ class CpuKvCache final : public KvCache {
 
   KvView view(int layer, int sequence) const;
   std::size_t bytes_allocated() const override;
-  // True when this cache was shaped for `config` (layers and K/V width).
-  bool fits(const ModelConfig& config) const { return config.n_layers == n_layers_ && config.kv_dim() == kv_dim_; }
+  bool fits(const ModelConfig& config) const { return layout_.fits(config); }
 
  private:
-  int n_layers_;
-  int kv_dim_;
+  ContiguousKvLayout layout_;
   std::vector<float> keys_;    // [n_layers, num_sequences, capacity, kv_dim]
   std::vector<float> values_;  // [n_layers, num_sequences, capacity, kv_dim]
   std::vector<std::int32_t> block_ids_;  // [num_sequences]: sequence s is block s

@@ -16,9 +16,6 @@ class Sampler {
   // Picks the next token from `logits` [vocab_size]. Non-const: draws a number.
   int sample(std::span<const float> logits);
 
-  float temperature() const { return temperature_; }
-  float top_p() const { return top_p_; }
-
   // A float in [0, 1) from the generator (exposed for speculative decoding).
   float next_uniform();
 

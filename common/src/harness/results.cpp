@@ -62,6 +62,16 @@ std::string format_throughput(const std::string& key, double value) {
 
 }  // namespace
 
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 4) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
 std::string Results::format_table() const {
   std::string out;
   out += fmt::format("== {} : {} ==\n", step_, title_);

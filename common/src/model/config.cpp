@@ -47,31 +47,29 @@ std::string ModelConfig::describe() const {
                      vocab_size, seq_len);
 }
 
-namespace {
-ModelConfig make(int dim, int hidden, int layers, int heads, int kv_heads, int vocab, int seq_len,
-                 bool shared_classifier) {
+ModelConfig make_config(int dim, int hidden_dim, int n_layers, int n_heads, int n_kv_heads, int vocab_size,
+                        int seq_len, bool shared_classifier) {
   ModelConfig c;
   c.dim = dim;
-  c.hidden_dim = hidden;
-  c.n_layers = layers;
-  c.n_heads = heads;
-  c.n_kv_heads = kv_heads;
-  c.vocab_size = vocab;
+  c.hidden_dim = hidden_dim;
+  c.n_layers = n_layers;
+  c.n_heads = n_heads;
+  c.n_kv_heads = n_kv_heads;
+  c.vocab_size = vocab_size;
   c.seq_len = seq_len;
   c.shared_classifier = shared_classifier;
   return c;
 }
-}  // namespace
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> all = {
       {"tiny", "the dims of stories260K (0.26M params; CPU-friendly default)",
-       make(64, 172, 5, 8, 4, 512, 512, true)},
-      {"small", "the dims of stories15M (15M params)", make(288, 768, 6, 6, 6, 32000, 256, true)},
+       make_config(64, 172, 5, 8, 4, 512, 512, true)},
+      {"small", "the dims of stories15M (15M params)", make_config(288, 768, 6, 6, 6, 32000, 256, true)},
       {"tinyllama-1.1b", "the dims of TinyLlama-1.1B (GQA 32/4; GPU benchmarks)",
-       make(2048, 5632, 22, 32, 4, 32000, 2048, false)},
+       make_config(2048, 5632, 22, 32, 4, 32000, 2048, false)},
       {"llama2-7b", "the dims of Llama-2-7B (MHA 32/32; GPU benchmarks, 27 GB in fp32)",
-       make(4096, 11008, 32, 32, 32, 32000, 4096, false)},
+       make_config(4096, 11008, 32, 32, 32, 32000, 4096, false)},
   };
   return all;
 }

@@ -6,6 +6,13 @@
 
 namespace llm {
 
+KvCache::KvCache(int num_sequences, int capacity) : capacity_(capacity) {
+  if (num_sequences <= 0 || capacity <= 0)
+    throw InputError(fmt::format("a KV cache needs at least one sequence and one position (got {} x {})",
+                                 num_sequences, capacity));
+  lengths_.assign(static_cast<std::size_t>(num_sequences), 0);
+}
+
 void KvCache::truncate(int sequence, int new_length) {
   const int current = length(sequence);
   if (new_length < 0 || new_length > current)
@@ -37,26 +44,31 @@ void KvCache::mark_written(int sequence, int position) {
 }
 
 CpuKvCache::CpuKvCache(const ModelConfig& config, int num_sequences, int capacity)
-    : KvCache(num_sequences, capacity), n_layers_(config.n_layers), kv_dim_(config.kv_dim()) {
-  if (num_sequences <= 0 || capacity <= 0)
-    throw InputError(fmt::format("a KV cache needs at least one sequence and one position (got {} x {})",
-                                 num_sequences, capacity));
-  const std::size_t floats = static_cast<std::size_t>(n_layers_) * num_sequences * capacity * kv_dim_;
-  keys_.assign(floats, 0.0f);
-  values_.assign(floats, 0.0f);
-  block_ids_.resize(static_cast<std::size_t>(num_sequences));
-  for (int s = 0; s < num_sequences; ++s) block_ids_[static_cast<std::size_t>(s)] = s;
-}
+    : KvCache(num_sequences, capacity),
+      layout_(config, num_sequences, capacity),
+      keys_(layout_.floats(), 0.0f),
+      values_(layout_.floats(), 0.0f),
+      block_ids_(layout_.block_ids()) {}
 
 KvView CpuKvCache::view(int layer, int sequence) const {
-  // Layer l's pool holds one block per sequence, each `capacity` rows long, so
-  // sequence s's single logical block is physical block s.
-  const std::size_t layer_offset = static_cast<std::size_t>(layer) * num_sequences() * capacity() * kv_dim_;
+  return layout_.view(const_cast<float*>(keys_.data()), const_cast<float*>(values_.data()), block_ids_.data(), layer,
+                      sequence);
+}
+
+std::vector<std::int32_t> ContiguousKvLayout::block_ids() const {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(num_sequences_));
+  for (int s = 0; s < num_sequences_; ++s) ids[static_cast<std::size_t>(s)] = s;
+  return ids;
+}
+
+KvView ContiguousKvLayout::view(float* keys, float* values, const std::int32_t* block_ids, int layer,
+                                int sequence) const {
+  const std::size_t layer_offset = static_cast<std::size_t>(layer) * num_sequences_ * capacity_ * kv_dim_;
   KvView v;
-  v.keys = const_cast<float*>(keys_.data()) + layer_offset;
-  v.values = const_cast<float*>(values_.data()) + layer_offset;
-  v.block_table = block_ids_.data() + sequence;
-  v.block_size = capacity();
+  v.keys = keys + layer_offset;
+  v.values = values + layer_offset;
+  v.block_table = block_ids + sequence;  // a table of one entry: block `sequence`
+  v.block_size = capacity_;
   v.kv_dim = kv_dim_;
   return v;
 }

@@ -67,6 +67,9 @@ class Results {
   std::vector<JsonTable> tables_;
 };
 
+// Bytes for a table: "512 B", "1.2 KiB", "64.0 MiB", "2.0 GiB" (powers of 1024).
+std::string format_bytes(double bytes);
+
 // The commit the binary was built from, read at build time (cmake/WriteGitCommit.cmake).
 const char* git_commit();
 

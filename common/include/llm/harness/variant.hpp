@@ -37,4 +37,14 @@ std::vector<int> variant_ids(const std::vector<Variant<Fn>>& table) {
   return ids;
 }
 
+// The ids of the variants that run on `backend` (tests instantiate one suite
+// per backend from this).
+template <class Fn>
+std::vector<int> variant_ids(const std::vector<Variant<Fn>>& table, Backend backend) {
+  std::vector<int> ids;
+  for (const auto& v : table)
+    if (v.backend == backend) ids.push_back(v.id);
+  return ids;
+}
+
 }  // namespace llm

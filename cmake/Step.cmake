@@ -1,0 +1,33 @@
+# llm_add_step(<step> SOURCES ... [CUDA_SOURCES ...] [NO_CUDA_SOURCES ...] [LINK ...])
+#
+# Every step folder builds the same three things from its own sources:
+#   <step>_lib    the step's code (linked by its executable, its benchmark,
+#                 tests/<step>_*_test.cpp, and by later steps that build on it)
+#   <step>        main.cpp: the executable that prints the step's table
+#   <step>_bench  bench.cpp: the Google Benchmark (when LLM_BUILD_BENCHMARKS)
+# CUDA_SOURCES join the library when the build has CUDA; NO_CUDA_SOURCES (the
+# same entry points, reporting "built without CUDA") when it has not.
+function(llm_add_step name)
+  cmake_parse_arguments(STEP "" "" "SOURCES;CUDA_SOURCES;NO_CUDA_SOURCES;LINK" ${ARGN})
+  set(lib ${name}_lib)
+  add_library(${lib} STATIC ${STEP_SOURCES})
+  target_include_directories(${lib} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+  target_link_libraries(${lib} PUBLIC llm_common ${STEP_LINK})
+  # Eigen's AVX-512 code trips GCC 12's -Wmaybe-uninitialized (false positives).
+  target_compile_options(${lib} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-maybe-uninitialized>)
+  if(LLM_WITH_CUDA AND STEP_CUDA_SOURCES)
+    target_sources(${lib} PRIVATE ${STEP_CUDA_SOURCES})
+    # -lineinfo: profilers (Nsight Compute) map instructions back to source lines.
+    target_compile_options(${lib} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+  elseif(NOT LLM_WITH_CUDA AND STEP_NO_CUDA_SOURCES)
+    target_sources(${lib} PRIVATE ${STEP_NO_CUDA_SOURCES})
+  endif()
+
+  add_executable(${name} main.cpp)
+  target_link_libraries(${name} PRIVATE ${lib})
+
+  if(LLM_BUILD_BENCHMARKS)
+    add_executable(${name}_bench bench.cpp)
+    target_link_libraries(${name}_bench PRIVATE ${lib} benchmark::benchmark)
+  endif()
+endfunction()
