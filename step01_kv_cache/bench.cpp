@@ -26,8 +26,7 @@ void produce_one_token(benchmark::State& state, llm::Model* model, int variant_i
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int>(3 + (i * 37) % 250);
   auto cache = model->make_cache(1, context + 1);
   if (variant_id == 1) {
-    std::vector<int> prefix(tokens.begin(), tokens.end() - 1);
-    model->forward(llm::TokenBatch::prefill(prefix, 0, 0), *cache);
+    model->forward(llm::TokenBatch::prefill(std::span(tokens).first(tokens.size() - 1), 0, 0), *cache);
   }
   const llm::TokenBatch all = llm::TokenBatch::prefill(tokens, 0, 0);
   const llm::TokenBatch last = llm::TokenBatch::single(tokens.back(), context, 0);

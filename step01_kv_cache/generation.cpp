@@ -67,8 +67,7 @@ GenerationResult generate_cached(llm::Model& model, std::span<const int> prompt,
 
   // Prefill: the whole prompt in one forward; its last row predicts token 1.
   llm::Stopwatch step;
-  std::vector<int> prompt_ids(prompt.begin(), prompt.end());
-  auto logits = model.forward(llm::TokenBatch::prefill(prompt_ids, 0, 0), *cache);
+  auto logits = model.forward(llm::TokenBatch::prefill(prompt, 0, 0), *cache);
   bool go_on = accept(result, logits, sampler, step.elapsed_ms());
 
   // Decode: one row per step, reusing the same batch object (no allocation).

@@ -14,8 +14,7 @@ TargetCosts measure_target_costs(llm::Model& target, std::span<const int> contex
   const int n = static_cast<int>(context.size());
   auto cache = target.make_cache(1, n + max_k);
   // Cache every committed token but the last, as at the start of a round.
-  std::vector<int> prefix(context.begin(), context.end() - 1);
-  target.forward(llm::TokenBatch::prefill(prefix, 0, 0), *cache);
+  target.forward(llm::TokenBatch::prefill(context.first(context.size() - 1), 0, 0), *cache);
 
   TargetCosts costs;
   for (int j = 0; j <= max_k; ++j) {

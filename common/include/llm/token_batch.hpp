@@ -3,6 +3,8 @@
 // sequence at some position, so one type serves prefill (many positions of one
 // sequence), decode (one position of each of many sequences), speculative
 // verification (k+1 positions) and chunked prefill mixed with decode.
+#include <initializer_list>
+#include <span>
 #include <vector>
 
 namespace llm {
@@ -21,7 +23,10 @@ struct TokenBatch {
   }
 
   // A run of positions start..start+n-1 of one sequence.
-  static TokenBatch prefill(const std::vector<int>& tokens, int start_position, int sequence);
+  static TokenBatch prefill(std::span<const int> tokens, int start_position, int sequence);
+  static TokenBatch prefill(std::initializer_list<int> tokens, int start_position, int sequence) {
+    return prefill(std::span<const int>(tokens.begin(), tokens.size()), start_position, sequence);
+  }
   // Decode: one token per sequence, at the given positions.
   static TokenBatch single(int token, int position, int sequence) {
     TokenBatch b;

@@ -2,7 +2,7 @@
 
 namespace llm {
 
-TokenBatch TokenBatch::prefill(const std::vector<int>& tokens, int start_position, int sequence) {
+TokenBatch TokenBatch::prefill(std::span<const int> tokens, int start_position, int sequence) {
   TokenBatch b;
   for (std::size_t i = 0; i < tokens.size(); ++i) b.add(tokens[i], start_position + static_cast<int>(i), sequence);
   return b;
