@@ -1,7 +1,11 @@
 #include "llm/weights.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <random>
+#include <thread>
 
 namespace llm {
 
@@ -32,11 +36,12 @@ ModelWeights ModelWeights::allocate(const ModelConfig& c) {
 
 ModelWeights random_weights(const ModelConfig& config, unsigned long long seed) {
   ModelWeights w = ModelWeights::allocate(config);
-  std::mt19937_64 rng(seed);
-  auto fill_normal = [&rng](std::vector<float>& t, double stddev) {
-    std::normal_distribution<float> dist(0.0f, static_cast<float>(stddev));
-    for (auto& x : t) x = dist(rng);
+  // The matrices to fill, in a fixed order, each with its standard deviation.
+  struct Fill {
+    std::vector<float>* tensor;
+    double stddev;
   };
+  std::vector<Fill> fills;
   const double d = config.dim, h = config.hidden_dim;
   // Residual branches add into the stream 2 x n_layers times; scaling their
   // output projections by 1/sqrt(2 n_layers) keeps the stream's variance O(1).
@@ -45,20 +50,50 @@ ModelWeights random_weights(const ModelConfig& config, unsigned long long seed) 
   // (classifier std) x sqrt(dim). Untied: embedding rows of RMS 1 and a
   // classifier of std 1/sqrt(dim) (logit std ~1). Tied (the same matrix does
   // both jobs): std 2/sqrt(dim), logit std ~2, peaked but not one-hot.
-  fill_normal(w.token_embedding, config.shared_classifier ? 2.0 / std::sqrt(d) : 1.0);
+  fills.push_back({&w.token_embedding, config.shared_classifier ? 2.0 / std::sqrt(d) : 1.0});
   for (auto& layer : w.layers) {
     std::fill(layer.attention_norm.begin(), layer.attention_norm.end(), 1.0f);
     std::fill(layer.ffn_norm.begin(), layer.ffn_norm.end(), 1.0f);
-    fill_normal(layer.wq, 1.0 / std::sqrt(d));
-    fill_normal(layer.wk, 1.0 / std::sqrt(d));
-    fill_normal(layer.wv, 1.0 / std::sqrt(d));
-    fill_normal(layer.wo, residual_scale / std::sqrt(d));
-    fill_normal(layer.w1, 1.0 / std::sqrt(d));
-    fill_normal(layer.w3, 1.0 / std::sqrt(d));
-    fill_normal(layer.w2, residual_scale / std::sqrt(h));
+    fills.push_back({&layer.wq, 1.0 / std::sqrt(d)});
+    fills.push_back({&layer.wk, 1.0 / std::sqrt(d)});
+    fills.push_back({&layer.wv, 1.0 / std::sqrt(d)});
+    fills.push_back({&layer.wo, residual_scale / std::sqrt(d)});
+    fills.push_back({&layer.w1, 1.0 / std::sqrt(d)});
+    fills.push_back({&layer.w3, 1.0 / std::sqrt(d)});
+    fills.push_back({&layer.w2, residual_scale / std::sqrt(h)});
   }
   std::fill(w.final_norm.begin(), w.final_norm.end(), 1.0f);
-  if (!config.shared_classifier) fill_normal(w.classifier, 1.0 / std::sqrt(d));
+  if (!config.shared_classifier) fills.push_back({&w.classifier, 1.0 / std::sqrt(d)});
+
+  auto fill_normal = [](std::vector<float>& tensor, double stddev, std::mt19937_64& rng) {
+    std::normal_distribution<float> dist(0.0f, static_cast<float>(stddev));
+    for (auto& x : tensor) x = dist(rng);
+  };
+  // Models below 2^24 parameters (every model the CPU results were measured
+  // on) draw all matrices from one stream, in order, on one thread.
+  if (config.parameter_count() < (std::size_t{1} << 24)) {
+    std::mt19937_64 rng(seed);
+    for (const Fill& fill : fills) fill_normal(*fill.tensor, fill.stddev, rng);
+    return w;
+  }
+  // Larger models (the GPU presets: one thread fills a 7B model's 6.7e9 values
+  // in about two minutes) give every matrix its own stream, seeded by (seed,
+  // its index), and fill the matrices in parallel; the values do not depend
+  // on the number of threads.
+  std::atomic<std::size_t> next{0};
+  auto worker = [&] {
+    for (std::size_t index = next++; index < fills.size(); index = next++) {
+      std::seed_seq stream_seed{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
+                                static_cast<std::uint32_t>(index)};
+      std::mt19937_64 rng(stream_seed);
+      fill_normal(*fills[index].tensor, fills[index].stddev, rng);
+    }
+  };
+  const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 32u);
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& thread : pool) thread.join();
   return w;
 }
 
