@@ -9,6 +9,9 @@
 
 #include "kernels.cuh"
 #include "llm/cuda/cuda_runtime_api.hpp"
+#include "llm/cuda/cuda_timer.hpp"
+#include "llm/cuda/device_buffer.hpp"
+#include "llm/errors.hpp"
 
 namespace llm::cuda {
 namespace {
@@ -92,10 +95,31 @@ void fill_device_info(DeviceInfo& info) {
     info.gpu_sm_count = props.multiProcessorCount;
     info.gpu_compute_capability = props.major * 10 + props.minor;
     info.gpu_memory_gib = static_cast<double>(props.totalGlobalMem) / static_cast<double>(1ull << 30);
+    // kHz in the attributes (cudaDeviceProp lost its clock fields in CUDA 13).
+    int khz = 0, bits = 0;
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device) == cudaSuccess) info.gpu_sm_clock_mhz = khz / 1000;
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device) == cudaSuccess)
+      info.gpu_memory_clock_mhz = khz / 1000;
+    if (cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device) == cudaSuccess)
+      info.gpu_memory_bus_bits = bits;
+    static_cast<void>(cudaGetLastError());
   } catch (const std::exception& e) {
     info.cuda_available = false;
     info.cuda_note = std::string("could not query the CUDA device: ") + e.what();
   }
+}
+
+double measure_copy_bandwidth_gbps(std::size_t bytes) {
+  const DeviceStatus status = device_status();
+  if (!status.usable) throw DeviceError("cannot measure the copy bandwidth: " + status.reason);
+  // Two buffers of `bytes`, filled so the copy moves real data (never time
+  // untouched memory).
+  DeviceBuffer<unsigned char> source(bytes), destination(bytes);
+  LLM_CUDA_CHECK(cudaMemset(source.data(), 0x5A, bytes));
+  const TimingStats stats = time_cuda(
+      [&] { LLM_CUDA_CHECK(cudaMemcpyAsync(destination.data(), source.data(), bytes, cudaMemcpyDeviceToDevice)); },
+      /*warmup=*/3, /*runs=*/10, /*flush_l2=*/false);  // 1 GiB is 20x an H100's L2: nothing to flush
+  return 2.0 * static_cast<double>(bytes) / (stats.median_ms * 1e-3) / 1e9;
 }
 
 }  // namespace llm::cuda

@@ -14,6 +14,10 @@ void fill_device_info(DeviceInfo& info) {
   info.cuda_note = "built without CUDA";
 }
 
+double measure_copy_bandwidth_gbps(std::size_t) {
+  throw DeviceError("this build has no CUDA support (configure with a CUDA toolkit installed)");
+}
+
 std::unique_ptr<Model> make_cuda_model(const ModelWeights&) {
   throw DeviceError("this build has no CUDA support (configure with a CUDA toolkit installed)");
 }

@@ -21,6 +21,20 @@ DeviceInfo query_device_info() {
   if (info.cpu_model.empty()) info.cpu_model = "unknown CPU";
   info.cpu_threads = 1;  // the CPU reference is single-threaded for stable numbers
   cuda::fill_device_info(info);
+  // The NVIDIA kernel driver's release ("580.159.04"): the CUDA API only knows
+  // the CUDA version it supports. Linux writes it here:
+  //   NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  <date>
+  if (info.cuda_available) {
+    std::ifstream version("/proc/driver/nvidia/version");
+    if (std::getline(version, line)) {
+      const auto module = line.find("Kernel Module");
+      if (module != std::string::npos) {
+        const auto start = line.find_first_not_of(' ', module + 13);
+        const auto end = line.find(' ', start);
+        if (start != std::string::npos) info.nvidia_driver = line.substr(start, end - start);
+      }
+    }
+  }
   return info;
 }
 

@@ -78,9 +78,13 @@ std::string Results::format_table() const {
   out += fmt::format("cpu: {} ({} thread{})\n", device_info_.cpu_model, device_info_.cpu_threads,
                      device_info_.cpu_threads == 1 ? "" : "s");
   if (device_info_.cuda_available)
-    out += fmt::format("gpu: {} (sm_{}, {} SMs, {:.0f} GiB), driver {}, CUDA runtime {}\n", device_info_.gpu_name,
-                       device_info_.gpu_compute_capability, device_info_.gpu_sm_count, device_info_.gpu_memory_gib,
-                       device_info_.cuda_driver, device_info_.cuda_runtime);
+    out += fmt::format("gpu: {} (sm_{}, {} SMs, {:.0f} GiB, SM clock up to {} MHz, memory {} MHz x {} bits), "
+                       "driver {} (CUDA {}), CUDA runtime {}\n",
+                       device_info_.gpu_name, device_info_.gpu_compute_capability, device_info_.gpu_sm_count,
+                       device_info_.gpu_memory_gib, device_info_.gpu_sm_clock_mhz, device_info_.gpu_memory_clock_mhz,
+                       device_info_.gpu_memory_bus_bits,
+                       device_info_.nvidia_driver.empty() ? "?" : device_info_.nvidia_driver, device_info_.cuda_driver,
+                       device_info_.cuda_runtime);
   else
     out += fmt::format("gpu: none ({})\n", device_info_.cuda_note);
   std::string config_line;
@@ -113,10 +117,12 @@ std::string Results::to_json() const {
   out += fmt::format(
       "  \"device_info\": {{\n    \"cpu_model\": {},\n    \"cpu_threads\": {},\n    \"cuda_available\": {},\n"
       "    \"cuda_note\": {},\n    \"gpu_name\": {},\n    \"gpu_sm_count\": {},\n"
-      "    \"gpu_compute_capability\": {},\n    \"gpu_memory_gib\": {},\n    \"cuda_driver\": {},\n"
-      "    \"cuda_runtime\": {}\n  }},\n",
+      "    \"gpu_compute_capability\": {},\n    \"gpu_memory_gib\": {},\n    \"gpu_sm_clock_mhz\": {},\n"
+      "    \"gpu_memory_clock_mhz\": {},\n    \"gpu_memory_bus_bits\": {},\n    \"nvidia_driver\": {},\n"
+      "    \"cuda_driver\": {},\n    \"cuda_runtime\": {}\n  }},\n",
       json_escape(d.cpu_model), d.cpu_threads, d.cuda_available ? "true" : "false", json_escape(d.cuda_note),
       json_escape(d.gpu_name), d.gpu_sm_count, d.gpu_compute_capability, json_number(d.gpu_memory_gib),
+      d.gpu_sm_clock_mhz, d.gpu_memory_clock_mhz, d.gpu_memory_bus_bits, json_escape(d.nvidia_driver),
       json_escape(d.cuda_driver), json_escape(d.cuda_runtime));
   out += "  \"rows\": [";
   for (std::size_t i = 0; i < rows_.size(); ++i) {

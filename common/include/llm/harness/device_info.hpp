@@ -13,8 +13,12 @@ struct DeviceInfo {
   int gpu_sm_count = 0;
   int gpu_compute_capability = 0;  // 75, 80, 90, ...
   double gpu_memory_gib = 0.0;
-  std::string cuda_driver;       // "13.0"
+  int gpu_sm_clock_mhz = 0;       // the SMs' top (boost) clock
+  int gpu_memory_clock_mhz = 0;   // the memory's clock
+  int gpu_memory_bus_bits = 0;    // bus width: 2 x clock x bits / 8 = the datasheet bandwidth
+  std::string cuda_driver;       // "13.0": the CUDA version the driver supports
   std::string cuda_runtime;      // "13.0"
+  std::string nvidia_driver;     // "580.159.04": the kernel driver's release (Linux), "" when unknown
 };
 
 DeviceInfo query_device_info();  // never throws: missing pieces are left empty
