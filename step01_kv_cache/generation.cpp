@@ -95,6 +95,13 @@ const std::vector<llm::Variant<GenerateFn>>& variants() {
   return table;
 }
 
+std::size_t decode_bytes_per_token(const llm::ModelConfig& config, long long context) {
+  std::size_t weights = config.parameter_count();
+  if (!config.shared_classifier)
+    weights -= static_cast<std::size_t>(config.vocab_size - 1) * static_cast<std::size_t>(config.dim);
+  return weights * sizeof(float) + kv_cache_bytes(config.n_layers, config.n_kv_heads, config.head_dim(), context, 4);
+}
+
 std::size_t kv_cache_bytes(int n_layers, int n_kv_heads, int head_dim, long long positions, int bytes_per_value) {
   return 2ull * static_cast<std::size_t>(n_layers) * static_cast<std::size_t>(n_kv_heads) *
          static_cast<std::size_t>(head_dim) * static_cast<std::size_t>(positions) *

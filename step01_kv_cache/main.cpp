@@ -87,6 +87,57 @@ double window_median(const std::vector<double>& ms, std::size_t index) {
   return llm::TimingStats::from_samples(std::vector<double>(ms.begin() + lo, ms.begin() + hi)).median_ms;
 }
 
+// Cached decode against the memory-bound floor: the bytes a step must read
+// (weights + K/V so far, decode_bytes_per_token) over the measured time per
+// token, at the first and the last checkpoint, and on CUDA as a fraction of
+// the device-to-device copy bandwidth measured in the same run. Recompute
+// rows are skipped: they read the weights once per step too, but do O(t)
+// work per read.
+struct DecodeBandwidth {
+  std::size_t context;   // positions the token attends to
+  double bytes;          // read per token
+  double ms;             // median time per token there
+  double gbps;
+};
+std::vector<DecodeBandwidth> decode_bandwidth(const Measured& m, const llm::ModelConfig& config,
+                                              const std::vector<std::size_t>& checkpoints) {
+  std::vector<DecodeBandwidth> out;
+  if (m.variant->id != 1) return out;
+  for (std::size_t c : {checkpoints.front(), checkpoints.back()}) {
+    const std::size_t context = c + static_cast<std::size_t>(m.first.prompt_length);
+    const double bytes = static_cast<double>(step01::decode_bytes_per_token(config, static_cast<long long>(context)));
+    const double ms = window_median(m.median_token_ms, c);
+    out.push_back({context, bytes, ms, bytes / (ms * 1e-3) / 1e9});
+  }
+  return out;
+}
+
+void add_bandwidth(llm::ResultRow& row, const std::vector<DecodeBandwidth>& bandwidth, double copy_gbps) {
+  for (std::size_t i = 0; i < bandwidth.size(); ++i) {
+    const std::string where = i == 0 ? "first" : "last";
+    row.extra["decode_context_" + where] = static_cast<long long>(bandwidth[i].context);
+    row.extra["decode_bytes_per_token_" + where] = bandwidth[i].bytes;
+    row.extra["decode_gbps_" + where] = bandwidth[i].gbps;
+    if (row.device == "cuda" && copy_gbps > 0) {
+      row.extra["copy_gbps"] = copy_gbps;
+      row.extra["fraction_of_copy_bandwidth_" + where] = bandwidth[i].gbps / copy_gbps;
+    }
+  }
+}
+
+void print_bandwidth(const std::vector<Measured>& runs, const llm::ModelConfig& config,
+                     const std::vector<std::size_t>& checkpoints, double copy_gbps) {
+  fmt::print("\ncached decode vs the memory floor: bytes read per token (weights + K/V so far) / time per token{}\n",
+             copy_gbps > 0 ? fmt::format("; measured device-to-device copy: {:.0f} GB/s (read + write)", copy_gbps)
+                           : std::string());
+  for (const auto& m : runs)
+    for (const auto& b : decode_bandwidth(m, config, checkpoints))
+      fmt::print("{:<6} {:<10} context {:>5}: {:>10} per token in {:>9.4f} ms = {:>7.1f} GB/s{}\n", m.device,
+                 m.variant->name, b.context, llm::format_bytes(b.bytes), b.ms, b.gbps,
+                 m.device == "cuda" && copy_gbps > 0 ? fmt::format(" = {:.0f}% of copy", 100.0 * b.gbps / copy_gbps)
+                                                     : std::string());
+}
+
 int body(int argc, char** argv) {
   CLI::App app{"Step 01: the KV cache. Generation with and without caching K/V, on CPU and CUDA."};
   llm::CommonOptions o;
@@ -155,6 +206,9 @@ int body(int argc, char** argv) {
   for (int q = 0; q <= 4; ++q) checkpoints.push_back((n_generated - 1) * q / 4);
   checkpoints.erase(std::unique(checkpoints.begin(), checkpoints.end()), checkpoints.end());
 
+  // The memory-bound ceiling of this GPU, measured now (after the models are gone).
+  const double copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
+  if (copy_gbps > 0) results.set_config("cuda_copy_gbps", copy_gbps);
   std::map<std::string, double> baseline_ms;  // per device: variant 0's total time
   for (const auto& m : runs)
     if (m.variant->id == 0) baseline_ms[m.device] = m.total.median_ms;
@@ -180,6 +234,7 @@ int body(int argc, char** argv) {
       if (c < m.median_token_ms.size())
         row.extra[fmt::format("ms_per_token_at_pos_{:04}", c + m.first.prompt_length)] =
             window_median(m.median_token_ms, c);
+    add_bandwidth(row, decode_bandwidth(m, config, checkpoints), copy_gbps);
     if (!error.ok) std::fprintf(stderr, "check failed for %s %s: %s\n", m.device.c_str(), m.variant->name.c_str(),
                                 error.summary().c_str());
     results.add_row(std::move(row));
@@ -197,6 +252,8 @@ int body(int argc, char** argv) {
     fmt::print(" {:>7.1f}x\n", window_median(m.median_token_ms, checkpoints.back()) /
                                    window_median(m.median_token_ms, checkpoints.front()));
   }
+
+  print_bandwidth(runs, config, checkpoints, copy_gbps);
 
   // KV cache size: the formula, for this model and two real ones.
   struct CacheRow {

@@ -83,7 +83,9 @@ double mha_baseline_ms(const std::vector<step03::SweepCell>& cells, const step03
   return own ? own->timing.median_ms : cell.timing.median_ms;
 }
 
-void add_sweep_rows(llm::Results& results, const step03::SweepResult& sweep) {
+// copy_gbps: the GPU's measured device-to-device copy bandwidth (0: no GPU);
+// CUDA rows say what fraction of it they reach.
+void add_sweep_rows(llm::Results& results, const step03::SweepResult& sweep, double copy_gbps) {
   for (const auto& c : sweep.cells) {
     llm::ResultRow row;
     row.device = c.device;
@@ -111,6 +113,7 @@ void add_sweep_rows(llm::Results& results, const step03::SweepResult& sweep) {
     row.extra["kv_bytes_per_token_formula"] = static_cast<long long>(c.kv_bytes_per_token_formula);
     row.extra["kv_bytes_per_token_measured"] = static_cast<long long>(c.kv_bytes_per_token_measured);
     row.extra["cache_bytes_at_context"] = static_cast<long long>(c.cache_bytes_at_context);
+    if (c.device == "cuda" && copy_gbps > 0) row.extra["fraction_of_copy_bandwidth"] = row.throughput / copy_gbps;
     if (!c.error.ok)
       std::fprintf(stderr, "check failed for %s %s: %s\n", c.device.c_str(), row.variant.c_str(),
                    c.error.summary().c_str());
@@ -380,7 +383,9 @@ int body(int argc, char** argv) {
   results.set_config("conversion_positions", static_cast<long long>(experiment.text.size()));
   results.set_config("temperature", static_cast<double>(o.temperature));
   results.set_config("quick", o.quick);
-  add_sweep_rows(results, sweep);
+  const double copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
+  if (copy_gbps > 0) results.set_config("cuda_copy_gbps", copy_gbps);
+  add_sweep_rows(results, sweep, copy_gbps);
   add_conversion_rows(results, experiment);
 
   fmt::print("{}\n", results.format_table());
