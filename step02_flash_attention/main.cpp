@@ -152,13 +152,16 @@ int body(int argc, char** argv) {
   CLI::App app{"Step 02: FlashAttention. Naive vs tiled online-softmax attention on CPU and CUDA."};
   llm::CommonOptions o;
   Settings s;
-  std::vector<int> seq_lens, heads_list = {8}, head_dims = {64, 128};
+  std::vector<int> seq_lens, decode_lens, heads_list = {8}, head_dims = {64, 128};
   bool long_run = false, causal = true;
   int prefill_tokens = 2048;
   llm::add_common_options(app, o);
   app.add_option("--seq-lens", seq_lens,
                  "sequence lengths (Sq = Sk) of the kernel table; default 256..4096 on the CPU "
                  "(256..16384 on CUDA)")
+      ->delimiter(',');
+  app.add_option("--decode-lens", decode_lens,
+                 "cache lengths of the decode table (one query; default: the --seq-lens of each device)")
       ->delimiter(',');
   app.add_flag("--long", long_run, "CPU too up to 16384 tokens (naive needs 1 GiB of scores per head there)");
   app.add_option("--heads", heads_list, "query heads (= KV heads) of the kernel table")->delimiter(',');
@@ -205,6 +208,7 @@ int body(int argc, char** argv) {
   results.set_config("head_dims", fmt::format("{}", fmt::join(head_dims, ",")));
   results.set_config("cpu_seq_lens", s.cpu ? fmt::format("{}", fmt::join(cpu_lens, ",")) : std::string("-"));
   results.set_config("cuda_seq_lens", s.cuda ? fmt::format("{}", fmt::join(cuda_lens, ",")) : std::string("-"));
+  if (!decode_lens.empty()) results.set_config("decode_lens", fmt::format("{}", fmt::join(decode_lens, ",")));
   results.set_config("causal", causal);
   results.set_config("repeats", static_cast<long long>(s.repeats));
   results.set_config("check_rows", static_cast<long long>(s.check_rows));
@@ -316,11 +320,14 @@ int body(int argc, char** argv) {
     const int heads = heads_list.front(), d = head_dims.front();
     fmt::print("\ndecode: one query, {} heads, head_dim {} (KV GB/s = K and V bytes read / time)\n", heads, d);
     print_header();
-    for (int L : all_lens) {
+    for (int L : decode_lens.empty() ? all_lens : decode_lens) {
       const AttentionProblem p{heads, heads, d, 1, L, true};
+      p.validate();
       Settings here = s;
-      here.cpu = s.cpu && std::find(cpu_lens.begin(), cpu_lens.end(), L) != cpu_lens.end();
-      here.cuda = s.cuda && std::find(cuda_lens.begin(), cuda_lens.end(), L) != cuda_lens.end();
+      if (decode_lens.empty()) {
+        here.cpu = s.cpu && std::find(cpu_lens.begin(), cpu_lens.end(), L) != cpu_lens.end();
+        here.cuda = s.cuda && std::find(cuda_lens.begin(), cuda_lens.end(), L) != cuda_lens.end();
+      }
       here.repeats = std::max(s.repeats, 5);
       fmt::print(" Sq = 1, Sk = {}\n", L);
       add_rows(p, measure_problem(p, here, true, 7000003ull * L + d + o.seed), "decode");

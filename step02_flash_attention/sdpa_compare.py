@@ -54,6 +54,8 @@ def main() -> int:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--dtypes", default="float16,bfloat16")
+    parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
+                        help="causal mask (default); --no-causal for full attention")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--json", default="", help="write the rows to this file")
     args = parser.parse_args()
@@ -96,7 +98,7 @@ def main() -> int:
 
                 def run():
                     # Sq == Sk here, so PyTorch's top-left causal mask equals the course's bottom-right one.
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=args.causal)
 
                 backend, note = "default", ""
                 try:
@@ -109,14 +111,14 @@ def main() -> int:
                 except RuntimeError as error:  # flash backend unavailable for this GPU/dtype
                     note = f"flash backend unavailable: {str(error).splitlines()[0]}"
                     stats = time_ms(run, torch, 3, args.runs)
-                flops = 4.0 * head_dim * args.heads * visible_pairs(n, n, True)
+                flops = 4.0 * head_dim * args.heads * visible_pairs(n, n, args.causal)
                 tflops = flops / (stats["median_ms"] * 1e-3) / 1e12
                 print(f"{dtype_name:<9} {head_dim:>4} {n:>6} {backend:<16} {stats['median_ms']:>8.3f}ms {tflops:>8.2f}"
                       + (f"  ({note})" if note else ""))
                 rows.append({"device": "cuda", "variant": f"torch_sdpa_{dtype_name}", "id": 90,
                              "backend": backend, "note": note, "dtype": dtype_name, "phase": "prefill",
                              "seqlen_q": n, "seqlen_k": n, "heads": args.heads, "kv_heads": args.heads,
-                             "head_dim": head_dim, "causal": True, "flops": flops, "tflops": tflops,
+                             "head_dim": head_dim, "causal": args.causal, "flops": flops, "tflops": tflops,
                              "time_ms": stats["median_ms"], "time_min_ms": stats["min_ms"],
                              "time_max_ms": stats["max_ms"], "ok": True})
                 del q, k, v
@@ -124,7 +126,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"step": "step02_flash_attention", "title": "PyTorch SDPA on step 02's shapes",
-                       "config": {"heads": args.heads, "runs": args.runs,
+                       "config": {"heads": args.heads, "runs": args.runs, "causal": args.causal,
                                   "flops_formula": "4 * head_dim * heads * visible (query, key) pairs"},
                        "device_info": device_info, "rows": rows}, f, indent=2)
         print(f"results written to {args.json}")
