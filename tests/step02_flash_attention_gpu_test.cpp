@@ -4,7 +4,8 @@
 // tile multiples, causal and not, seqlen_q != seqlen_k, head dims 64 and 128,
 // GQA, and large-magnitude logits in fp16 (no overflow, no NaN). Split-KV
 // decode gets long caches with one query. FA1 also at the small head dims it
-// is compiled for (8 = the `tiny` preset). Then the model: a CudaModel with
+// is compiled for (8 = the `tiny` preset); the fused kernels must refuse those
+// with an InputError. Then the model: a CudaModel with
 // the FA1 kernel in its attention hook against the default CudaModel and the
 // CPU reference, every logits row, one prefill and a second chunk after it.
 // Every test that needs a GPU skips with the reason when no CUDA device is
@@ -64,7 +65,7 @@ std::vector<Case> cases() {
   c.push_back({"q129_k7_full", {2, 2, 64, 129, 7, false}});
   c.push_back({"q129_k33_causal_empty_rows", {2, 2, 64, 129, 33, true}});
   c.push_back({"gqa4_len129_causal", {8, 2, 64, 129, 129, true}});
-  // Head dims only FA1 is compiled for (the others skip, saying why): the
+  // Head dims only FA1 is compiled for (the others refuse them, saying why): the
   // `tiny` preset's 8, and 16, 32, 48 with GQA and n_past > 0 shapes.
   c.push_back({"tiny_heads_len129_causal_d8", {8, 4, 8, 129, 129, true}});
   c.push_back({"q70_k370_causal_d16_gqa", {4, 2, 16, 70, 370, true}});
@@ -94,8 +95,16 @@ TEST_P(CudaVariantTest, MatchesFloat64Reference) {
   const auto k = llm::testing::random_vector(p.kv_elements(), seed + 1, c.qk_scale);
   const auto v = llm::testing::random_vector(p.kv_elements(), seed + 2, 1.0f);
   step02::CudaProblem gpu(p, q, k, v);
+  // A head dim the kernel is not compiled for (FA2 and split-KV: 64 and 128)
+  // must be refused with a clear error, never run into garbage: that is the
+  // check for those pairs. (A skip here would read as a GPU path that did not run.)
+  if (variant.fn.unsupported && variant.fn.unsupported(p)) {
+    EXPECT_TRUE(llm::testing::HasSubstr(gpu.skip_reason(variant), "head_dim"));
+    EXPECT_THROW(gpu.run_once(variant), llm::InputError) << variant.name << " on " << p.describe();
+    return;
+  }
   const std::string skip = gpu.skip_reason(variant);
-  if (!skip.empty()) GTEST_SKIP() << variant.name << ": " << skip;
+  ASSERT_TRUE(skip.empty()) << variant.name << " could not run on this GPU: " << skip;
 
   // The reference sees what the variant sees: inputs rounded to its precision.
   const auto dtype = variant.fn.dtype;
