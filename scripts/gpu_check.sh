@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# The GPU proof of the course in one command: on a machine with an NVIDIA GPU,
+# runs everything GPU the course has and writes a report folder.
+#
+#   scripts/gpu_check.sh                       # build/ -> gpu-report/
+#   scripts/gpu_check.sh --build-dir build-gpu --out report
+#   scripts/gpu_check.sh --stages tests,steps  # a subset (see --help)
+#   scripts/gpu_check.sh --dry-run             # finds the binaries, runs nothing
+#
+# Stages, in order (each writes <stage>_*.log / .json / .txt into the report):
+#   info       nvidia-smi's view of the GPU (model, SMs, clocks, driver)
+#   tests      every *_gpu_test binary; a test that skips is a failure here
+#              (a GPU is visible, so a skip means a path did not run)
+#   memcheck   compute-sanitizer memcheck over every gpu test binary
+#   racecheck  compute-sanitizer racecheck and synccheck over the attention
+#              and GQA kernel tests (step02, step03)
+#   steps      every step executable with --device all on its defaults
+#   presets    the steps on real models' dims (TinyLlama-1.1B, Llama-2-7B
+#              where the GPU has the memory), CUDA only: the CPU reference of
+#              a 1B-7B model takes minutes per generation on one core
+#   sdpa       step02's sdpa_compare.py on the preset shapes, where PyTorch is
+#              importable
+# Every stage's result is one line of summary.txt; the exit status is 0 only
+# when every stage passed, 2 when no GPU is visible, 1 otherwise.
+#
+# A build made elsewhere and copied here works (CMake preset "hopper", or
+# -DLLM_STATIC_CUDART=ON: the CUDA runtime is inside the binaries). It still
+# needs the shared libraries `ldd build/bin/step01_kv_cache` names: cuBLAS
+# (libcublas, libcublasLt: from any CUDA toolkit or the nvidia-cublas wheel of
+# the same major version; put their folder in LD_LIBRARY_PATH), and the
+# build machine's libfmt and libbenchmark when they came from Debian packages
+# (copy them beside the binaries, into the same bin/ folder, and add it to
+# LD_LIBRARY_PATH).
+set -uo pipefail
+
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build_dir=build
+out_dir=gpu-report
+stages="info,tests,memcheck,racecheck,steps,presets,sdpa"
+dry_run=0
+
+usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
+while (($#)); do
+  case $1 in
+    --build-dir) build_dir=$2; shift 2 ;;
+    --out) out_dir=$2; shift 2 ;;
+    --stages) stages=$2; shift 2 ;;
+    --dry-run) dry_run=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 1 ;;
+  esac
+done
+[[ $build_dir = /* ]] || build_dir=$PWD/$build_dir
+bin=$build_dir/bin
+# Libraries copied beside the binaries first, then the CUDA toolkit's cuBLAS.
+cuda_libs=${CUDA_HOME:-/usr/local/cuda}/lib64
+export LD_LIBRARY_PATH=$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+[[ -d $cuda_libs ]] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cuda_libs
+# No single command may hang the check: each gets this many seconds.
+command_timeout=${GPU_CHECK_TIMEOUT:-1800}
+# The gpu tests that need stories260K look here (tests/test_support.hpp).
+[[ -n ${LLM_MODELS_DIR:-} ]] || export LLM_MODELS_DIR=$repo_root/../shared/models
+
+want() { [[ ",$stages," == *",$1,"* ]]; }
+for stage in ${stages//,/ }; do
+  case $stage in info|tests|memcheck|racecheck|steps|presets|sdpa) ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,memcheck,racecheck,steps,presets,sdpa)" >&2; exit 1 ;;
+  esac
+done
+
+# --- what must be there --------------------------------------------------------
+steps=()
+for step_dir in "$repo_root"/step[0-9][0-9]_*/; do steps+=("$(basename "$step_dir")"); done
+gpu_tests=()
+for source in "$repo_root"/tests/*_gpu_test.cpp; do gpu_tests+=("$(basename "$source" .cpp)"); done
+missing=()
+for name in "${steps[@]}" "${gpu_tests[@]}"; do [[ -x $bin/$name ]] || missing+=("$name"); done
+if ((${#missing[@]})); then
+  echo "gpu_check.sh: missing in $bin: ${missing[*]}" >&2
+  echo "  build first, with CUDA: cmake --preset hopper && cmake --build build-gpu -j (then --build-dir build-gpu)" >&2
+  exit 1
+fi
+for name in "${steps[@]}" "${gpu_tests[@]}"; do
+  if ! "$bin/$name" --help >/dev/null 2>&1 && ! "$bin/$name" --gtest_list_tests >/dev/null 2>&1; then
+    echo "gpu_check.sh: $bin/$name does not start here (missing shared libraries?):" >&2
+    ldd "$bin/$name" | grep "not found" >&2
+    exit 1
+  fi
+done
+echo "binaries: ${#steps[@]} steps and ${#gpu_tests[@]} gpu test binaries in $bin"
+
+if ((dry_run)); then
+  echo "dry run: stages $stages would write into $out_dir"
+  for name in "${gpu_tests[@]}"; do echo "  test  $name ($("$bin/$name" --gtest_list_tests | grep -c '^  ') tests)"; done
+  for name in "${steps[@]}"; do echo "  step  $name"; done
+  exit 0
+fi
+
+# --- is there a GPU? -------------------------------------------------------------
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  echo "gpu_check.sh: no GPU visible: nvidia-smi not found (no NVIDIA driver on this machine)" >&2
+  exit 2
+fi
+if ! gpu_list=$(nvidia-smi -L 2>&1) || [[ $gpu_list != *GPU* ]]; then
+  echo "gpu_check.sh: no GPU visible: nvidia-smi -L says: $gpu_list" >&2
+  exit 2
+fi
+
+mkdir -p "$out_dir"
+out_dir=$(cd "$out_dir" && pwd)
+summary=$out_dir/summary.txt
+: >"$summary"
+failures=0
+record() {  # record <stage> <PASS|FAIL> <what>
+  printf '%-10s %-4s %s\n' "$1" "$2" "$3" | tee -a "$summary"
+  [[ $2 == PASS ]] || failures=$((failures + 1))
+}
+# Free GPU memory in GiB, for the presets that need a lot.
+gpu_memory_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1/1024)}')
+
+# --- info ------------------------------------------------------------------------
+if want info; then
+  {
+    nvidia-smi
+    nvidia-smi --query-gpu=name,pci.bus_id,memory.total,clocks.max.sm,clocks.max.memory,clocks.sm,power.limit,driver_version --format=csv
+  } >"$out_dir/info_nvidia_smi.txt" 2>&1
+  record info PASS "$(head -1 <<<"$gpu_list")"
+fi
+
+# --- tests -----------------------------------------------------------------------
+# Runs one gtest binary; passes when it exits 0 and nothing was skipped.
+run_gtest() {  # run_gtest <stage> <log> <binary> [args...]
+  local stage=$1 log=$2; shift 2
+  timeout "$command_timeout" "$@" >"$log" 2>&1
+  local rc=$?
+  local ran skipped
+  ran=$(grep -oP '^\[==========\] \K[0-9]+(?= tests? from .* ran)' "$log" | tail -1)
+  skipped=$(grep -oP '^\[  SKIPPED \] \K[0-9]+(?= tests?,)' "$log" | tail -1)
+  if ((rc != 0)); then
+    record "$stage" FAIL "$(basename "$1"): exit $rc ($(grep -c '^\[  FAILED  \]' "$log") FAILED lines; see $(basename "$log"))"
+  elif [[ -n $skipped && $skipped != 0 ]]; then
+    record "$stage" FAIL "$(basename "$1"): $skipped of ${ran:-?} tests skipped with a GPU visible: $(grep -A1 'SKIPPED' "$log" | grep -m1 -oP '(?<=\] ).*')"
+  else
+    record "$stage" PASS "$(basename "$1"): ${ran:-?} tests"
+  fi
+}
+if want tests; then
+  for name in "${gpu_tests[@]}"; do
+    run_gtest tests "$out_dir/tests_$name.log" "$bin/$name" --gtest_output="xml:$out_dir/tests_$name.xml"
+  done
+fi
+
+# --- compute-sanitizer -------------------------------------------------------------
+sanitizer=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+sanitize() {  # sanitize <tool> <binary> [gtest args...]
+  local tool=$1 name=$2; shift 2
+  local log=$out_dir/${tool}_$name.log
+  if [[ ! -x $sanitizer ]]; then
+    record "$tool" FAIL "compute-sanitizer not found (set COMPUTE_SANITIZER)"
+    return
+  fi
+  # --error-exitcode: any sanitizer finding fails the run even when the tests pass.
+  timeout "$command_timeout" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 "$bin/$name" "$@" >"$log" 2>&1
+  local rc=$?
+  local summary_line
+  summary_line=$(grep -m1 -oP 'ERROR SUMMARY: \K.*' "$log" || echo "no summary")
+  if ((rc == 0)); then
+    record "$tool" PASS "$name: $summary_line"
+  else
+    record "$tool" FAIL "$name: exit $rc, $summary_line (see $(basename "$log"))"
+  fi
+}
+# Timing tests launch the same kernels as the checks, many times: no new code
+# paths, only sanitizer time.
+no_timing='-*Timing*:*Timer*'
+if want memcheck; then
+  for name in "${gpu_tests[@]}"; do sanitize memcheck "$name" --gtest_filter="$no_timing"; done
+fi
+if want racecheck; then
+  for name in step02_flash_attention_gpu_test step03_gqa_gpu_test; do
+    # The kernel tests only (model tests add no new kernels).
+    # Shapes up to 129 rows (tails, GQA, empty rows, every kernel and head dim);
+    # the 1000-5000-key cases add only more of the same tiles, at minutes each.
+    sanitize racecheck "$name" --gtest_filter="*Variant*:*Decode*$no_timing:*len1000*:*k1000*:*k5000*:*k4097*"
+    sanitize synccheck "$name" --gtest_filter="*Variant*:*Decode*$no_timing:*len1000*:*k1000*:*k5000*:*k4097*"
+  done
+fi
+
+# --- step executables -----------------------------------------------------------------
+run_step() {  # run_step <stage> <label> <step> [args...]
+  local stage=$1 label=$2 step=$3; shift 3
+  local base=$out_dir/${step}_$label
+  local start=$SECONDS
+  timeout "$command_timeout" "$bin/$step" "$@" --json "$base.json" >"$base.txt" 2>"$base.err"
+  local rc=$?
+  cat "$base.err" >>"$base.txt"
+  rm -f "$base.err"
+  if ((rc == 0)); then
+    record "$stage" PASS "$step $label ($((SECONDS - start)) s): $*"
+  else
+    record "$stage" FAIL "$step $label: exit $rc: $(tail -1 "$base.txt")"
+  fi
+}
+if want steps; then
+  for step in "${steps[@]}"; do run_step steps default "$step" --device all; done
+fi
+if want presets; then
+  # Kernel tables on real models' attention shapes; the models on real dims.
+  run_step presets tinyllama-1.1b step01_kv_cache --device cuda --preset tinyllama-1.1b
+  if ((gpu_memory_gib >= 40)); then
+    run_step presets llama2-7b step01_kv_cache --device cuda --preset llama2-7b --steps 128 --repeats 3
+  else
+    record presets PASS "step01_kv_cache llama2-7b: not run, $gpu_memory_gib GiB of GPU memory (needs 40: 27 GB of fp32 weights)"
+  fi
+  # 16 heads: Llama-2-7B's head_dim 128 with half its heads (the kernels'
+  # grids have 16 x Sq/64 blocks, enough to fill 132 SMs from 512 tokens on).
+  seq_lens=512,1024,2048,4096,8192,16384
+  run_step presets heads16 step02_flash_attention --device cuda --heads 16 --head-dims 128,64 --seq-lens $seq_lens \
+    --decode-lens 8192,16384,32768
+  run_step presets heads16_noncausal step02_flash_attention --device cuda --heads 16 --head-dims 128,64 --no-causal \
+    --seq-lens $seq_lens --decode-lens 8192
+  run_step presets llama_shapes step03_gqa --device cuda --query-heads 32 --head-dim 128 --kv-heads 32,8,4,1 \
+    --contexts 1024,4096,16384,32768
+  run_step presets tinyllama-1.1b step04_speculative --device cuda --preset tinyllama-1.1b --k 2,4,8 --repeats 3
+fi
+
+# --- PyTorch SDPA, same shapes --------------------------------------------------------
+if want sdpa; then
+  python=${PYTHON:-python3}
+  if "$python" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+    for mode in causal noncausal; do
+      flag=()
+      [[ $mode == noncausal ]] && flag=(--no-causal)
+      log=$out_dir/sdpa_$mode.txt
+      if timeout "$command_timeout" "$python" "$repo_root/step02_flash_attention/sdpa_compare.py" --heads 16 \
+        --head-dims 128,64 --seq-lens 512,1024,2048,4096,8192,16384 \
+        "${flag[@]}" --json "$out_dir/step02_sdpa_$mode.json" >"$log" 2>&1; then
+        record sdpa PASS "sdpa_compare.py $mode: $(grep -c ' ms' "$log") rows"
+      else
+        record sdpa FAIL "sdpa_compare.py $mode: $(tail -1 "$log")"
+      fi
+    done
+  else
+    record sdpa PASS "not run: no PyTorch with CUDA for $python"
+  fi
+fi
+
+echo
+echo "report: $out_dir ($failures failed)"
+((failures == 0)) || exit 1
