@@ -80,7 +80,7 @@ ConversionExperiment run_conversion_experiment(const llm::ModelWeights& original
 
     ConversionRow row;
     row.conversion = conversion;
-    row.agreement = compare_next_token_distributions(original_logits, logits, config.vocab_size);
+    row.agreement = llm::compare_next_token_distributions(original_logits, logits, config.vocab_size);
     row.logits_vs_original = llm::compare(logits, original_logits, llm::model_logits_tolerance(llm::DType::F32));
     row.kv_bytes_per_token_formula = weights.config.kv_bytes_per_token();
     row.kv_bytes_full_context_formula = weights.config.kv_bytes_per_token() * static_cast<std::size_t>(config.seq_len);

@@ -11,8 +11,8 @@
 
 #include "llm/harness/compare.hpp"
 #include "llm/harness/timer.hpp"
+#include "llm/quality.hpp"
 #include "llm/weights.hpp"
-#include "next_token_agreement.hpp"
 
 namespace step03 {
 
@@ -31,7 +31,7 @@ std::vector<KvHeadsConversion> conversions_for(const llm::ModelConfig& config);
 
 struct ConversionRow {
   KvHeadsConversion conversion;
-  NextTokenAgreement agreement;         // vs the original's distributions
+  llm::NextTokenAgreement agreement;    // vs the original's distributions
   llm::CompareResult logits_vs_original;  // element-wise, model tolerance (meaningful for exact ones)
   std::size_t kv_bytes_per_token_formula = 0;   // ModelConfig::kv_bytes_per_token() (fp32, all layers)
   std::size_t kv_bytes_full_context_formula = 0;

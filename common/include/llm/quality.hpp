@@ -1,10 +1,10 @@
 #pragma once
 // How close a changed model's next-token distributions stay to the original's,
 // position by position over the same text: the quality measure for changes
-// that are not meant to be exact (pooled KV heads here, quantization in 06).
+// that are not meant to be exact (pooled KV heads in step 03, quantization in 06).
 #include <span>
 
-namespace step03 {
+namespace llm {
 
 struct NextTokenAgreement {
   int positions = 0;             // distributions compared
@@ -20,4 +20,4 @@ struct NextTokenAgreement {
 NextTokenAgreement compare_next_token_distributions(std::span<const float> reference_logits,
                                                     std::span<const float> candidate_logits, int vocab);
 
-}  // namespace step03
+}  // namespace llm

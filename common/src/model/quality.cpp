@@ -1,4 +1,4 @@
-#include "next_token_agreement.hpp"
+#include "llm/quality.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include "llm/errors.hpp"
 #include "llm/sampler.hpp"
 
-namespace step03 {
+namespace llm {
 namespace {
 
 // log softmax of one row: log p_i = x_i - max - log(sum_j exp(x_j - max)).
@@ -26,7 +26,7 @@ void log_softmax(std::span<const float> row, std::vector<double>& out) {
 NextTokenAgreement compare_next_token_distributions(std::span<const float> reference_logits,
                                                     std::span<const float> candidate_logits, int vocab) {
   if (vocab <= 0 || reference_logits.size() != candidate_logits.size() || reference_logits.size() % vocab != 0)
-    throw llm::InputError("compare_next_token_distributions: logits must both be [positions, vocab]");
+    throw InputError("compare_next_token_distributions: logits must both be [positions, vocab]");
   NextTokenAgreement result;
   result.positions = static_cast<int>(reference_logits.size() / vocab);
   if (result.positions == 0) return result;
@@ -42,11 +42,11 @@ NextTokenAgreement compare_next_token_distributions(std::span<const float> refer
     kl = std::max(kl, 0.0);  // exact math says >= 0; rounding can give -1e-17
     result.mean_kl += kl;
     result.max_kl = std::max(result.max_kl, kl);
-    same_top1 += llm::argmax(p_row) == llm::argmax(q_row);
+    same_top1 += argmax(p_row) == argmax(q_row);
   }
   result.mean_kl /= result.positions;
   result.top1_agreement = static_cast<double>(same_top1) / result.positions;
   return result;
 }
 
-}  // namespace step03
+}  // namespace llm
