@@ -175,13 +175,49 @@ TEST(TimingStats, EvenCountAveragesTheTwoMiddleSamples) {
   EXPECT_EQ(s.runs, 4);
 }
 
-TEST(TimingStats, SingleAndNoSamples) {
+TEST(TimingStats, SingleSampleIsEveryStatistic) {
   const TimingStats one = TimingStats::from_samples({7.5});
   EXPECT_EQ(one.median_ms, 7.5);
   EXPECT_EQ(one.min_ms, 7.5);
   EXPECT_EQ(one.max_ms, 7.5);
+  EXPECT_EQ(one.p50_ms, 7.5);
+  EXPECT_EQ(one.p90_ms, 7.5);
+  EXPECT_EQ(one.p99_ms, 7.5);
   EXPECT_EQ(one.runs, 1);
-  EXPECT_EQ(TimingStats::from_samples({}).runs, 0);
+}
+
+TEST(TimingStats, NoSamplesAreRejected) {
+  EXPECT_THROW(TimingStats::from_samples({}), InputError);
+}
+
+// Percentiles interpolate linearly between the closest ranks (numpy's
+// default): rank h = (n - 1) p / 100 into the sorted samples.
+TEST(TimingStats, PercentilesOfOneToFive) {
+  const TimingStats s = TimingStats::from_samples({5.0, 3.0, 1.0, 4.0, 2.0});
+  EXPECT_DOUBLE_EQ(s.p50_ms, 3.0);   // h = 2: the middle sample
+  EXPECT_DOUBLE_EQ(s.p90_ms, 4.6);   // h = 3.6: 4 + 0.6 (5 - 4)
+  EXPECT_DOUBLE_EQ(s.p99_ms, 4.96);  // h = 3.96: 4 + 0.96 (5 - 4)
+  EXPECT_EQ(s.p50_ms, s.median_ms);
+}
+
+TEST(TimingStats, PercentilesOfAnEvenCount) {
+  const TimingStats s = TimingStats::from_samples({4.0, 1.0, 3.0, 2.0});
+  EXPECT_DOUBLE_EQ(s.p50_ms, 2.5);   // h = 1.5: between 2 and 3, the median
+  EXPECT_DOUBLE_EQ(s.p90_ms, 3.7);   // h = 2.7: 3 + 0.7 (4 - 3)
+  EXPECT_DOUBLE_EQ(s.p99_ms, 3.97);  // h = 2.97
+  EXPECT_DOUBLE_EQ(s.p50_ms, s.median_ms);
+}
+
+TEST(TimingStats, P99OfAHundredRunsWithOneSlowRun) {
+  // 99 runs of 1 ms and one of 100 ms: h = 99 * 0.99 = 98.01, so p99 is
+  // 1 + 0.01 (100 - 1) = 1.99 ms; the slow run shows in max, and in p90 not at all.
+  std::vector<double> samples(99, 1.0);
+  samples.push_back(100.0);
+  const TimingStats s = TimingStats::from_samples(samples);
+  EXPECT_DOUBLE_EQ(s.p50_ms, 1.0);
+  EXPECT_DOUBLE_EQ(s.p90_ms, 1.0);
+  EXPECT_NEAR(s.p99_ms, 1.99, 1e-12);
+  EXPECT_EQ(s.max_ms, 100.0);
 }
 
 TEST(TimeCpu, RunsWarmupPlusTimedRuns) {
@@ -192,6 +228,9 @@ TEST(TimeCpu, RunsWarmupPlusTimedRuns) {
   EXPECT_GE(s.min_ms, 0.0);
   EXPECT_LE(s.min_ms, s.median_ms);
   EXPECT_LE(s.median_ms, s.max_ms);
+  EXPECT_LE(s.p50_ms, s.p90_ms);
+  EXPECT_LE(s.p90_ms, s.p99_ms);
+  EXPECT_LE(s.p99_ms, s.max_ms);
 }
 
 // --- JSON ----------------------------------------------------------------------------
