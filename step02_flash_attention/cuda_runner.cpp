@@ -157,7 +157,8 @@ std::unique_ptr<llm::Model> make_cuda_model(const llm::ModelWeights& weights, Cu
     options.attention.prefill_workspace = &cuda::flash1_prefill_workspace_floats;
     // decode / decode_workspace stay llm::cuda::kernels::decode_attention and
     // decode_scores_floats: the split-KV kernel (variant 6) reads one KvView
-    // and one length, the decode hook hands it device arrays of both.
+    // and one length, the decode hook hands over every decode query at once
+    // (kernels::DecodeQueries); plugging it in is the chapter's exercise 8.
   }
   const llm::cuda::DeviceStatus status = llm::cuda::device_status();
   if (!status.usable) throw llm::DeviceError("cannot run the CUDA model: " + status.reason);

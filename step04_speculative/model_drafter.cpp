@@ -29,7 +29,10 @@ void ModelDrafter::reset(int capacity) {
   // A draft checkpoint may have a shorter context than the target; near its
   // end the drafter simply proposes fewer tokens (none at all past it).
   capacity_ = std::min(capacity, model_->config().seq_len);
-  if (!cache_ || cache_->capacity() < capacity_) cache_ = model_->make_cache(1, capacity_);
+  if (!cache_ || cache_capacity_ < capacity_) {
+    cache_ = model_->make_cache(1, capacity_);
+    cache_capacity_ = capacity_;
+  }
   cache_->clear();
   fed_.clear();
 }

@@ -47,6 +47,7 @@ class ModelDrafter final : public Drafter {
   std::string name_;
   std::unique_ptr<llm::Model> model_;
   std::unique_ptr<llm::KvCache> cache_;
+  int cache_capacity_ = 0;        // positions per sequence cache_ was made with
   int capacity_ = 0;              // positions this generation may use in the draft's cache
   std::vector<int> fed_;          // [cache length] the tokens whose K/V the cache holds, in order
   std::vector<float> q_row_;      // [vocab] scratch: the distribution of one drafted token

@@ -69,7 +69,10 @@ SpeculativeResult SpeculativeDecoder::generate(std::span<const int> prompt, int 
   SpeculativeResult result;
   result.prompt_length = static_cast<int>(prompt.size());
   const int max_new = total_positions - result.prompt_length + 1;
-  if (!cache_ || cache_->capacity() < total_positions) cache_ = target_.make_cache(1, total_positions);
+  if (!cache_ || cache_capacity_ < total_positions) {
+    cache_ = target_.make_cache(1, total_positions);
+    cache_capacity_ = total_positions;
+  }
   cache_->clear();
   drafter_.reset(total_positions);
 

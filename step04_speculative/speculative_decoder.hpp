@@ -71,6 +71,7 @@ class SpeculativeDecoder {
   llm::Model& target_;
   Drafter& drafter_;
   std::unique_ptr<llm::KvCache> cache_;
+  int cache_capacity_ = 0;  // positions per sequence cache_ was made with
   RejectionSampler rejection_;
   std::vector<float> p_row_;  // [vocab] the target's distribution at one position
   Draft draft_;               // reused every round

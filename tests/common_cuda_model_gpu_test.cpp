@@ -25,7 +25,12 @@
 #include "llm/weights.hpp"
 #include "test_support.hpp"
 #if defined(LLM_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_timer.hpp"
+#include "llm/cuda/device_buffer.hpp"
+#include "paged_kv_cache_double.hpp"
 #endif
 
 namespace llm {
@@ -343,6 +348,69 @@ TEST(CudaStories260K, GreedyFromBosMatchesLlama2c) {
     generated.push_back(token);
   }
   EXPECT_EQ(generated, kRunCGreedyIds);
+}
+
+#if defined(LLM_WITH_CUDA)
+// The paged test double (paged_kv_cache_double.hpp) with its pools in GPU
+// memory: prepare() uploads the block tables the host bookkeeping changed.
+class PagedCudaKvCacheDouble final : public testing::PagedKvCacheBookkeeping {
+ public:
+  PagedCudaKvCacheDouble(const ModelConfig& config, int num_sequences, int n_blocks, int block_size,
+                         KvElement element)
+      : PagedKvCacheBookkeeping(config, num_sequences, n_blocks, block_size, element) {
+    if (element == KvElement::Float32) {
+      keys_.ensure(floats_per_pool());
+      values_.ensure(floats_per_pool());
+    } else {
+      keys_int8_.ensure(floats_per_pool());
+      values_int8_.ensure(floats_per_pool());
+      key_scales_.ensure(scales_per_pool());
+      value_scales_.ensure(scales_per_pool());
+    }
+    tables_.ensure(host_tables().size());
+  }
+  std::string device_name() const override { return "cuda"; }
+  void prepare() override {
+    if (take_tables_changed()) tables_.upload(host_tables());
+  }
+  KvView view(int layer, int sequence) const override {
+    auto* self = const_cast<PagedCudaKvCacheDouble*>(this);
+    return make_view(self->keys_.data(), self->values_.data(), self->keys_int8_.data(), self->values_int8_.data(),
+                     self->key_scales_.data(), self->value_scales_.data(), tables_.data(), layer, sequence);
+  }
+
+ private:
+  void copy_row(int, std::size_t, std::size_t) override {
+    throw InputError("the CUDA paged double does not copy prefixes (the CPU double's tests cover adopt_prefix)");
+  }
+  cuda::DeviceBuffer<float> keys_, values_;                // fp32 pools [n_layers, n_blocks * block_size, kv_dim]
+  cuda::DeviceBuffer<std::int8_t> keys_int8_, values_int8_;  // int8 pools, same shape
+  cuda::DeviceBuffer<float> key_scales_, value_scales_;    // [n_layers, n_blocks * block_size, n_kv_heads]
+  cuda::DeviceBuffer<std::int32_t> tables_;                // device copy of the block tables
+};
+#endif
+
+// The KV cache hook on the GPU: a paged cache (fp32 and int8) the CudaModel
+// does not know generates the contiguous cache's greedy tokens.
+TEST(CudaKvCacheHook, PagedAndInt8CachesGenerateTheContiguousTokens) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  LLM_REQUIRE_MODEL_FILE(model_path, "stories260K.bin");
+#if defined(LLM_WITH_CUDA)
+  const auto gpu = cuda::make_cuda_model(load_checkpoint(model_path));
+  const std::vector<int> prompt = {1, 403, 407, 261, 378, 271, 394, 261, 425, 280, 302};
+  constexpr int kPositions = 96;
+  auto contiguous = gpu->make_cache(1, kPositions);
+  const std::vector<int> expected = testing::greedy_tokens(*gpu, *contiguous, prompt, kPositions);
+  for (KvElement element : {KvElement::Float32, KvElement::Int8}) {
+    SCOPED_TRACE(element == KvElement::Float32 ? "fp32" : "int8");
+    PagedCudaKvCacheDouble paged(gpu->config(), 1, 16, 8, element);
+    EXPECT_EQ(testing::greedy_tokens(*gpu, paged, prompt, kPositions), expected);
+  }
+  // Out of blocks: a KvCacheFullError before anything is written.
+  PagedCudaKvCacheDouble small(gpu->config(), 1, 1, 8, KvElement::Float32);
+  EXPECT_THROW(gpu->forward(TokenBatch::prefill(prompt, 0, 0), small), KvCacheFullError);
+  EXPECT_EQ(small.length(0), 0);
+#endif
 }
 
 }  // namespace

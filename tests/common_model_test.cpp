@@ -309,9 +309,9 @@ INSTANTIATE_TEST_SUITE_P(Presets, PresetSanityTest, ::testing::ValuesIn(preset_n
 
 // A Linear that records its last output, to watch what each residual branch
 // (wo, w2) adds to the stream.
-class RecordingLinear final : public Linear {
+class OutputRecordingLinear final : public Linear {
  public:
-  RecordingLinear(std::unique_ptr<Linear> inner, std::vector<float>* sink) : inner_(std::move(inner)), sink_(sink) {}
+  OutputRecordingLinear(std::unique_ptr<Linear> inner, std::vector<float>* sink) : inner_(std::move(inner)), sink_(sink) {}
   void forward(const float* x, int rows, float* y) const override {
     inner_->forward(x, rows, y);
     sink_->assign(y, y + static_cast<std::size_t>(rows) * out_features());
@@ -332,10 +332,13 @@ std::vector<double> residual_rms_by_depth(const ModelConfig& config) {
   std::vector<std::vector<float>> branches(2 * static_cast<std::size_t>(config.n_layers));  // wo, w2 of each layer
   int wo_seen = 0, w2_seen = 0;
   CpuModelOptions options;
-  options.linear_factory = [&](const std::vector<float>& w, int out, int in, const std::string& name) -> std::unique_ptr<Linear> {
+  options.linear_factory = [&](const std::vector<float>& w, int out, int in,
+                               const LinearSite& site) -> std::unique_ptr<Linear> {
     auto dense = std::make_unique<DenseLinear>(w, out, in);
-    if (name == "wo") return std::make_unique<RecordingLinear>(std::move(dense), &branches[2 * wo_seen++]);
-    if (name == "w2") return std::make_unique<RecordingLinear>(std::move(dense), &branches[2 * w2_seen++ + 1]);
+    if (site.role == LinearRole::Output)
+      return std::make_unique<OutputRecordingLinear>(std::move(dense), &branches[2 * wo_seen++]);
+    if (site.role == LinearRole::Down)
+      return std::make_unique<OutputRecordingLinear>(std::move(dense), &branches[2 * w2_seen++ + 1]);
     return dense;
   };
   CpuModel model(weights, options);

@@ -239,7 +239,7 @@ TEST(DenseLinear, RejectsAWeightOfTheWrongSize) {
 
 TEST(DenseLinear, FactoryBuildsADenseLinear) {
   const auto weight = random_vector(6, 1300);
-  const auto linear = dense_linear_factory()(weight, 2, 3, "wq");
+  const auto linear = dense_linear_factory()(weight, 2, 3, {0, LinearRole::Query});
   ASSERT_NE(linear, nullptr);
   EXPECT_EQ(linear->out_features(), 2);
   EXPECT_EQ(linear->in_features(), 3);

@@ -85,7 +85,7 @@ TEST(Step03CudaDecode, RejectsGroupsBeyondTheKernelLimit) {
   auto keys = llm::testing::random_vector(16 * 8, 1);
   auto values = llm::testing::random_vector(16 * 8, 2);
   const std::int32_t block = 0;
-  llm::KvView host_kv{keys.data(), values.data(), &block, 8, 16};
+  const llm::KvView host_kv{.keys = keys.data(), .values = values.data(), .block_table = &block, .block_size = 8, .kv_dim = 16};
   const auto q = llm::testing::random_vector(64 * 16, 3);
   CudaDecodeProblem problem(shape, host_kv, 8, q);
   EXPECT_THROW(problem.run(&group_aware_decode_attention_cuda, 8), llm::InputError);
@@ -98,7 +98,7 @@ TEST(Step03CudaDecode, RejectsGroupsBeyondTheKernelLimit) {
 TEST(Step03CudaDecode, BuildWithoutCudaSaysSo) {
   const std::int32_t block = 0;
   std::vector<float> kv(16);
-  llm::KvView host_kv{kv.data(), kv.data(), &block, 1, 16};
+  const llm::KvView host_kv{.keys = kv.data(), .values = kv.data(), .block_table = &block, .block_size = 1, .kv_dim = 16};
   EXPECT_THROW(CudaDecodeProblem({1, 1, 16}, host_kv, 1, std::vector<float>(16)), llm::DeviceError);
 }
 #endif

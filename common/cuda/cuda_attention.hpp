@@ -22,18 +22,26 @@ struct CudaAttentionKernels {
   using PrefillFn = void (*)(const AttentionShape& shape, const float* q, const KvView& kv, int n_past, int n_new,
                              float* out, float* workspace, cudaStream_t stream);
   using PrefillWorkspaceFn = std::size_t (*)(const AttentionShape& shape, int n_past, int n_new);  // floats
-  // Decode: query i (row rows[i] of q and out) sees keys 0..lengths[i]-1 of
-  // views[i]; views, lengths, rows are device arrays of n_queries. See
-  // kernels::decode_attention.
-  using DecodeFn = void (*)(const AttentionShape& shape, const float* q, const KvView* views, const int* lengths,
-                            const int* rows, int n_queries, int max_length, float* out, float* workspace,
-                            cudaStream_t stream);
+  // Decode: the batch's single-row queries (kernels::DecodeQueries: device
+  // arrays for a kernel that takes them all at once, host copies for one that
+  // is launched per query, as step 02's split-KV and step 03's group-aware
+  // kernels are). See kernels::decode_attention.
+  using DecodeFn = void (*)(const AttentionShape& shape, const float* q, const kernels::DecodeQueries& queries,
+                            float* out, float* workspace, cudaStream_t stream);
   using DecodeWorkspaceFn = std::size_t (*)(const AttentionShape& shape, int n_queries, int max_length);  // floats
 
   PrefillFn prefill = kernels::prefill_attention;
   PrefillWorkspaceFn prefill_workspace = kernels::prefill_scores_floats;
   DecodeFn decode = kernels::decode_attention;
   DecodeWorkspaceFn decode_workspace = kernels::decode_scores_floats;
+
+  // Whether these kernels read a cache of `element`: the baseline kernels read
+  // every element type (KvView::key / value); any other kernel is taken to
+  // read fp32 rows, so the model refuses to pair it with an int8 cache.
+  bool reads(KvElement element) const {
+    return element == KvElement::Float32 ||
+           (prefill == kernels::prefill_attention && decode == kernels::decode_attention);
+  }
 };
 
 }  // namespace llm::cuda

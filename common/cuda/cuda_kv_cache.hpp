@@ -8,6 +8,7 @@
 // host, in the KvCache base class, as on the CPU.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "llm/config.hpp"
 #include "llm/cuda/device_buffer.hpp"
@@ -21,12 +22,17 @@ class CudaKvCache final : public KvCache {
   // cache and DeviceError when the GPU has no room.
   CudaKvCache(const ModelConfig& config, int num_sequences, int capacity);
 
+  int capacity() const { return layout_.capacity(); }  // positions per sequence
+  std::string device_name() const override { return "cuda"; }
+  bool fits(const ModelConfig& config) const override { return layout_.fits(config); }
   // K/V of one layer of one sequence. Every pointer in the view (keys, values
   // and block_table) is DEVICE memory: pass the view to a kernel (by value or
   // copied into device memory), never call key_row() on the host.
-  KvView view(int layer, int sequence) const;
+  KvView view(int layer, int sequence) const override;
+  void reserve(int sequence, int end) override { layout_.check_room(sequence, end); }
+  void adopt_prefix(int sequence, int source, int n_positions) override;  // device-to-device copies
   std::size_t bytes_allocated() const override;
-  bool fits(const ModelConfig& config) const { return layout_.fits(config); }
+  std::size_t bytes_in_use() const override { return layout_.bytes_of(static_cast<std::size_t>(total_length())); }
 
  private:
   ContiguousKvLayout layout_;  // the same layout as CpuKvCache, in device memory

@@ -55,7 +55,7 @@ void DenseCudaLinear::forward(const float* x_dev, int rows, float* y_dev, cudaSt
 }
 
 CudaLinearFactory dense_cuda_linear_factory() {
-  return [](const std::vector<float>& weight, int out_features, int in_features, const std::string&,
+  return [](const std::vector<float>& weight, int out_features, int in_features, const LinearSite&,
             cublasHandle_t cublas) -> std::unique_ptr<CudaLinear> {
     return std::make_unique<DenseCudaLinear>(weight, out_features, in_features, cublas);
   };

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "llm/cuda/device_buffer.hpp"
+#include "llm/linear.hpp"
 
 namespace llm::cuda {
 
@@ -41,6 +42,10 @@ class CudaLinear {
   virtual int in_features() const = 0;
   virtual int out_features() const = 0;
   virtual std::size_t weight_bytes() const = 0;  // bytes read per full product
+  // The fp32 weights [out_features, in_features] in device memory when the
+  // layer keeps them that way (DenseCudaLinear), else nullptr: a tied
+  // classifier's weights are the embedding table (see Linear::dense_weight).
+  virtual const float* dense_weight() const { return nullptr; }
 };
 
 // fp32 weights [out_features, in_features] row-major in device memory,
@@ -54,6 +59,7 @@ class DenseCudaLinear final : public CudaLinear {
   int in_features() const override { return in_; }
   int out_features() const override { return out_; }
   std::size_t weight_bytes() const override { return weight_.bytes(); }
+  const float* dense_weight() const override { return weight_.data(); }
 
  private:
   DeviceBuffer<float> weight_;  // [out_features, in_features]
@@ -62,11 +68,11 @@ class DenseCudaLinear final : public CudaLinear {
   cublasHandle_t cublas_;
 };
 
-// Builds a CudaLinear from an fp32 host matrix [out, in]; `name` is the
-// tensor's role ("wq", "w2", "classifier", ...) so a factory may treat some
+// Builds a CudaLinear from an fp32 host matrix [out, in]; `site` says which
+// layer and role it is (llm/linear.hpp), so a factory may treat some
 // differently; `cublas` is the model's handle, for layers that use cuBLAS.
 using CudaLinearFactory = std::function<std::unique_ptr<CudaLinear>(
-    const std::vector<float>& weight, int out_features, int in_features, const std::string& name,
+    const std::vector<float>& weight, int out_features, int in_features, const LinearSite& site,
     cublasHandle_t cublas)>;
 
 CudaLinearFactory dense_cuda_linear_factory();

@@ -49,26 +49,34 @@ CudaModel::CudaModel(const ModelWeights& w, CudaModelOptions options)
     : config_(checked_config(w)),
       shape_{config_.n_heads, config_.n_kv_heads, config_.head_dim()},
       attention_(options.attention),
-      token_embedding_(to_device(w.token_embedding)),
       final_norm_(to_device(w.final_norm)) {
   const ModelConfig& c = config_;
   const int q_width = c.n_heads * c.head_dim();
   const auto& make = options.linear_factory;
   const cublasHandle_t cublas = cublas_.get();
-  for (const LayerWeights& lw : w.layers) {
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[static_cast<std::size_t>(l)];
     Layer layer;
     layer.attention_norm = to_device(lw.attention_norm);
-    layer.wq = make(lw.wq, q_width, c.dim, "wq", cublas);
-    layer.wk = make(lw.wk, c.kv_dim(), c.dim, "wk", cublas);
-    layer.wv = make(lw.wv, c.kv_dim(), c.dim, "wv", cublas);
-    layer.wo = make(lw.wo, c.dim, q_width, "wo", cublas);
+    layer.wq = make(lw.wq, q_width, c.dim, {l, LinearRole::Query}, cublas);
+    layer.wk = make(lw.wk, c.kv_dim(), c.dim, {l, LinearRole::Key}, cublas);
+    layer.wv = make(lw.wv, c.kv_dim(), c.dim, {l, LinearRole::Value}, cublas);
+    layer.wo = make(lw.wo, c.dim, q_width, {l, LinearRole::Output}, cublas);
     layer.ffn_norm = to_device(lw.ffn_norm);
-    layer.w1 = make(lw.w1, c.hidden_dim, c.dim, "w1", cublas);
-    layer.w2 = make(lw.w2, c.dim, c.hidden_dim, "w2", cublas);
-    layer.w3 = make(lw.w3, c.hidden_dim, c.dim, "w3", cublas);
+    layer.w1 = make(lw.w1, c.hidden_dim, c.dim, {l, LinearRole::Gate}, cublas);
+    layer.w2 = make(lw.w2, c.dim, c.hidden_dim, {l, LinearRole::Down}, cublas);
+    layer.w3 = make(lw.w3, c.hidden_dim, c.dim, {l, LinearRole::Up}, cublas);
     layers_.push_back(std::move(layer));
   }
-  classifier_ = make(w.classifier_matrix(), c.vocab_size, c.dim, "classifier", cublas);
+  classifier_ = make(w.classifier_matrix(), c.vocab_size, c.dim, {-1, LinearRole::Classifier}, cublas);
+  // A tied classifier that kept its fp32 weights is the embedding table: the
+  // lookup reads its rows instead of a second copy in GPU memory.
+  if (c.shared_classifier && classifier_->dense_weight() != nullptr) {
+    embedding_rows_ = classifier_->dense_weight();
+  } else {
+    token_embedding_ = to_device(w.token_embedding);
+    embedding_rows_ = token_embedding_.data();
+  }
 
   // The RoPE angles come from the CPU's own table (computed in float on the
   // host), so both devices rotate by bit-identical cos/sin values.
@@ -94,7 +102,7 @@ std::size_t CudaModel::weight_bytes() const {
 // queries, which get logits, and the cache view of every row in every layer.
 // The grouping is CpuModel's: each sequence's rows form one run; a run of
 // several rows is a prefill, single rows are decode queries.
-void CudaModel::plan(const TokenBatch& batch, const CudaKvCache& cache, LogitsFor which) {
+void CudaModel::plan(const TokenBatch& batch, const KvCache& cache, LogitsFor which) {
   const int rows = batch.size();
   const int n_layers = config_.n_layers;
 
@@ -164,7 +172,7 @@ void CudaModel::ensure_scratch(int rows, std::size_t workspace_floats) {
 
 // Attention sub-block of one layer: project, rotate, append K/V to the cache,
 // attend. Reads xb_ [rows, dim], writes attn_out_ [rows, n_heads*head_dim].
-void CudaModel::attention_block(int layer_index, const CudaKvCache& cache, int rows) {
+void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows) {
   const ModelConfig& c = config_;
   const Layer& layer = layers_[static_cast<std::size_t>(layer_index)];
   const std::size_t q_width = static_cast<std::size_t>(c.n_heads) * c.head_dim();
@@ -179,8 +187,9 @@ void CudaModel::attention_block(int layer_index, const CudaKvCache& cache, int r
                 rope_sin_.data(), stream);
   // Append every row's K and V to its sequence's cache before any attention
   // runs: a prefill run's queries attend to the run's own keys.
+  // The cache's element type decides how (fp32 copy, int8 quantization).
   kernels::write_kv_rows(k_.data(), v_.data(), row_views_.data() + static_cast<std::size_t>(layer_index) * rows,
-                         positions_.data(), rows, c.kv_dim(), stream);
+                         positions_.data(), rows, c.kv_dim(), c.head_dim(), cache.element(), stream);
 
   // Prefill runs one launch each; the launches run in order on the stream, so
   // they share the workspace.
@@ -191,25 +200,32 @@ void CudaModel::attention_block(int layer_index, const CudaKvCache& cache, int r
   }
   // All decode queries in one launch; they read and write their own rows.
   const auto n_decode = static_cast<int>(decode_rows_host_.size());
-  if (n_decode > 0)
-    attention_.decode(shape_, q_.data(), decode_views_.data() + static_cast<std::size_t>(layer_index) * n_decode,
-                      decode_lengths_.data(), decode_rows_.data(), n_decode, decode_max_length_, attn_out_.data(),
-                      workspace_.data(), stream);
+  if (n_decode > 0) {
+    const std::size_t layer_offset = static_cast<std::size_t>(layer_index) * n_decode;
+    kernels::DecodeQueries queries;
+    queries.views = decode_views_.data() + layer_offset;
+    queries.lengths = decode_lengths_.data();
+    queries.rows = decode_rows_.data();
+    queries.views_host = decode_views_host_.data() + layer_offset;
+    queries.lengths_host = decode_lengths_host_.data();
+    queries.rows_host = decode_rows_host_.data();
+    queries.n_queries = n_decode;
+    queries.max_length = decode_max_length_;
+    attention_.decode(shape_, q_.data(), queries, attn_out_.data(), workspace_.data(), stream);
+  }
 }
 
-std::span<const float> CudaModel::forward(const TokenBatch& batch, KvCache& cache_base, LogitsFor which) {
-  auto* cache = dynamic_cast<CudaKvCache*>(&cache_base);
-  if (cache == nullptr || !cache->fits(config_))
-    throw InputError(
-        "CudaModel::forward needs a cache made by this model's make_cache (GPU memory, same layers and K/V width)");
-  validate_batch(config_, batch, *cache);
+std::span<const float> CudaModel::forward(const TokenBatch& batch, KvCache& cache, LogitsFor which) {
+  check_cache(config_, device_name(), cache, attention_.reads(cache.element()));
+  validate_batch(config_, batch, cache);
+  reserve_batch(batch, cache);  // room for the rows; block tables on the device
 
   const ModelConfig& c = config_;
   const int rows = batch.size();
   const std::size_t dim = c.dim;
   cudaStream_t stream = stream_.get();
 
-  plan(batch, *cache, which);
+  plan(batch, cache, which);
   std::size_t workspace_floats = 0;
   if (!decode_rows_host_.empty())
     workspace_floats =
@@ -230,13 +246,13 @@ std::span<const float> CudaModel::forward(const TokenBatch& batch, KvCache& cach
   logit_rows_.upload_async(logit_rows_host_, stream);
 
   // x [rows, dim] = embedding rows of the tokens.
-  kernels::gather_rows(x_.data(), token_embedding_.data(), tokens_.data(), rows, c.dim, stream);
+  kernels::gather_rows(x_.data(), embedding_rows_, tokens_.data(), rows, c.dim, stream);
 
   for (int l = 0; l < c.n_layers; ++l) {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
     // --- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb), xb = rmsnorm(x)
     kernels::rmsnorm(xb_.data(), x_.data(), layer.attention_norm.data(), rows, c.dim, c.norm_eps, stream);
-    attention_block(l, *cache, rows);
+    attention_block(l, cache, rows);
     layer.wo->forward(attn_out_.data(), rows, proj_.data(), stream);  // proj_ [rows, dim]
     kernels::add_inplace(x_.data(), proj_.data(), rows * dim, stream);
 
@@ -248,7 +264,7 @@ std::span<const float> CudaModel::forward(const TokenBatch& batch, KvCache& cach
     layer.w2->forward(gate_.data(), rows, proj_.data(), stream);  // proj_ [rows, dim]
     kernels::add_inplace(x_.data(), proj_.data(), rows * dim, stream);
   }
-  for (int r = 0; r < rows; ++r) cache->mark_written(batch.sequences[r], batch.positions[r]);
+  for (int r = 0; r < rows; ++r) cache.mark_written(batch.sequences[r], batch.positions[r]);
 
   // Final norm and classifier, only for the rows whose logits are wanted.
   const auto n_out = static_cast<int>(logit_rows_host_.size());

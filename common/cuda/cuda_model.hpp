@@ -35,7 +35,8 @@ class CudaModel final : public Model {
 
   const ModelConfig& config() const override { return config_; }
   std::string device_name() const override { return "cuda"; }
-  // A CudaKvCache (device memory).
+  // A CudaKvCache (device memory); forward takes any KvCache whose
+  // device_name() is "cuda".
   std::unique_ptr<KvCache> make_cache(int num_sequences, int capacity) const override;
   // As CpuModel::forward; the returned logits are host memory, valid until the
   // next forward.
@@ -63,9 +64,9 @@ class CudaModel final : public Model {
     int n_past;     // position of the first row = cached positions before it
   };
 
-  void plan(const TokenBatch& batch, const CudaKvCache& cache, LogitsFor which);
+  void plan(const TokenBatch& batch, const KvCache& cache, LogitsFor which);
   void ensure_scratch(int rows, std::size_t workspace_floats);
-  void attention_block(int layer, const CudaKvCache& cache, int rows);
+  void attention_block(int layer, const KvCache& cache, int rows);
 
   ModelConfig config_;
   AttentionShape shape_;
@@ -75,7 +76,8 @@ class CudaModel final : public Model {
   CudaStream stream_;
   CublasHandle cublas_;
 
-  DeviceBuffer<float> token_embedding_;  // [vocab_size, dim]
+  DeviceBuffer<float> token_embedding_;  // [vocab_size, dim]; empty when embedding_rows_ is the classifier's
+  const float* embedding_rows_ = nullptr;  // [vocab_size, dim] device table the lookup reads
   std::vector<Layer> layers_;            // [n_layers]
   DeviceBuffer<float> final_norm_;       // [dim]
   std::unique_ptr<CudaLinear> classifier_;  // [vocab_size, dim]

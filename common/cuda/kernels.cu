@@ -133,7 +133,8 @@ __global__ void add_inplace_kernel(float* __restrict__ x, const float* __restric
     x[idx] += delta[idx];
 }
 
-// n = rows * kv_dim; element (r, j) goes to column j of row positions[r] of views[r].
+// Float32 cache: n = rows * kv_dim; element (r, j) goes to column j of row
+// positions[r] of views[r].
 __global__ void write_kv_rows_kernel(const float* __restrict__ k, const float* __restrict__ v,
                                      const KvView* __restrict__ views, const int* __restrict__ positions,
                                      int kv_dim, std::size_t n) {
@@ -144,6 +145,20 @@ __global__ void write_kv_rows_kernel(const float* __restrict__ k, const float* _
     const int pos = positions[row];
     view.key_row(pos)[col] = k[idx];
     view.value_row(pos)[col] = v[idx];
+  }
+}
+
+// Int8 cache: n = rows * n_kv_heads; thread (r, head) quantizes one head of
+// row r (its absmax needs the whole head: one thread walks it; writes are a
+// few KiB per token, nothing to optimize).
+__global__ void write_kv_rows_int8_kernel(const float* __restrict__ k, const float* __restrict__ v,
+                                          const KvView* __restrict__ views, const int* __restrict__ positions,
+                                          int kv_dim, int n_kv_heads, std::size_t n) {
+  for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t row = idx / n_kv_heads;
+    const int head = static_cast<int>(idx % n_kv_heads);
+    store_int8_head(views[row], positions[row], head, k + row * kv_dim, v + row * kv_dim);
   }
 }
 
@@ -183,6 +198,7 @@ __global__ void rmsnorm_kernel(float* __restrict__ out, const float* __restrict_
 // scores  [n_keys] this block's private workspace row
 // out     [head_dim]
 // q_shared [kMaxHeadDim], reduce_scratch [32]: the kernel's shared memory
+template <KvElement kElement>
 __device__ void attend_one_head(int head_dim, const float* __restrict__ q, const KvView& kv, int kv_head,
                                 int n_keys, float* __restrict__ scores, float* __restrict__ out,
                                 float* q_shared, float* reduce_scratch) {
@@ -197,9 +213,15 @@ __device__ void attend_one_head(int head_dim, const float* __restrict__ q, const
   // 1. Scores; each thread keeps the max of the scores it wrote.
   float local_max = -INFINITY;
   for (int t = tid; t < n_keys; t += n_threads) {
-    const float* k = kv.key_row(t) + head_offset;
     float dot = 0.0f;
-    for (int i = 0; i < head_dim; ++i) dot += q_shared[i] * k[i];
+    if constexpr (kElement == KvElement::Float32) {
+      const float* k = kv.key_row(t) + head_offset;
+      for (int i = 0; i < head_dim; ++i) dot += q_shared[i] * k[i];
+    } else {
+      const std::int8_t* k = kv.key_row_int8(t) + head_offset;
+      for (int i = 0; i < head_dim; ++i) dot += q_shared[i] * static_cast<float>(k[i]);
+      dot *= kv.key_row_scales(t)[kv_head];  // one scale per (position, KV head)
+    }
     const float score = dot / scale;
     scores[t] = score;
     local_max = fmaxf(local_max, score);
@@ -222,7 +244,12 @@ __device__ void attend_one_head(int head_dim, const float* __restrict__ q, const
   // warp read neighbouring columns of the same V row, so loads coalesce.
   for (int d = tid; d < head_dim; d += n_threads) {
     float acc = 0.0f;
-    for (int t = 0; t < n_keys; ++t) acc += (scores[t] / sum) * kv.value_row(t)[head_offset + d];
+    for (int t = 0; t < n_keys; ++t) {
+      if constexpr (kElement == KvElement::Float32)
+        acc += (scores[t] / sum) * kv.value_row(t)[head_offset + d];
+      else
+        acc += (scores[t] / sum) * kv.value(t, static_cast<int>(head_offset) + d);
+    }
     out[d] = acc;
   }
 }
@@ -239,8 +266,13 @@ __global__ void prefill_attention_kernel(AttentionShape shape, const float* __re
   const int stride = n_past + n_new;                          // workspace row length: the most keys any query sees
   float* my_scores = scores + (static_cast<std::size_t>(i) * shape.n_heads + h) * stride;
   // Causal, bottom-right aligned: query i sits at position n_past + i.
-  attend_one_head(shape.head_dim, q + offset, kv, h / group, n_past + i + 1, my_scores, out + offset, q_shared,
-                  reduce_scratch);
+  // The element type is the same for every block: a uniform branch.
+  if (kv.element == KvElement::Int8)
+    attend_one_head<KvElement::Int8>(shape.head_dim, q + offset, kv, h / group, n_past + i + 1, my_scores,
+                                     out + offset, q_shared, reduce_scratch);
+  else
+    attend_one_head<KvElement::Float32>(shape.head_dim, q + offset, kv, h / group, n_past + i + 1, my_scores,
+                                        out + offset, q_shared, reduce_scratch);
 }
 
 // Grid (n_queries, n_heads): block (i, h) is sequence i's query, head h.
@@ -257,8 +289,12 @@ __global__ void decode_attention_kernel(AttentionShape shape, const float* __res
   const std::size_t offset = static_cast<std::size_t>(row) * q_width + static_cast<std::size_t>(h) * shape.head_dim;
   float* my_scores = scores + (static_cast<std::size_t>(i) * shape.n_heads + h) * max_length;
   const KvView kv = views[i];  // a register copy: key_row() reads its fields for every key
-  attend_one_head(shape.head_dim, q + offset, kv, h / group, lengths[i], my_scores, out + offset, q_shared,
-                  reduce_scratch);
+  if (kv.element == KvElement::Int8)
+    attend_one_head<KvElement::Int8>(shape.head_dim, q + offset, kv, h / group, lengths[i], my_scores, out + offset,
+                                     q_shared, reduce_scratch);
+  else
+    attend_one_head<KvElement::Float32>(shape.head_dim, q + offset, kv, h / group, lengths[i], my_scores,
+                                        out + offset, q_shared, reduce_scratch);
 }
 
 void check_attention_shape(const AttentionShape& shape) {
@@ -310,11 +346,19 @@ void add_inplace(float* x, const float* delta, std::size_t n, cudaStream_t strea
 }
 
 void write_kv_rows(const float* k, const float* v, const KvView* views, const int* positions, int rows, int kv_dim,
-                   cudaStream_t stream) {
-  const std::size_t n = static_cast<std::size_t>(rows) * kv_dim;
-  if (n == 0) return;
-  write_kv_rows_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(k, v, views, positions, kv_dim,
-                                                                                   n);
+                   int head_dim, KvElement element, cudaStream_t stream) {
+  if (element == KvElement::Int8) {
+    const int n_kv_heads = kv_dim / head_dim;
+    const std::size_t n = static_cast<std::size_t>(rows) * n_kv_heads;
+    if (n == 0) return;
+    write_kv_rows_int8_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(k, v, views, positions,
+                                                                                          kv_dim, n_kv_heads, n);
+  } else {
+    const std::size_t n = static_cast<std::size_t>(rows) * kv_dim;
+    if (n == 0) return;
+    write_kv_rows_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(k, v, views, positions, kv_dim,
+                                                                                     n);
+  }
   LLM_CUDA_CHECK_LAUNCH();
 }
 
@@ -335,14 +379,13 @@ std::size_t decode_scores_floats(const AttentionShape& shape, int n_queries, int
   return static_cast<std::size_t>(n_queries) * shape.n_heads * static_cast<std::size_t>(max_length);
 }
 
-void decode_attention(const AttentionShape& shape, const float* q, const KvView* views, const int* lengths,
-                      const int* rows, int n_queries, int max_length, float* out, float* scores,
-                      cudaStream_t stream) {
+void decode_attention(const AttentionShape& shape, const float* q, const DecodeQueries& queries, float* out,
+                      float* scores, cudaStream_t stream) {
   check_attention_shape(shape);
-  if (n_queries <= 0) return;
-  const dim3 grid(static_cast<unsigned>(n_queries), static_cast<unsigned>(shape.n_heads));
-  decode_attention_kernel<<<grid, kAttentionThreads, 0, stream>>>(shape, q, views, lengths, rows, max_length, out,
-                                                                   scores);
+  if (queries.n_queries <= 0) return;
+  const dim3 grid(static_cast<unsigned>(queries.n_queries), static_cast<unsigned>(shape.n_heads));
+  decode_attention_kernel<<<grid, kAttentionThreads, 0, stream>>>(shape, q, queries.views, queries.lengths,
+                                                                   queries.rows, queries.max_length, out, scores);
   LLM_CUDA_CHECK_LAUNCH();
 }
 

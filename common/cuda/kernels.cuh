@@ -48,11 +48,13 @@ void swiglu(float* gate, const float* up, std::size_t n, cudaStream_t stream);
 // x[i] += delta[i]; n values (the residual connection).
 void add_inplace(float* x, const float* delta, std::size_t n, cudaStream_t stream);
 
-// Appends each row's K and V to the cache: views[r].key_row(positions[r]) = k[r].
+// Appends each row's K and V to the cache in the views' element type:
+// views[r] at positions[r] gets k[r], v[r] (Float32: copied; Int8: quantized
+// per KV head by store_int8_head, the host's code).
 // k, v [rows, kv_dim], views [rows] (device copies; their pointers are device
-// memory), positions [rows]
+// memory), positions [rows]; element: the element type of every view.
 void write_kv_rows(const float* k, const float* v, const KvView* views, const int* positions, int rows, int kv_dim,
-                   cudaStream_t stream);
+                   int head_dim, KvElement element, cudaStream_t stream);
 
 // Naive attention, prefill: n_new queries of one sequence at positions
 // n_past..n_past+n_new-1; query i sees keys 0..n_past+i (causal, bottom-right).
@@ -65,17 +67,29 @@ void prefill_attention(const AttentionShape& shape, const float* q, const KvView
                        float* out, float* scores, cudaStream_t stream);
 std::size_t prefill_scores_floats(const AttentionShape& shape, int n_past, int n_new);
 
-// Naive attention, decode: query i (one per sequence) sees keys
-// 0..lengths[i]-1 of views[i]. The queries may be scattered rows of a mixed
-// batch: query i reads and writes row rows[i] of q and out (rows == nullptr:
-// row i), so no gather/scatter copies are needed.
+// The single-row (decode) queries of a batch, one per sequence: query i sees
+// keys 0..lengths[i]-1 of views[i] and reads and writes row rows[i] of q and
+// out (rows == nullptr: row i), so a mixed batch needs no gather/scatter.
+struct DecodeQueries {
+  // [n_queries] each, device memory.
+  const KvView* views = nullptr;
+  const int* lengths = nullptr;
+  const int* rows = nullptr;
+  // The same arrays in host memory (a kernel launched once per query, or
+  // sized on the host, reads these).
+  const KvView* views_host = nullptr;
+  const int* lengths_host = nullptr;
+  const int* rows_host = nullptr;
+  int n_queries = 0;
+  int max_length = 0;  // >= every length (the workspace row stride)
+};
+
+// Naive attention, decode: one thread block per (query, head), scores in the
+// global workspace, as prefill_attention.
 // q, out   [batch rows, n_heads, head_dim]
-// views, lengths, rows  [n_queries] (device memory)
-// max_length  >= every lengths[i] (the workspace row stride)
 // scores   workspace of decode_scores_floats(shape, n_queries, max_length) floats
-void decode_attention(const AttentionShape& shape, const float* q, const KvView* views, const int* lengths,
-                      const int* rows, int n_queries, int max_length, float* out, float* scores,
-                      cudaStream_t stream);
+void decode_attention(const AttentionShape& shape, const float* q, const DecodeQueries& queries, float* out,
+                      float* scores, cudaStream_t stream);
 std::size_t decode_scores_floats(const AttentionShape& shape, int n_queries, int max_length);
 
 // Asks the runtime for the attributes of one of this file's kernels: fails

@@ -43,6 +43,15 @@ void reference_decode_attention(const AttentionShape& shape, const float* q,
 struct AttentionKernels {
   PrefillAttentionFn prefill = reference_prefill_attention;
   DecodeAttentionFn decode = reference_decode_attention;
+
+  // Whether these kernels read a cache of `element`. The reference kernels
+  // read every element type (through KvView::key / value); any other kernel
+  // is taken to read fp32 rows (key_row), so a model refuses to pair it with
+  // an int8 cache instead of reading int8 bytes as floats.
+  bool reads(KvElement element) const {
+    return element == KvElement::Float32 ||
+           (prefill == reference_prefill_attention && decode == reference_decode_attention);
+  }
 };
 
 }  // namespace cpu

@@ -30,6 +30,9 @@ class CpuModel final : public Model {
   void set_attention(cpu::AttentionKernels kernels) { attention_ = kernels; }
   // Bytes of weights one forward row reads (what decode streams per token).
   std::size_t weight_bytes() const;
+  // Bytes of weights the model holds: the matrices, the norms and the
+  // embedding table, which a tied classifier in fp32 shares (stored once).
+  std::size_t stored_weight_bytes() const;
 
  private:
   struct Layer {
@@ -38,11 +41,12 @@ class CpuModel final : public Model {
     std::vector<float> ffn_norm;        // [dim]
     std::unique_ptr<Linear> w1, w2, w3;
   };
-  void attention_block(int layer, const TokenBatch& batch, CpuKvCache& cache);
+  void attention_block(int layer, const TokenBatch& batch, const KvCache& cache);
   void ensure_scratch(int rows);
 
   ModelConfig config_;
-  std::vector<float> token_embedding_;  // [vocab_size, dim]
+  std::vector<float> token_embedding_;  // [vocab_size, dim]; empty when embedding_rows_ is the classifier's
+  const float* embedding_rows_ = nullptr;  // [vocab_size, dim] the table the lookup reads
   std::vector<Layer> layers_;           // [n_layers]
   std::vector<float> final_norm_;       // [dim]
   std::unique_ptr<Linear> classifier_;  // [vocab_size, dim]

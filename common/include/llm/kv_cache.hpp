@@ -4,9 +4,11 @@
 // to a row through a block table. A contiguous cache is the special case of one
 // block per sequence as long as the context; a paged cache (step 05) uses small
 // blocks; a quantized cache (step 06) adds scales beside the same table.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "llm/config.hpp"
@@ -20,54 +22,168 @@
 
 namespace llm {
 
-// K/V rows of one layer of one sequence. Plain data: usable in CUDA kernels.
-struct KvView {
-  float* keys = nullptr;            // block pool: [n_blocks, block_size, kv_dim]
-  float* values = nullptr;          // block pool: [n_blocks, block_size, kv_dim]
-  const std::int32_t* block_table = nullptr;  // [ceil(capacity / block_size)] physical block of each logical block
-  int block_size = 0;               // positions per block
-  int kv_dim = 0;                   // n_kv_heads * head_dim floats per row
-
-  // Offset (in floats) of position `pos`'s row inside the pool.
-  LLM_HOST_DEVICE std::size_t row_offset(int pos) const {
-    const int block = block_table[pos / block_size];
-    return (static_cast<std::size_t>(block) * block_size + pos % block_size) * kv_dim;
-  }
-  LLM_HOST_DEVICE float* key_row(int pos) const { return keys + row_offset(pos); }
-  LLM_HOST_DEVICE float* value_row(int pos) const { return values + row_offset(pos); }
+// How a cache stores each K/V element.
+enum class KvElement : std::uint8_t {
+  Float32,  // the rows as the model computed them
+  Int8,     // per (position, KV head): int8 values and one fp32 scale, value = q * scale
 };
 
-// Owns K/V memory for a fixed number of sequence slots. Tracks how many
-// positions of each slot hold valid K/V ("length"). Device-specific subclasses
-// (host memory here, device memory in common/cuda) implement the storage.
+// K/V rows of one layer of one sequence, as the cache stores them: the hook
+// every attention kernel reads through and every forward writes through
+// (store_kv_row). Plain data: usable in CUDA kernels. A contiguous cache is one
+// block per sequence as long as its capacity; a paged cache (step 05) uses
+// small blocks; an int8 cache (step 06) sets `element` and the int8 pools.
+struct KvView {
+  // Float32 storage (element == Float32; null otherwise).
+  float* keys = nullptr;            // block pool: [n_blocks, block_size, kv_dim]
+  float* values = nullptr;          // block pool: [n_blocks, block_size, kv_dim]
+  // Int8 storage (element == Int8; null otherwise): the same row layout in
+  // int8, and one scale per row and KV head.
+  std::int8_t* keys_int8 = nullptr;    // block pool: [n_blocks, block_size, kv_dim]
+  std::int8_t* values_int8 = nullptr;  // block pool: [n_blocks, block_size, kv_dim]
+  float* key_scales = nullptr;         // [n_blocks, block_size, kv_dim / head_dim]
+  float* value_scales = nullptr;       // [n_blocks, block_size, kv_dim / head_dim]
+  const std::int32_t* block_table = nullptr;  // [ceil(positions / block_size)] physical block of each logical block
+  int block_size = 0;               // positions per block
+  int kv_dim = 0;                   // n_kv_heads * head_dim values per row
+  int head_dim = 0;                 // values per KV head (the int8 scale granularity; set by every cache)
+  KvElement element = KvElement::Float32;
+
+  // Row of position `pos` inside the pool (block * block_size + slot).
+  LLM_HOST_DEVICE std::size_t row_index(int pos) const {
+    const int block = block_table[pos / block_size];
+    return static_cast<std::size_t>(block) * block_size + pos % block_size;
+  }
+  // Offset (in elements) of position `pos`'s row inside the pool.
+  LLM_HOST_DEVICE std::size_t row_offset(int pos) const { return row_index(pos) * kv_dim; }
+  // Float32 rows.
+  LLM_HOST_DEVICE float* key_row(int pos) const { return keys + row_offset(pos); }
+  LLM_HOST_DEVICE float* value_row(int pos) const { return values + row_offset(pos); }
+  // Int8 rows and their scales ([kv_dim / head_dim] per row).
+  LLM_HOST_DEVICE std::int8_t* key_row_int8(int pos) const { return keys_int8 + row_offset(pos); }
+  LLM_HOST_DEVICE std::int8_t* value_row_int8(int pos) const { return values_int8 + row_offset(pos); }
+  LLM_HOST_DEVICE float* key_row_scales(int pos) const { return key_scales + row_index(pos) * (kv_dim / head_dim); }
+  LLM_HOST_DEVICE float* value_row_scales(int pos) const {
+    return value_scales + row_index(pos) * (kv_dim / head_dim);
+  }
+  // Element `col` of a row, whatever the storage (for kernels that read
+  // element by element; the fp32 branch is the whole cost for fp32 caches).
+  LLM_HOST_DEVICE float key(int pos, int col) const {
+    if (element == KvElement::Float32) return key_row(pos)[col];
+    return static_cast<float>(key_row_int8(pos)[col]) * key_row_scales(pos)[col / head_dim];
+  }
+  LLM_HOST_DEVICE float value(int pos, int col) const {
+    if (element == KvElement::Float32) return value_row(pos)[col];
+    return static_cast<float>(value_row_int8(pos)[col]) * value_row_scales(pos)[col / head_dim];
+  }
+};
+
+// Symmetric absmax quantization of one head's values: scale = max|x| / 127,
+// q = round(x / scale), so the largest value is exact and every value is
+// within scale / 2. An all-zero head gets scale 0 (and reads back as zeros).
+LLM_HOST_DEVICE inline float int8_scale_of(const float* x, int n) {
+  float absmax = 0.0f;
+  for (int i = 0; i < n; ++i) absmax = fmaxf(absmax, fabsf(x[i]));
+  return absmax / 127.0f;
+}
+LLM_HOST_DEVICE inline std::int8_t int8_quantize(float x, float scale) {
+  if (scale == 0.0f) return 0;
+  // |x / scale| <= 127 by the choice of scale; the clamp guards rounding.
+  return static_cast<std::int8_t>(fminf(127.0f, fmaxf(-127.0f, roundf(x / scale))));
+}
+
+// Quantizes KV head `head` of one position's K and V rows ([kv_dim] floats
+// each) into an Int8 view: one scale per head and pool. Shared by the host
+// (store_kv_row) and the CUDA write kernel, so both devices store the same bytes.
+LLM_HOST_DEVICE inline void store_int8_head(const KvView& view, int pos, int head, const float* key,
+                                            const float* value) {
+  const int first = head * view.head_dim;
+  const float key_scale = int8_scale_of(key + first, view.head_dim);
+  const float value_scale = int8_scale_of(value + first, view.head_dim);
+  view.key_row_scales(pos)[head] = key_scale;
+  view.value_row_scales(pos)[head] = value_scale;
+  std::int8_t* key_out = view.key_row_int8(pos);
+  std::int8_t* value_out = view.value_row_int8(pos);
+  for (int i = first; i < first + view.head_dim; ++i) {
+    key_out[i] = int8_quantize(key[i], key_scale);
+    value_out[i] = int8_quantize(value[i], value_scale);
+  }
+}
+
+// Writes one position's K and V rows ([kv_dim] floats each, host memory)
+// into a view on the host, in the view's element type. The CUDA twin is
+// kernels::write_kv_rows.
+void store_kv_row(const KvView& view, int pos, const float* key, const float* value);
+
+// Copies row `pos` of a host view into `key_out` / `value_out` ([kv_dim]
+// floats each), dequantizing an int8 row.
+void load_kv_row(const KvView& view, int pos, float* key_out, float* value_out);
+
+// The KV cache hook: memory for the K/V rows of a number of sequence slots,
+// on one device. The models reach it only through this interface, so a paged
+// cache (step 05) or an int8 cache (step 06) plugs in without either model
+// knowing its type. A forward, for each sequence of a batch:
+//   1. check_writable(s, first position)   no gap after the cached prefix
+//   2. reserve(s, last position + 1)        room for the batch's rows
+//   3. prepare(batch)                       once: device copies of block tables
+//   4. view(layer, s)                       write the rows (store_kv_row or
+//                                           kernels::write_kv_rows), then attend
+//   5. mark_written(s, position)            the sequence's length grows
+// Lengths (valid positions per sequence) are kept here, on the host.
 class KvCache {
  public:
   virtual ~KvCache() = default;
 
   int num_sequences() const { return static_cast<int>(lengths_.size()); }
-  int capacity() const { return capacity_; }  // positions per sequence
   int length(int sequence) const { return lengths_.at(static_cast<std::size_t>(sequence)); }
 
-  // Forget positions >= new_length of a sequence (speculative rollback, reuse
-  // of a slot). Throws InputError when new_length > length.
-  void truncate(int sequence, int new_length);
-  void clear();  // every sequence back to length 0
+  // "cpu" or "cuda": where the views' pointers live (a model takes only a
+  // cache of its own device).
+  virtual std::string device_name() const = 0;
+  // True when the cache was shaped for `config` (layers and K/V width): a
+  // cache of another model would be read and written out of bounds.
+  virtual bool fits(const ModelConfig& config) const = 0;
+  // How the views store K/V (every view of a cache stores the same way).
+  virtual KvElement element() const { return KvElement::Float32; }
+  // K/V of one layer of one sequence; its pointers are memory of device_name().
+  virtual KvView view(int layer, int sequence) const = 0;
+  // Makes room for positions 0..end-1 of `sequence`. A contiguous cache checks
+  // its capacity; a paged cache allocates blocks. Throws KvCacheFullError,
+  // saying how much was asked and how much there is, when it cannot.
+  virtual void reserve(int sequence, int end) = 0;
+  // Called once per forward after every reserve and before any view is used
+  // on the device: a device cache uploads block tables changed since the last
+  // forward. Default: nothing to do.
+  virtual void prepare() {}
 
-  // Called by the forward before it writes rows: position p of `sequence` may
-  // be written when p <= length (no gaps) and p < capacity, else throws
-  // KvCacheFullError / InputError. mark_written sets length = p + 1: writing a
-  // position forgets every later one (rewriting after a rollback).
+  // Forget positions >= new_length of a sequence (speculative rollback, reuse
+  // of a slot; a paged cache frees the blocks past it). Throws InputError when
+  // new_length > length.
+  virtual void truncate(int sequence, int new_length);
+  void clear();  // every sequence back to length 0 (truncate of each)
+  // Prefix sharing: `sequence` (empty) takes over positions 0..n_positions-1
+  // of `source`, which keeps them. A contiguous cache copies the rows; a paged
+  // cache shares the blocks. Throws InputError for a non-empty `sequence` or
+  // n_positions > length(source), KvCacheFullError when there is no room.
+  virtual void adopt_prefix(int sequence, int source, int n_positions) = 0;
+
+  // Position `position` of `sequence` may be written when the slot exists and
+  // the position leaves no gap (position <= length); else throws InputError.
+  // Room is reserve's business. mark_written sets length = position + 1: writing a position
+  // forgets every later one (rewriting after a rollback).
   void check_writable(int sequence, int position) const;
   void mark_written(int sequence, int position);
 
-  virtual std::size_t bytes_allocated() const = 0;  // K and V together
+  virtual std::size_t bytes_allocated() const = 0;  // K and V (and scales) reserved
+  virtual std::size_t bytes_in_use() const = 0;     // of those, the bytes holding valid positions
 
  protected:
-  // Throws InputError unless there is at least one sequence and one position.
-  KvCache(int num_sequences, int capacity);
+  // Throws InputError unless there is at least one sequence.
+  explicit KvCache(int num_sequences);
+  void set_length(int sequence, int new_length) { lengths_.at(static_cast<std::size_t>(sequence)) = new_length; }
+  int total_length() const;  // sum of every sequence's length
 
  private:
-  int capacity_;
   std::vector<int> lengths_;  // [num_sequences] valid positions per slot
 };
 
@@ -76,27 +192,37 @@ class KvCache {
 // physical block s. It knows sizes and builds views; the cache owns the memory.
 class ContiguousKvLayout {
  public:
-  ContiguousKvLayout(const ModelConfig& config, int num_sequences, int capacity)
-      : n_layers_(config.n_layers), num_sequences_(num_sequences), capacity_(capacity), kv_dim_(config.kv_dim()) {}
+  ContiguousKvLayout(const ModelConfig& config, int num_sequences, int capacity);
 
+  int capacity() const { return capacity_; }
   // Floats in the K pool (and in the V pool): layers x sequences x capacity x kv_dim.
   std::size_t floats() const {
     return static_cast<std::size_t>(n_layers_) * num_sequences_ * capacity_ * kv_dim_;
+  }
+  // Bytes of K and V of `positions` positions in every layer.
+  std::size_t bytes_of(std::size_t positions) const {
+    return 2 * positions * static_cast<std::size_t>(n_layers_) * kv_dim_ * sizeof(float);
   }
   // The block table of every sequence, side by side: {0, 1, ..., num_sequences-1}.
   std::vector<std::int32_t> block_ids() const;
   // The view of one layer of one sequence, given the pools and block_ids()
   // wherever they live (host or device memory).
   KvView view(float* keys, float* values, const std::int32_t* block_ids, int layer, int sequence) const;
-  // True when the cache was shaped for `config` (layers and K/V width): a
-  // cache of another model would be read and written out of bounds.
+  // Offset (in floats) of row 0 of `sequence` in `layer`, and the floats of
+  // one row: what a prefix copy needs.
+  std::size_t sequence_offset(int layer, int sequence) const;
+  int kv_dim() const { return kv_dim_; }
+  int n_layers() const { return n_layers_; }
   bool fits(const ModelConfig& config) const { return config.n_layers == n_layers_ && config.kv_dim() == kv_dim_; }
+  // Throws KvCacheFullError unless end <= capacity.
+  void check_room(int sequence, int end) const;
 
  private:
   int n_layers_;
   int num_sequences_;
   int capacity_;
   int kv_dim_;
+  int head_dim_;
 };
 
 // Host memory, one contiguous [capacity, kv_dim] buffer per layer and sequence.
@@ -104,9 +230,14 @@ class CpuKvCache final : public KvCache {
  public:
   CpuKvCache(const ModelConfig& config, int num_sequences, int capacity);
 
-  KvView view(int layer, int sequence) const;
+  int capacity() const { return layout_.capacity(); }  // positions per sequence
+  std::string device_name() const override { return "cpu"; }
+  bool fits(const ModelConfig& config) const override { return layout_.fits(config); }
+  KvView view(int layer, int sequence) const override;
+  void reserve(int sequence, int end) override { layout_.check_room(sequence, end); }
+  void adopt_prefix(int sequence, int source, int n_positions) override;
   std::size_t bytes_allocated() const override;
-  bool fits(const ModelConfig& config) const { return layout_.fits(config); }
+  std::size_t bytes_in_use() const override { return layout_.bytes_of(static_cast<std::size_t>(total_length())); }
 
  private:
   ContiguousKvLayout layout_;
@@ -114,5 +245,8 @@ class CpuKvCache final : public KvCache {
   std::vector<float> values_;  // [n_layers, num_sequences, capacity, kv_dim]
   std::vector<std::int32_t> block_ids_;  // [num_sequences]: sequence s is block s
 };
+
+// Checks an adopt_prefix request against the lengths (shared by every cache).
+void check_adopt_prefix(const KvCache& cache, int sequence, int source, int n_positions);
 
 }  // namespace llm

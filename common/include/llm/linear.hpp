@@ -3,8 +3,11 @@
 // Linear::forward, so a step can swap the weight format (int8/int4 in step 06)
 // without touching the layer code. The reference is DenseLinear: fp32 weights
 // and Eigen's product.
+#include <compare>
 #include <functional>
+#include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,24 @@ class Linear {
   virtual int in_features() const = 0;
   virtual int out_features() const = 0;
   virtual std::size_t weight_bytes() const = 0;  // bytes read per full product
+  // The fp32 weights [out_features, in_features] row-major when the layer
+  // keeps them that way (DenseLinear), else nullptr. A model with a tied
+  // classifier reads its embedding rows from here instead of a second copy.
+  virtual const float* dense_weight() const { return nullptr; }
+};
+
+// Which matrix of the transformer a Linear is: what a factory or a recorder
+// needs to treat layers differently (keep the classifier in fp32, calibrate
+// GPTQ per layer).
+enum class LinearRole { Query, Key, Value, Output, Gate, Up, Down, Classifier };
+struct LinearSite {
+  int layer = -1;  // 0..n_layers-1; -1 for the classifier
+  LinearRole role = LinearRole::Classifier;
+  // llama2.c's tensor names: "wq", "wk", "wv", "wo", "w1" (gate), "w3" (up),
+  // "w2" (down), "classifier".
+  std::string role_name() const;
+  std::string name() const;  // "layer 3 wq", "classifier"
+  auto operator<=>(const LinearSite&) const = default;
 };
 
 // fp32 weights, [out_features, in_features] row-major, multiplied with Eigen.
@@ -28,6 +49,7 @@ class DenseLinear final : public Linear {
   int in_features() const override { return in_; }
   int out_features() const override { return out_; }
   std::size_t weight_bytes() const override { return weight_.size() * sizeof(float); }
+  const float* dense_weight() const override { return weight_.data(); }
 
   // Up to this many rows, and for matrices larger than a core's L2 cache, use
   // the one-pass small-batch product (see forward).
@@ -40,11 +62,31 @@ class DenseLinear final : public Linear {
   int in_;
 };
 
-// Builds a Linear from an fp32 matrix [out, in]; `name` is the tensor's role
-// ("wq", "w2", "classifier", ...) so a factory may treat some differently.
-using LinearFactory = std::function<std::unique_ptr<Linear>(
-    const std::vector<float>& weight, int out_features, int in_features, const std::string& name)>;
+// Builds a Linear from an fp32 matrix [out, in]; `site` says which layer and
+// role it is, so a factory may treat some differently.
+using LinearFactory = std::function<std::unique_ptr<Linear>(const std::vector<float>& weight, int out_features,
+                                                            int in_features, const LinearSite& site)>;
 
 LinearFactory dense_linear_factory();
+
+// Observes the inputs of every Linear of a model during its forwards: the
+// calibration data of GPTQ/AWQ (step 06). Wrap the model's factory with
+// wrap(); every Linear it builds appends the rows it is given to inputs(site).
+// The recorder must outlive the model built with it. One thread at a time.
+class LinearInputRecorder {
+ public:
+  LinearFactory wrap(LinearFactory inner);
+  // Every row recorded for `site` so far, [rows, in_features] row-major
+  // (empty when the site has not run).
+  std::span<const float> inputs(const LinearSite& site) const;
+  int rows(const LinearSite& site) const;
+  std::vector<LinearSite> sites() const;  // the sites that recorded rows, in order
+  void clear() { inputs_.clear(); }
+
+ private:
+  class RecordingLinear;
+  std::map<LinearSite, std::vector<float>> inputs_;  // per site: [recorded rows, in_features]
+  std::map<LinearSite, int> in_features_;            // per site built through wrap()
+};
 
 }  // namespace llm

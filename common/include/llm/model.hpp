@@ -19,7 +19,9 @@ class Model {
   virtual const ModelConfig& config() const = 0;
   virtual std::string device_name() const = 0;  // "cpu" or "cuda"
 
-  // A cache this model can write: `num_sequences` slots of `capacity` positions.
+  // A contiguous cache on this model's device: `num_sequences` slots of
+  // `capacity` positions. Any other KvCache of the same device and shape
+  // (paged, int8) works as well.
   virtual std::unique_ptr<KvCache> make_cache(int num_sequences, int capacity) const = 0;
 
   // Runs the transformer over `batch`. Rows of one sequence must be in order
@@ -31,10 +33,22 @@ class Model {
                                          LogitsFor which = LogitsFor::LastRowOfEachSequence) = 0;
 };
 
-// Checks a batch against a config and a cache: token ids in [0, vocab), rows
-// of each sequence contiguous from at most its length, room in the cache.
-// Shared by every Model so errors read the same on every device.
+// Checks a batch against a config and a cache: token ids in [0, vocab),
+// positions inside the context, rows of each sequence contiguous from at most
+// its length. Shared by every Model so errors read the same on every device.
 void validate_batch(const ModelConfig& config, const TokenBatch& batch, const KvCache& cache);
+
+// Checks, at the start of a forward, that `cache` lives on the model's device
+// and fits its config, and that the model's attention kernels read the
+// cache's element type (else InputError: another model's cache, or an int8
+// cache with fp32-only kernels).
+void check_cache(const ModelConfig& config, const std::string& model_device, const KvCache& cache,
+                 bool kernels_read_its_elements);
+
+// After validate_batch, before a forward touches the cache: reserves room for
+// every sequence's rows (KvCacheFullError when the cache has none) and lets
+// the cache prepare (upload block tables).
+void reserve_batch(const TokenBatch& batch, KvCache& cache);
 
 // Checks a generation request before any forward: a non-empty prompt (BOS at
 // least) that fits the context, and a total of positions (prompt included,

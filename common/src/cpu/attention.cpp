@@ -21,6 +21,18 @@ int contiguous_rows(const KvView& kv, int t0, int n_keys) {
   return std::min(kv.block_size - t0 % kv.block_size, n_keys - t0);
 }
 
+// Rows t0..t0+rows-1 of K (or V) as fp32, [rows, kv_dim]: the cache's own
+// memory for a Float32 view (no copy), else dequantized into `scratch`.
+enum class Pool { Keys, Values };
+const float* rows_as_float(const KvView& kv, Pool pool, int t0, int rows, std::vector<float>& scratch) {
+  if (kv.element == KvElement::Float32) return pool == Pool::Keys ? kv.key_row(t0) : kv.value_row(t0);
+  scratch.resize(static_cast<std::size_t>(rows) * kv.kv_dim);
+  for (int t = 0; t < rows; ++t)
+    for (int i = 0; i < kv.kv_dim; ++i)
+      scratch[static_cast<std::size_t>(t) * kv.kv_dim + i] = pool == Pool::Keys ? kv.key(t0 + t, i) : kv.value(t0 + t, i);
+  return scratch.data();
+}
+
 // One query row (all heads) against keys 0..n_keys-1 of a view.
 // q      [n_heads, head_dim]
 // scores [n_heads, n_keys] scratch
@@ -33,11 +45,12 @@ void attend_one_query(const AttentionShape& s, const float* q, const KvView& kv,
   const int hd = s.head_dim;
   const float scale = std::sqrt(static_cast<float>(hd));
   scores.resize(static_cast<std::size_t>(s.n_heads) * n_keys);
+  thread_local std::vector<float> dequantized;  // [rows, kv_dim] of an int8 run
 
   // scores[h, t] = q_h . k_t / sqrt(head_dim), for the rows of each block.
   for (int t0 = 0; t0 < n_keys;) {
     const int rows = contiguous_rows(kv, t0, n_keys);
-    const float* k0 = kv.key_row(t0);  // [rows, kv_dim] from here on
+    const float* k0 = rows_as_float(kv, Pool::Keys, t0, rows, dequantized);  // [rows, kv_dim]
     for (int h = 0; h < s.n_heads; ++h) {
       const CachedRows k(k0 + (h / group) * hd, rows, hd, Eigen::OuterStride<>(kv.kv_dim));  // [rows, hd]
       const Eigen::Map<const Eigen::VectorXf> qh(q + static_cast<std::size_t>(h) * hd, hd);
@@ -59,7 +72,7 @@ void attend_one_query(const AttentionShape& s, const float* q, const KvView& kv,
   std::memset(out, 0, sizeof(float) * static_cast<std::size_t>(s.n_heads) * hd);
   for (int t0 = 0; t0 < n_keys;) {
     const int rows = contiguous_rows(kv, t0, n_keys);
-    const float* v0 = kv.value_row(t0);
+    const float* v0 = rows_as_float(kv, Pool::Values, t0, rows, dequantized);  // [rows, kv_dim]
     for (int h = 0; h < s.n_heads; ++h) {
       const CachedRows v(v0 + (h / group) * hd, rows, hd, Eigen::OuterStride<>(kv.kv_dim));  // [rows, hd]
       const Eigen::Map<const Eigen::VectorXf> ph(scores.data() + static_cast<std::size_t>(h) * n_keys + t0, rows);

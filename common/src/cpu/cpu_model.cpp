@@ -10,7 +10,6 @@ namespace llm {
 
 CpuModel::CpuModel(const ModelWeights& w, CpuModelOptions options)
     : config_(w.config),
-      token_embedding_(w.token_embedding),
       final_norm_(w.final_norm),
       rope_(w.config.seq_len, w.config.head_dim(), w.config.rope_theta),
       attention_(options.attention) {
@@ -18,20 +17,35 @@ CpuModel::CpuModel(const ModelWeights& w, CpuModelOptions options)
   c.validate();
   const int q_width = c.n_heads * c.head_dim();
   const auto& make = options.linear_factory;
-  for (const LayerWeights& lw : w.layers) {
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[static_cast<std::size_t>(l)];
     Layer layer;
     layer.attention_norm = lw.attention_norm;
-    layer.wq = make(lw.wq, q_width, c.dim, "wq");
-    layer.wk = make(lw.wk, c.kv_dim(), c.dim, "wk");
-    layer.wv = make(lw.wv, c.kv_dim(), c.dim, "wv");
-    layer.wo = make(lw.wo, c.dim, q_width, "wo");
+    layer.wq = make(lw.wq, q_width, c.dim, {l, LinearRole::Query});
+    layer.wk = make(lw.wk, c.kv_dim(), c.dim, {l, LinearRole::Key});
+    layer.wv = make(lw.wv, c.kv_dim(), c.dim, {l, LinearRole::Value});
+    layer.wo = make(lw.wo, c.dim, q_width, {l, LinearRole::Output});
     layer.ffn_norm = lw.ffn_norm;
-    layer.w1 = make(lw.w1, c.hidden_dim, c.dim, "w1");
-    layer.w2 = make(lw.w2, c.dim, c.hidden_dim, "w2");
-    layer.w3 = make(lw.w3, c.hidden_dim, c.dim, "w3");
+    layer.w1 = make(lw.w1, c.hidden_dim, c.dim, {l, LinearRole::Gate});
+    layer.w2 = make(lw.w2, c.dim, c.hidden_dim, {l, LinearRole::Down});
+    layer.w3 = make(lw.w3, c.hidden_dim, c.dim, {l, LinearRole::Up});
     layers_.push_back(std::move(layer));
   }
-  classifier_ = make(w.classifier_matrix(), c.vocab_size, c.dim, "classifier");
+  classifier_ = make(w.classifier_matrix(), c.vocab_size, c.dim, {-1, LinearRole::Classifier});
+  // A tied classifier that kept its fp32 weights is the embedding table: read
+  // the rows from there instead of storing the matrix twice.
+  if (c.shared_classifier && classifier_->dense_weight() != nullptr) {
+    embedding_rows_ = classifier_->dense_weight();
+  } else {
+    token_embedding_ = w.token_embedding;
+    embedding_rows_ = token_embedding_.data();
+  }
+}
+
+std::size_t CpuModel::stored_weight_bytes() const {
+  std::size_t floats = token_embedding_.size() + final_norm_.size();
+  for (const Layer& l : layers_) floats += l.attention_norm.size() + l.ffn_norm.size();
+  return weight_bytes() + floats * sizeof(float);
 }
 
 std::unique_ptr<KvCache> CpuModel::make_cache(int num_sequences, int capacity) const {
@@ -67,7 +81,7 @@ void CpuModel::ensure_scratch(int rows) {
 
 // Attention sub-block of one layer: project, rotate, append K/V to the cache,
 // attend. Reads xb_ [rows, dim], writes attn_out_ [rows, n_heads*head_dim].
-void CpuModel::attention_block(int layer_index, const TokenBatch& batch, CpuKvCache& cache) {
+void CpuModel::attention_block(int layer_index, const TokenBatch& batch, const KvCache& cache) {
   const ModelConfig& c = config_;
   const Layer& layer = layers_[static_cast<std::size_t>(layer_index)];
   const int rows = batch.size();
@@ -85,11 +99,11 @@ void CpuModel::attention_block(int layer_index, const TokenBatch& batch, CpuKvCa
     float* k_row = k_.data() + static_cast<std::size_t>(r) * kv_dim;
     cpu::rope(q_row, c.n_heads, c.head_dim(), pos, rope_);
     cpu::rope(k_row, c.n_kv_heads, c.head_dim(), pos, rope_);
-    // Append this token's K and V to its sequence's cache: later tokens read
-    // them instead of recomputing them (the whole point of step 01).
-    const KvView view = cache.view(layer_index, batch.sequences[r]);
-    std::memcpy(view.key_row(pos), k_row, sizeof(float) * kv_dim);
-    std::memcpy(view.value_row(pos), v_.data() + static_cast<std::size_t>(r) * kv_dim, sizeof(float) * kv_dim);
+    // Append this token's K and V to its sequence's cache, in the cache's
+    // element type: later tokens read them instead of recomputing them (the
+    // whole point of step 01).
+    store_kv_row(cache.view(layer_index, batch.sequences[r]), pos, k_row,
+                 v_.data() + static_cast<std::size_t>(r) * kv_dim);
   }
 
   // Each sequence's rows form one run. A run of several rows is a prefill
@@ -130,11 +144,10 @@ void CpuModel::attention_block(int layer_index, const TokenBatch& batch, CpuKvCa
                 decode_out_.data() + static_cast<std::size_t>(i) * q_width, sizeof(float) * q_width);
 }
 
-std::span<const float> CpuModel::forward(const TokenBatch& batch, KvCache& cache_base, LogitsFor which) {
-  auto* cache = dynamic_cast<CpuKvCache*>(&cache_base);
-  if (cache == nullptr || !cache->fits(config_))
-    throw InputError("CpuModel::forward needs a cache made by this model's make_cache (CPU memory, same layers and K/V width)");
-  validate_batch(config_, batch, *cache);
+std::span<const float> CpuModel::forward(const TokenBatch& batch, KvCache& cache, LogitsFor which) {
+  check_cache(config_, device_name(), cache, attention_.reads(cache.element()));
+  validate_batch(config_, batch, cache);
+  reserve_batch(batch, cache);
 
   const ModelConfig& c = config_;
   const int rows = batch.size();
@@ -143,7 +156,7 @@ std::span<const float> CpuModel::forward(const TokenBatch& batch, KvCache& cache
 
   // x [rows, dim] = embedding rows of the tokens.
   for (int r = 0; r < rows; ++r)
-    std::memcpy(x_.data() + r * dim, token_embedding_.data() + static_cast<std::size_t>(batch.tokens[r]) * dim,
+    std::memcpy(x_.data() + r * dim, embedding_rows_ + static_cast<std::size_t>(batch.tokens[r]) * dim,
                 sizeof(float) * dim);
 
   for (int l = 0; l < c.n_layers; ++l) {
@@ -151,7 +164,7 @@ std::span<const float> CpuModel::forward(const TokenBatch& batch, KvCache& cache
     // --- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb), xb = rmsnorm(x)
     for (int r = 0; r < rows; ++r)
       cpu::rmsnorm(xb_.data() + r * dim, x_.data() + r * dim, layer.attention_norm.data(), c.dim, c.norm_eps);
-    attention_block(l, batch, *cache);
+    attention_block(l, batch, cache);
     layer.wo->forward(attn_out_.data(), rows, proj_.data());  // proj_ [rows, dim]
     cpu::add_inplace(x_.data(), proj_.data(), rows * c.dim);
 
@@ -164,7 +177,7 @@ std::span<const float> CpuModel::forward(const TokenBatch& batch, KvCache& cache
     layer.w2->forward(gate_.data(), rows, proj_.data());  // proj_ [rows, dim]
     cpu::add_inplace(x_.data(), proj_.data(), rows * c.dim);
   }
-  for (int r = 0; r < rows; ++r) cache->mark_written(batch.sequences[r], batch.positions[r]);
+  for (int r = 0; r < rows; ++r) cache.mark_written(batch.sequences[r], batch.positions[r]);
 
   // Final norm and classifier, only for the rows whose logits are wanted.
   int n_out = 0;

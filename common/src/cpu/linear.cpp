@@ -46,9 +46,74 @@ void DenseLinear::forward(const float* x, int rows, float* y) const {
 }
 
 LinearFactory dense_linear_factory() {
-  return [](const std::vector<float>& weight, int out_features, int in_features, const std::string&) {
+  return [](const std::vector<float>& weight, int out_features, int in_features, const LinearSite&) {
     return std::make_unique<DenseLinear>(weight, out_features, in_features);
   };
+}
+
+std::string LinearSite::role_name() const {
+  switch (role) {
+    case LinearRole::Query: return "wq";
+    case LinearRole::Key: return "wk";
+    case LinearRole::Value: return "wv";
+    case LinearRole::Output: return "wo";
+    case LinearRole::Gate: return "w1";
+    case LinearRole::Up: return "w3";
+    case LinearRole::Down: return "w2";
+    case LinearRole::Classifier: return "classifier";
+  }
+  return "unknown";
+}
+
+std::string LinearSite::name() const {
+  return layer < 0 ? role_name() : fmt::format("layer {} {}", layer, role_name());
+}
+
+// A Linear that appends its input rows to the recorder, then runs the layer it wraps.
+class LinearInputRecorder::RecordingLinear final : public Linear {
+ public:
+  RecordingLinear(std::unique_ptr<Linear> inner, LinearSite site, LinearInputRecorder& recorder)
+      : inner_(std::move(inner)), site_(site), recorder_(recorder) {}
+  void forward(const float* x, int rows, float* y) const override {
+    std::vector<float>& recorded = recorder_.inputs_[site_];  // [rows so far, in_features]
+    recorded.insert(recorded.end(), x, x + static_cast<std::size_t>(rows) * in_features());
+    inner_->forward(x, rows, y);
+  }
+  int in_features() const override { return inner_->in_features(); }
+  int out_features() const override { return inner_->out_features(); }
+  std::size_t weight_bytes() const override { return inner_->weight_bytes(); }
+  const float* dense_weight() const override { return inner_->dense_weight(); }
+
+ private:
+  std::unique_ptr<Linear> inner_;
+  LinearSite site_;
+  LinearInputRecorder& recorder_;
+};
+
+LinearFactory LinearInputRecorder::wrap(LinearFactory inner) {
+  return [this, inner = std::move(inner)](const std::vector<float>& weight, int out_features, int in_features,
+                                          const LinearSite& site) -> std::unique_ptr<Linear> {
+    in_features_[site] = in_features;
+    return std::make_unique<RecordingLinear>(inner(weight, out_features, in_features, site), site, *this);
+  };
+}
+
+std::span<const float> LinearInputRecorder::inputs(const LinearSite& site) const {
+  const auto found = inputs_.find(site);
+  if (found == inputs_.end()) return {};
+  return found->second;
+}
+
+int LinearInputRecorder::rows(const LinearSite& site) const {
+  const auto found = in_features_.find(site);
+  if (found == in_features_.end() || found->second == 0) return 0;
+  return static_cast<int>(inputs(site).size() / static_cast<std::size_t>(found->second));
+}
+
+std::vector<LinearSite> LinearInputRecorder::sites() const {
+  std::vector<LinearSite> recorded;
+  for (const auto& [site, rows] : inputs_) recorded.push_back(site);
+  return recorded;
 }
 
 }  // namespace llm

@@ -32,17 +32,32 @@ void validate_batch(const ModelConfig& config, const TokenBatch& batch, const Kv
       if (pos != batch.positions[r - 1] + 1)
         throw InputError(fmt::format("batch rows of sequence {} are not consecutive positions ({} after {})", seq,
                                      pos, batch.positions[r - 1]));
-      if (pos >= cache.capacity())
-        throw KvCacheFullError(fmt::format(
-            "KV cache full: sequence {} needs position {} but the cache holds {} positions per sequence", seq, pos,
-            cache.capacity()));
     } else {
       if (std::find(finished_sequences.begin(), finished_sequences.end(), seq) != finished_sequences.end())
         throw InputError(fmt::format("the rows of sequence {} must be contiguous in the batch", seq));
-      cache.check_writable(seq, pos);  // no gap after the cached prefix, room in the cache
+      cache.check_writable(seq, pos);  // no gap after the cached prefix
     }
     if (r + 1 == n || batch.sequences[r + 1] != seq) finished_sequences.push_back(seq);
   }
+}
+
+void check_cache(const ModelConfig& config, const std::string& model_device, const KvCache& cache,
+                 bool kernels_read_its_elements) {
+  if (cache.device_name() != model_device || !cache.fits(config))
+    throw InputError(fmt::format("a {} model needs a KV cache in {} memory shaped for it (got a {} cache{})",
+                                 model_device, model_device, cache.device_name(),
+                                 cache.fits(config) ? "" : " of other layers or K/V width"));
+  if (!kernels_read_its_elements)
+    throw InputError("this model's attention kernels read fp32 K/V only; the cache stores another element type");
+}
+
+void reserve_batch(const TokenBatch& batch, KvCache& cache) {
+  const int n = batch.size();
+  for (int r = 0; r < n; ++r) {
+    const bool last_of_sequence = r + 1 == n || batch.sequences[r + 1] != batch.sequences[r];
+    if (last_of_sequence) cache.reserve(batch.sequences[r], batch.positions[r] + 1);
+  }
+  cache.prepare();
 }
 
 void validate_generation(const ModelConfig& config, std::span<const int> prompt, int total_positions) {
