@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <map>
 
-#include "generation.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
@@ -21,6 +20,7 @@
 #include "llm/harness/compare.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/timer.hpp"
+#include "step01_kv_cache/generation.hpp"
 
 namespace {
 

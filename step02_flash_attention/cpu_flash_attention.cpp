@@ -31,7 +31,7 @@
 #include <limits>
 #include <vector>
 
-#include "cpu_attention.hpp"
+#include "step02_flash_attention/cpu_attention.hpp"
 
 namespace step02::cpu {
 namespace {

@@ -6,7 +6,7 @@
 // every launch is checked (llm::DeviceError on failure).
 #include <cstddef>
 
-#include "attention_problem.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
 
 namespace step02::cuda {
 

@@ -23,10 +23,6 @@
 #include <optional>
 #include <random>
 
-#include "attention_problem.hpp"
-#include "cpu_attention.hpp"
-#include "cuda_runner.hpp"
-#include "half_precision.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
@@ -34,8 +30,12 @@
 #include "llm/harness/compare.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/timer.hpp"
-#include "reference_attention.hpp"
-#include "variants.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
+#include "step02_flash_attention/cpu_attention.hpp"
+#include "step02_flash_attention/cuda_runner.hpp"
+#include "step02_flash_attention/half_precision.hpp"
+#include "step02_flash_attention/reference_attention.hpp"
+#include "step02_flash_attention/variants.hpp"
 
 namespace {
 

@@ -12,7 +12,7 @@
 #include "llm/harness/compare.hpp"
 #include "llm/harness/timer.hpp"
 #include "llm/weights.hpp"
-#include "next_token_agreement.hpp"
+#include "step03_gqa/next_token_agreement.hpp"
 
 namespace step03 {
 

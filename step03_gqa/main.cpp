@@ -21,14 +21,14 @@
 #include <map>
 #include <sstream>
 
-#include "conversion_experiment.hpp"
-#include "decode_attention_sweep.hpp"
-#include "gqa_attention.hpp"
-#include "kv_cache_sizes.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
 #include "llm/harness/results.hpp"
+#include "step03_gqa/conversion_experiment.hpp"
+#include "step03_gqa/decode_attention_sweep.hpp"
+#include "step03_gqa/gqa_attention.hpp"
+#include "step03_gqa/kv_cache_sizes.hpp"
 
 namespace {
 

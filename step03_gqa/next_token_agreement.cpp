@@ -1,4 +1,4 @@
-#include "next_token_agreement.hpp"
+#include "step03_gqa/next_token_agreement.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -20,8 +20,6 @@
 #include <cstdio>
 #include <optional>
 
-#include "early_exit_drafter.hpp"
-#include "generation.hpp"
 #include "llm/checkpoint.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
@@ -30,10 +28,12 @@
 #include "llm/harness/compare.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/timer.hpp"
-#include "pass_costs.hpp"
-#include "speculative_decoder.hpp"
-#include "speedup_formula.hpp"
-#include "variants.hpp"
+#include "step01_kv_cache/generation.hpp"
+#include "step04_speculative/early_exit_drafter.hpp"
+#include "step04_speculative/pass_costs.hpp"
+#include "step04_speculative/speculative_decoder.hpp"
+#include "step04_speculative/speedup_formula.hpp"
+#include "step04_speculative/variants.hpp"
 
 namespace {
 
