@@ -34,14 +34,15 @@ struct Step01Options {
   int repeats = 5;  // --repeats: timed generations per variant
 };
 
-// Returns the exit status when the program should stop (--help, a bad flag).
+// Returns the exit status when the program should stop (--help, a bad flag, --list).
 std::optional<int> parse_options(int argc, char** argv, Step01Options& options) {
   const auto exit_status = llm::parse_step_command_line(
       "Step 01: the KV cache. Generation with and without caching K/V, on CPU and CUDA.", argc, argv, options.common,
       [&options](CLI::App& app) {
         app.add_option("--repeats", options.repeats, "timed runs per variant (median reported)")
             ->check(CLI::PositiveNumber);
-      });
+      },
+      [] { llm::print_variant_list(step01::variants(), 10); });
   if (options.common.quick) {
     options.common.steps = std::min(options.common.steps, 48);
     options.repeats = 1;
@@ -278,10 +279,6 @@ std::size_t print_cache_sizes(const std::vector<Measured>& runs, const std::stri
 int run_step01(int argc, char** argv) {
   Step01Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
-  if (options.common.list_variants) {
-    llm::print_variant_list(step01::variants(), 10);
-    return 0;
-  }
   const std::vector<int> selected =
       llm::parse_variant_selection(options.common.variant, llm::variant_ids(step01::variants()));
   const llm::DeviceSelection devices = llm::select_devices(options.common.device);

@@ -56,7 +56,16 @@ struct Step02Options {
   int prefill_tokens = 2048;          // prompt length of the model prefill comparison
 };
 
-// Returns the exit status when the program should stop (--help, a bad flag).
+// --list: the table with each row's device and input precision.
+void print_variants() {
+  llm::print_variant_list<step02::AttentionKernel>(step02::variants(), 21, [](const AttentionVariant& v) {
+    return llm::VariantListDetails{
+        fmt::format("{:<5} {:<5} ", llm::backend_name(v.backend), llm::dtype_name(v.fn.dtype)),
+        v.fn.run ? "" : "  [not in this build]"};
+  });
+}
+
+// Returns the exit status when the program should stop (--help, a bad flag, --list).
 std::optional<int> parse_options(int argc, char** argv, Step02Options& options) {
   return llm::parse_step_command_line(
       "Step 02: FlashAttention. Naive vs tiled online-softmax attention on CPU and CUDA.", argc, argv,
@@ -77,16 +86,8 @@ std::optional<int> parse_options(int argc, char** argv, Step02Options& options) 
             ->check(CLI::PositiveNumber);
         app.add_option("--prefill-tokens", options.prefill_tokens, "prompt length of the model prefill comparison")
             ->check(CLI::PositiveNumber);
-      });
-}
-
-// --list: the table with each row's device and input precision.
-void print_variants() {
-  llm::print_variant_list<step02::AttentionKernel>(step02::variants(), 21, [](const AttentionVariant& v) {
-    return llm::VariantListDetails{
-        fmt::format("{:<5} {:<5} ", llm::backend_name(v.backend), llm::dtype_name(v.fn.dtype)),
-        v.fn.run ? "" : "  [not in this build]"};
-  });
+      },
+      &print_variants);
 }
 
 // --quick: one small shape, short lengths, one timed run.
@@ -539,10 +540,6 @@ bool run_model_prefill(llm::Results& results, const Step02Options& options, cons
 int run_step02(int argc, char** argv) {
   Step02Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
-  if (options.common.list_variants) {
-    print_variants();
-    return 0;
-  }
   apply_quick_and_validate(options);
   Settings settings;
   settings.repeats = options.repeats;

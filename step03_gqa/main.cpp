@@ -49,7 +49,7 @@ struct Step03Options {
   double kv_budget_gib = 40.0;
 };
 
-// Returns the exit status when the program should stop (--help, a bad flag).
+// Returns the exit status when the program should stop (--help, a bad flag, --list).
 std::optional<int> parse_options(int argc, char** argv, Step03Options& options) {
   return llm::parse_step_command_line(
       "Step 03: grouped-query attention. KV heads vs cache size and decode attention time; "
@@ -75,7 +75,8 @@ std::optional<int> parse_options(int argc, char** argv, Step03Options& options) 
         app.add_option("--kv-budget-gib", options.kv_budget_gib, "KV memory budget for the sequences-that-fit table")
             ->check(CLI::PositiveNumber)
             ->capture_default_str();
-      });
+      },
+      [] { llm::print_variant_list(step03::variants(), 12); });
 }
 
 std::vector<int> parse_int_list(const std::string& text, const char* flag) {
@@ -373,10 +374,6 @@ llm::Results make_results(const Step03Options& options, const llm::LoadedModel& 
 int run_step03(int argc, char** argv) {
   Step03Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
-  if (options.common.list_variants) {
-    llm::print_variant_list(step03::variants(), 12);
-    return 0;
-  }
   step03::SweepOptions sweep_options = sweep_options_from(options);
   const llm::DeviceSelection devices = llm::select_devices(options.common.device);
   sweep_options.cpu = devices.cpu;

@@ -51,7 +51,7 @@ struct Step04Options {
   int cost_runs = 41;                    // timed forwards per calibrated pass cost
 };
 
-// Returns the exit status when the program should stop (--help, a bad flag).
+// Returns the exit status when the program should stop (--help, a bad flag, --list).
 std::optional<int> parse_options(int argc, char** argv, Step04Options& options) {
   return llm::parse_step_command_line(
       "Step 04: speculative decoding. A cheap drafter proposes k tokens, the target verifies them in one "
@@ -71,7 +71,8 @@ std::optional<int> parse_options(int argc, char** argv, Step04Options& options) 
         app.add_option("--repeats", options.repeats, "timed generations per configuration (median reported)")
             ->check(CLI::PositiveNumber)
             ->capture_default_str();
-      });
+      },
+      [] { llm::print_variant_list(step04::variants(), 12); });
 }
 
 // --quick: fewer positions, runs and ks; then the defaults of flags not given.
@@ -421,10 +422,6 @@ void print_sweep(const std::vector<SweepRow>& sweep, bool greedy, const std::str
 int run_step04(int argc, char** argv) {
   Step04Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
-  if (options.common.list_variants) {
-    llm::print_variant_list(step04::variants(), 12);
-    return 0;
-  }
   apply_quick_and_validate(options);
   std::vector<int> selected = llm::parse_variant_selection(options.common.variant, llm::variant_ids(step04::variants()));
   const llm::DeviceSelection devices = llm::select_devices(options.common.device);

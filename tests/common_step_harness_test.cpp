@@ -32,7 +32,7 @@ TEST(StepCommandLine, ParsesTheCommonFlagsAndTheStepsOwn) {
   int repeats = 5;
   const auto exit_status =
       parse_step_command_line("a step", static_cast<int>(argv.size()), argv.data(), common,
-                              [&](CLI::App& app) { app.add_option("--repeats", repeats, "timed runs"); });
+                              [&](CLI::App& app) { app.add_option("--repeats", repeats, "timed runs"); }, {});
   EXPECT_FALSE(exit_status.has_value());
   EXPECT_TRUE(common.quick);
   EXPECT_EQ(common.device, "cpu");
@@ -45,10 +45,23 @@ TEST(StepCommandLine, AnUnknownFlagStopsWithANonZeroStatus) {
   for (auto& w : words) argv.push_back(w.data());
   CommonOptions common;
   ::testing::internal::CaptureStderr();
-  const auto exit_status = parse_step_command_line("a step", static_cast<int>(argv.size()), argv.data(), common, {});
+  const auto exit_status = parse_step_command_line("a step", static_cast<int>(argv.size()), argv.data(), common, {}, {});
   ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(exit_status.has_value());
   EXPECT_NE(*exit_status, 0);
+}
+
+TEST(StepCommandLine, ListPrintsTheVariantsAndStopsWithStatusZero) {
+  std::vector<std::string> words = {"step", "--list"};
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  CommonOptions common;
+  bool printed = false;
+  const auto exit_status = parse_step_command_line("a step", static_cast<int>(argv.size()), argv.data(), common, {},
+                                                   [&printed] { printed = true; });
+  EXPECT_TRUE(printed);
+  ASSERT_TRUE(exit_status.has_value());
+  EXPECT_EQ(*exit_status, 0);
 }
 
 TEST(StepCommandLine, VariantListPadsNamesAndAddsDetails) {

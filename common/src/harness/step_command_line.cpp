@@ -10,11 +10,17 @@ namespace llm {
 
 std::optional<int> parse_step_command_line(const std::string& description, int argc, char** argv,
                                            CommonOptions& common,
-                                           const std::function<void(CLI::App&)>& add_step_flags) {
+                                           const std::function<void(CLI::App&)>& add_step_flags,
+                                           const std::function<void()>& print_variants) {
   CLI::App app{description};
   add_common_options(app, common);
   if (add_step_flags) add_step_flags(app);
-  return parse_command_line(app, argc, argv);
+  if (const auto exit_status = parse_command_line(app, argc, argv)) return exit_status;
+  if (common.list_variants && print_variants) {
+    print_variants();
+    return 0;
+  }
+  return std::nullopt;
 }
 
 bool is_selected(const std::vector<int>& selected_ids, int id) {

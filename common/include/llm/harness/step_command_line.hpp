@@ -21,11 +21,13 @@ namespace llm {
 
 // Registers the flags every step accepts (add_common_options) and then the
 // step's own (`add_step_flags`, in the order --help lists them), and parses.
-// Returns the exit status when the program should stop here (--help, or a bad
-// flag: CLI11 has printed why), nullopt otherwise.
+// With --list it runs `print_variants` (the step's print_variant_list). Returns
+// the exit status when the program should stop here (--help, or a bad flag:
+// CLI11 has printed why; --list: 0), nullopt otherwise.
 std::optional<int> parse_step_command_line(const std::string& description, int argc, char** argv,
                                            CommonOptions& common,
-                                           const std::function<void(CLI::App&)>& add_step_flags);
+                                           const std::function<void(CLI::App&)>& add_step_flags,
+                                           const std::function<void()>& print_variants);
 
 // What --list prints for a variant beyond its id, name and what changed:
 // `columns` stand between the name and the description (step 02: device and
