@@ -109,10 +109,10 @@ std::string context_label(int context) {
 // was not run, the row's own variant at MHA.
 double mha_baseline_ms(const std::vector<step03::SweepCell>& cells, const step03::SweepCell& cell) {
   const step03::SweepCell* own = nullptr;
-  for (const auto& c : cells) {
-    if (c.device != cell.device || c.context != cell.context || c.kv_heads != c.n_heads) continue;
-    if (c.variant_id == 1) return c.timing.median_ms;
-    if (c.variant_id == cell.variant_id) own = &c;
+  for (const auto& other : cells) {
+    if (other.device != cell.device || other.context != cell.context || other.kv_heads != other.n_heads) continue;
+    if (other.variant_id == 1) return other.timing.median_ms;
+    if (other.variant_id == cell.variant_id) own = &other;
   }
   return own ? own->timing.median_ms : cell.timing.median_ms;
 }
@@ -120,28 +120,28 @@ double mha_baseline_ms(const std::vector<step03::SweepCell>& cells, const step03
 // copy_gbps: the GPU's measured device-to-device copy bandwidth (0: no GPU);
 // CUDA rows say what fraction of it they reach.
 void add_sweep_rows(llm::Results& results, const step03::SweepResult& sweep, double copy_gbps) {
-  for (const auto& c : sweep.cells) {
+  for (const auto& cell : sweep.cells) {
     llm::ResultRow row = llm::timed_result_row(
-        c.device, c.variant_id,
-        fmt::format("{} {}/{} @{}", c.variant_name, c.n_heads, c.kv_heads, context_label(c.context)), c.timing,
-        mha_baseline_ms(sweep.cells, c) / c.timing.median_ms, c.error);
+        cell.device, cell.variant_id,
+        fmt::format("{} {}/{} @{}", cell.variant_name, cell.n_heads, cell.kv_heads, context_label(cell.context)), cell.timing,
+        mha_baseline_ms(sweep.cells, cell) / cell.timing.median_ms, cell.error);
     // Effective bandwidth: bytes of K/V in the cache over the time. The
     // group-aware variant reads exactly these; repeat_kv reads them, writes
     // n_heads/kv_heads times as many and reads those again.
     row.throughput_key = "gbps";
-    row.throughput = static_cast<double>(c.cache_bytes_at_context) / (c.timing.median_ms * 1e-3) / 1e9;
+    row.throughput = static_cast<double>(cell.cache_bytes_at_context) / (cell.timing.median_ms * 1e-3) / 1e9;
     row.extra["kind"] = std::string("decode_attention");
-    row.extra["variant_name"] = c.variant_name;
-    row.extra["n_heads"] = static_cast<long long>(c.n_heads);
-    row.extra["kv_heads"] = static_cast<long long>(c.kv_heads);
-    row.extra["group"] = static_cast<long long>(c.n_heads / c.kv_heads);
-    row.extra["context"] = static_cast<long long>(c.context);
-    row.extra["runs"] = static_cast<long long>(c.timing.runs);
-    row.extra["kv_bytes_per_token_formula"] = static_cast<long long>(c.kv_bytes_per_token_formula);
-    row.extra["kv_bytes_per_token_measured"] = static_cast<long long>(c.kv_bytes_per_token_measured);
-    row.extra["cache_bytes_at_context"] = static_cast<long long>(c.cache_bytes_at_context);
-    if (c.device == "cuda" && copy_gbps > 0) row.extra["fraction_of_copy_bandwidth"] = row.throughput / copy_gbps;
-    llm::report_if_failed(c.device + " " + row.variant, c.error);
+    row.extra["variant_name"] = cell.variant_name;
+    row.extra["n_heads"] = static_cast<long long>(cell.n_heads);
+    row.extra["kv_heads"] = static_cast<long long>(cell.kv_heads);
+    row.extra["group"] = static_cast<long long>(cell.n_heads / cell.kv_heads);
+    row.extra["context"] = static_cast<long long>(cell.context);
+    row.extra["runs"] = static_cast<long long>(cell.timing.runs);
+    row.extra["kv_bytes_per_token_formula"] = static_cast<long long>(cell.kv_bytes_per_token_formula);
+    row.extra["kv_bytes_per_token_measured"] = static_cast<long long>(cell.kv_bytes_per_token_measured);
+    row.extra["cache_bytes_at_context"] = static_cast<long long>(cell.cache_bytes_at_context);
+    if (cell.device == "cuda" && copy_gbps > 0) row.extra["fraction_of_copy_bandwidth"] = row.throughput / copy_gbps;
+    llm::report_if_failed(cell.device + " " + row.variant, cell.error);
     results.add_row(std::move(row));
   }
 }
@@ -150,8 +150,8 @@ void add_sweep_rows(llm::Results& results, const step03::SweepResult& sweep, dou
 // and the speedup against MHA. The table the docs quote.
 void print_sweep_pivot(const step03::SweepResult& sweep, const std::vector<int>& contexts) {
   std::vector<std::string> devices;
-  for (const auto& c : sweep.cells)
-    if (std::find(devices.begin(), devices.end(), c.device) == devices.end()) devices.push_back(c.device);
+  for (const auto& cell : sweep.cells)
+    if (std::find(devices.begin(), devices.end(), cell.device) == devices.end()) devices.push_back(cell.device);
   for (const std::string& device : devices) {
     fmt::print("\ndecode attention on {}: median ms per call (speedup vs MHA group_aware at the same context)\n",
                device);
@@ -160,11 +160,11 @@ void print_sweep_pivot(const step03::SweepResult& sweep, const std::vector<int>&
     fmt::print("\n");
     std::map<std::pair<int, int>, std::map<int, const step03::SweepCell*>> grid;  // (variant, kv) -> context -> cell
     std::vector<std::pair<int, int>> order;
-    for (const auto& c : sweep.cells) {
-      if (c.device != device) continue;
-      const auto key = std::make_pair(c.variant_id, c.kv_heads);
+    for (const auto& cell : sweep.cells) {
+      if (cell.device != device) continue;
+      const auto key = std::make_pair(cell.variant_id, cell.kv_heads);
       if (!grid.count(key)) order.push_back(key);
-      grid[key][c.context] = &c;
+      grid[key][cell.context] = &cell;
     }
     for (const auto& key : order) {
       const auto& first = *grid[key].begin()->second;
@@ -176,25 +176,25 @@ void print_sweep_pivot(const step03::SweepResult& sweep, const std::vector<int>&
           fmt::print(" {:>17}", "-");
           continue;
         }
-        const auto& c = *it->second;
-        fmt::print(" {:>17}", fmt::format("{:.3f} ({:.1f}x)", c.timing.median_ms,
-                                          mha_baseline_ms(sweep.cells, c) / c.timing.median_ms));
+        const auto& cell = *it->second;
+        fmt::print(" {:>17}", fmt::format("{:.3f} ({:.1f}x)", cell.timing.median_ms,
+                                          mha_baseline_ms(sweep.cells, cell) / cell.timing.median_ms));
       }
       fmt::print("\n");
     }
   }
-  for (const auto& s : sweep.skipped) fmt::print("skipped: {}\n", s);
+  for (const auto& reason : sweep.skipped) fmt::print("skipped: {}\n", reason);
 }
 
 // The step's claim: group-aware with groups of 8 at 8k+ context is >= 3x
 // faster than MHA. Printed per device as measured (it is a measurement, not a
 // correctness check: it does not change the exit status).
 void print_claim(const step03::SweepResult& sweep) {
-  for (const auto& c : sweep.cells) {
-    if (c.variant_id != 1 || c.n_heads / c.kv_heads != 8 || c.context < 8192) continue;
-    const double speedup = mha_baseline_ms(sweep.cells, c) / c.timing.median_ms;
-    fmt::print("claim: {} group_aware, groups of 8 ({}/{}), context {}: {:.2f}x faster than MHA -> {}\n", c.device,
-               c.n_heads, c.kv_heads, c.context, speedup, speedup >= 3.0 ? "holds (>= 3x)" : "does NOT hold (< 3x)");
+  for (const auto& cell : sweep.cells) {
+    if (cell.variant_id != 1 || cell.n_heads / cell.kv_heads != 8 || cell.context < 8192) continue;
+    const double speedup = mha_baseline_ms(sweep.cells, cell) / cell.timing.median_ms;
+    fmt::print("claim: {} group_aware, groups of 8 ({}/{}), context {}: {:.2f}x faster than MHA -> {}\n", cell.device,
+               cell.n_heads, cell.kv_heads, cell.context, speedup, speedup >= 3.0 ? "holds (>= 3x)" : "does NOT hold (< 3x)");
   }
 }
 
@@ -271,8 +271,8 @@ llm::JsonTable cache_by_kv_heads(const step03::SweepOptions& sweep_options, cons
     llm::ModelConfig model = layer;
     model.n_layers = 32;
     long long measured = -1;  // -1: no cache of this config was allocated
-    for (const auto& c : sweep.cells)
-      if (c.kv_heads == kv) measured = static_cast<long long>(c.kv_bytes_per_token_measured);
+    for (const auto& cell : sweep.cells)
+      if (cell.kv_heads == kv) measured = static_cast<long long>(cell.kv_bytes_per_token_measured);
     const std::size_t fp16_token = model.kv_bytes_per_token(2);
     fmt::print("{:>8} {:>6} {:>22} {:>22} {:>24} {:>14} {:>14}\n", kv, sweep_options.n_heads / kv,
                layer.kv_bytes_per_token(), measured >= 0 ? fmt::format("{}", measured) : "-",
