@@ -11,7 +11,10 @@ function(llm_add_step name)
   cmake_parse_arguments(STEP "" "" "SOURCES;CUDA_SOURCES;NO_CUDA_SOURCES;LINK" ${ARGN})
   set(lib ${name}_lib)
   add_library(${lib} STATIC ${STEP_SOURCES})
-  target_include_directories(${lib} PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+  # The repository root, not the step folder: step headers are included with
+  # their folder's name ("step02_flash_attention/variants.hpp"), so two steps'
+  # variants.hpp never collide when one step links another's library.
+  target_include_directories(${lib} PUBLIC ${PROJECT_SOURCE_DIR})
   target_link_libraries(${lib} PUBLIC llm_common ${STEP_LINK})
   # Eigen's AVX-512 code trips GCC 12's -Wmaybe-uninitialized (false positives).
   target_compile_options(${lib} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-maybe-uninitialized>)

@@ -6,9 +6,9 @@
 
 #include "llm/harness/benchmark_main.hpp"
 
-#include "generation.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
+#include "step01_kv_cache/generation.hpp"
 
 namespace {
 

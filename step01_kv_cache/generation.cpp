@@ -1,4 +1,4 @@
-#include "generation.hpp"
+#include "step01_kv_cache/generation.hpp"
 
 #include <fmt/format.h>
 

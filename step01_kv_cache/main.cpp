@@ -10,20 +10,47 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
 
-#include "generation.hpp"
-#include "llm/cpu_model.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
-#include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
 #include "llm/harness/compare.hpp"
+#include "llm/harness/generated_text.hpp"
+#include "llm/harness/model_on_device.hpp"
+#include "llm/harness/result_rows.hpp"
 #include "llm/harness/results.hpp"
+#include "llm/harness/step_command_line.hpp"
 #include "llm/harness/timer.hpp"
+#include "step01_kv_cache/generation.hpp"
 
 namespace {
 
+struct Step01Options {
+  llm::CommonOptions common;
+  int repeats = 5;  // --repeats: timed generations per variant
+};
+
+// Returns the exit status when the program should stop (--help, a bad flag, --list).
+std::optional<int> parse_options(int argc, char** argv, Step01Options& options) {
+  const auto exit_status = llm::parse_step_command_line(
+      "Step 01: the KV cache. Generation with and without caching K/V, on CPU and CUDA.", argc, argv, options.common,
+      [&options](CLI::App& app) {
+        app.add_option("--repeats", options.repeats, "timed runs per variant (median reported)")
+            ->check(CLI::PositiveNumber);
+      },
+      [] { llm::print_variant_list(step01::variants(), 10); });
+  if (options.common.quick) {
+    options.common.steps = std::min(options.common.steps, 48);
+    options.repeats = 1;
+  }
+  return exit_status;
+}
+
+// One variant's generations on one device.
 struct Measured {
   std::string device;
   const llm::Variant<step01::GenerateFn>* variant;
@@ -32,24 +59,20 @@ struct Measured {
   std::vector<double> median_token_ms;     // [n_generated] per-token median over the repeats
 };
 
-std::unique_ptr<llm::Model> make_model(const std::string& device, const llm::ModelWeights& weights) {
-  if (device == "cpu") return std::make_unique<llm::CpuModel>(weights);
-  return llm::cuda::make_cuda_model(weights);
-}
-
 Measured measure(const std::string& device, llm::Model& model, const llm::Variant<step01::GenerateFn>& variant,
-                 std::span<const int> prompt, int positions, const llm::CommonOptions& o, int repeats) {
+                 std::span<const int> prompt, int positions, const llm::CommonOptions& options, int repeats) {
   Measured m{device, &variant, {}, {}, {}};
   // Warm-up: touches every weight and scratch buffer (and, on CUDA, loads the
   // kernels) so the timed runs measure steady state.
   {
-    llm::Sampler sampler(model.config().vocab_size, o.temperature, o.top_p, o.seed);
+    llm::Sampler sampler(model.config().vocab_size, options.temperature, options.top_p, options.seed);
     variant.fn(model, prompt, std::min(positions, static_cast<int>(prompt.size()) + 8), sampler);
   }
-  std::vector<double> totals;
-  std::vector<std::vector<double>> token_ms;
+  std::vector<double> totals;                 // [repeats] whole-generation ms
+  std::vector<std::vector<double>> token_ms;  // [repeats][n_generated] ms per token
   for (int r = 0; r < repeats; ++r) {
-    llm::Sampler sampler(model.config().vocab_size, o.temperature, o.top_p, o.seed);  // same seed: same tokens
+    // Same seed every run: the same tokens.
+    llm::Sampler sampler(model.config().vocab_size, options.temperature, options.top_p, options.seed);
     step01::GenerationResult result = variant.fn(model, prompt, positions, sampler);
     totals.push_back(result.total_ms);
     token_ms.push_back(result.token_ms);
@@ -57,12 +80,27 @@ Measured measure(const std::string& device, llm::Model& model, const llm::Varian
   }
   m.total = llm::TimingStats::from_samples(totals);
   for (std::size_t t = 0; t < m.first.token_ms.size(); ++t) {
-    std::vector<double> samples;
+    std::vector<double> samples;  // [repeats] token t's ms
     for (const auto& run : token_ms)
       if (t < run.size()) samples.push_back(run[t]);
     m.median_token_ms.push_back(llm::TimingStats::from_samples(samples).median_ms);
   }
   return m;
+}
+
+// Every selected variant on every selected device, CPU first; each device's
+// model is freed before the next one's is built.
+std::vector<Measured> measure_all(const llm::ModelWeights& weights, const std::vector<int>& selected,
+                                  const llm::DeviceSelection& devices, std::span<const int> prompt, int positions,
+                                  const Step01Options& options) {
+  std::vector<Measured> runs;
+  for (const std::string& device : llm::selected_device_names(devices)) {
+    auto model = llm::make_model_on(device, weights);
+    for (const auto& variant : step01::variants())
+      if (llm::is_selected(selected, variant.id))
+        runs.push_back(measure(device, *model, variant, prompt, positions, options.common, options.repeats));
+  }
+  return runs;
 }
 
 // Tokens identical, and logits within fp32 model tolerance up to (and at) the
@@ -87,6 +125,15 @@ double window_median(const std::vector<double>& ms, std::size_t index) {
   return llm::TimingStats::from_samples(std::vector<double>(ms.begin() + lo, ms.begin() + hi)).median_ms;
 }
 
+// Per-position checkpoints (indices of generated tokens): the first, the
+// quarter points and the last.
+std::vector<std::size_t> position_checkpoints(std::size_t n_generated) {
+  std::vector<std::size_t> checkpoints;
+  for (int q = 0; q <= 4; ++q) checkpoints.push_back((n_generated - 1) * q / 4);
+  checkpoints.erase(std::unique(checkpoints.begin(), checkpoints.end()), checkpoints.end());
+  return checkpoints;
+}
+
 // Cached decode against the memory-bound floor: the bytes a step must read
 // (weights + K/V so far, decode_bytes_per_token) over the measured time per
 // token, at the first and the last checkpoint, and on CUDA as a fraction of
@@ -103,10 +150,10 @@ std::vector<DecodeBandwidth> decode_bandwidth(const Measured& m, const llm::Mode
                                               const std::vector<std::size_t>& checkpoints) {
   std::vector<DecodeBandwidth> out;
   if (m.variant->id != 1) return out;
-  for (std::size_t c : {checkpoints.front(), checkpoints.back()}) {
-    const std::size_t context = c + static_cast<std::size_t>(m.first.prompt_length);
+  for (std::size_t checkpoint : {checkpoints.front(), checkpoints.back()}) {
+    const std::size_t context = checkpoint + static_cast<std::size_t>(m.first.prompt_length);
     const double bytes = static_cast<double>(step01::decode_bytes_per_token(config, static_cast<long long>(context)));
-    const double ms = window_median(m.median_token_ms, c);
+    const double ms = window_median(m.median_token_ms, checkpoint);
     out.push_back({context, bytes, ms, bytes / (ms * 1e-3) / 1e9});
   }
   return out;
@@ -125,6 +172,62 @@ void add_bandwidth(llm::ResultRow& row, const std::vector<DecodeBandwidth>& band
   }
 }
 
+llm::Results make_results(const llm::LoadedModel& loaded, const llm::DeviceSelection& devices,
+                          std::size_t prompt_tokens, int positions, const Step01Options& options) {
+  llm::Results results("step01_kv_cache", "KV cache: recompute the prefix vs cache K/V");
+  results.set_device_info(llm::device_info_for(devices));
+  results.set_config("model", loaded.name);
+  results.set_config("model_config", loaded.weights.config.describe());
+  results.set_config("prompt_tokens", static_cast<long long>(prompt_tokens));
+  results.set_config("positions", static_cast<long long>(positions));
+  results.set_config("temperature", static_cast<double>(options.common.temperature));
+  results.set_config("repeats", static_cast<long long>(options.repeats));
+  results.set_config("quick", options.common.quick);
+  return results;
+}
+
+// One row per run: total time, tokens/s, speedup over the same device's
+// recompute, the check against `reference`, time per token at each checkpoint.
+void add_rows(llm::Results& results, const std::vector<Measured>& runs, const Measured& reference,
+              const llm::ModelConfig& config, const std::vector<std::size_t>& checkpoints, double copy_gbps) {
+  std::map<std::string, double> baseline_ms;  // per device: variant 0's total time
+  for (const auto& m : runs)
+    if (m.variant->id == 0) baseline_ms[m.device] = m.total.median_ms;
+  for (const auto& m : runs) {
+    const auto error = check(m, reference, config.vocab_size);
+    const double speedup = baseline_ms.count(m.device) ? baseline_ms[m.device] / m.total.median_ms : 1.0;
+    llm::ResultRow row = llm::timed_result_row(m.device, m.variant->id, m.variant->name, m.total, speedup, error);
+    row.throughput_key = "tokens_per_s";
+    row.throughput = static_cast<double>(m.first.tokens.size()) / (m.total.median_ms / 1000.0);
+    row.extra["tokens_generated"] = static_cast<long long>(m.first.tokens.size());
+    row.extra["tokens_identical"] = llm::compare_tokens(m.first.tokens, reference.first.tokens).ok;
+    row.extra["kv_bytes_allocated"] = static_cast<long long>(m.first.kv_bytes_allocated);
+    for (std::size_t checkpoint : checkpoints)
+      if (checkpoint < m.median_token_ms.size())
+        row.extra[fmt::format("ms_per_token_at_pos_{:04}", checkpoint + m.first.prompt_length)] =
+            window_median(m.median_token_ms, checkpoint);
+    add_bandwidth(row, decode_bandwidth(m, config, checkpoints), copy_gbps);
+    llm::report_if_failed(m.device + " " + m.variant->name, error);
+    results.add_row(std::move(row));
+  }
+}
+
+// Time per token against position: recompute grows, the cache stays flat.
+void print_time_per_token(const std::vector<Measured>& runs, const std::vector<std::size_t>& checkpoints,
+                          int prompt_length) {
+  fmt::print("time per generated token (median over repeats and a 7-token window), by position:\n");
+  fmt::print("{:<6} {:<10}", "device", "variant");
+  for (std::size_t checkpoint : checkpoints) fmt::print(" {:>10}", fmt::format("pos {}", checkpoint + prompt_length));
+  fmt::print(" {:>8}\n", "last/1st");
+  for (const auto& m : runs) {
+    fmt::print("{:<6} {:<10}", m.device, m.variant->name);
+    for (std::size_t checkpoint : checkpoints)
+      fmt::print(" {:>10}", fmt::format("{:.4f} ms", window_median(m.median_token_ms, checkpoint)));
+    fmt::print(" {:>7.1f}x\n", window_median(m.median_token_ms, checkpoints.back()) /
+                                   window_median(m.median_token_ms, checkpoints.front()));
+  }
+}
+
 void print_bandwidth(const std::vector<Measured>& runs, const llm::ModelConfig& config,
                      const std::vector<std::size_t>& checkpoints, double copy_gbps) {
   fmt::print("\ncached decode vs the memory floor: bytes read per token (weights + K/V so far) / time per token{}\n",
@@ -138,142 +241,29 @@ void print_bandwidth(const std::vector<Measured>& runs, const llm::ModelConfig& 
                                                      : std::string());
 }
 
-int body(int argc, char** argv) {
-  CLI::App app{"Step 01: the KV cache. Generation with and without caching K/V, on CPU and CUDA."};
-  llm::CommonOptions o;
-  int repeats = 5;
-  llm::add_common_options(app, o);
-  app.add_option("--repeats", repeats, "timed runs per variant (median reported)")->check(CLI::PositiveNumber);
-  if (const auto status = llm::parse_command_line(app, argc, argv)) return *status;
-
-  const auto& table = step01::variants();
-  if (o.list_variants) {
-    for (const auto& v : table) fmt::print("{:>3}  {:<10} {}\n", v.id, v.name, v.what_changed);
-    return 0;
-  }
-  if (o.quick) {
-    o.steps = std::min(o.steps, 48);
-    repeats = 1;
-  }
-  const std::vector<int> selected = llm::parse_variant_selection(o.variant, llm::variant_ids(table));
-  const llm::DeviceSelection devices = llm::select_devices(o.device);
-
-  llm::LoadedModel loaded = llm::load_model(o);
-  const llm::ModelConfig& config = loaded.weights.config;
-  const std::vector<int> prompt = loaded.tokenizer.encode(o.prompt, /*add_bos=*/true, /*add_eos=*/false);
-  // llama2.c caps -n at the context length; so do we.
-  const int positions = std::min(o.steps, config.seq_len);
-  if (static_cast<int>(prompt.size()) > positions)
-    throw llm::InputError(fmt::format("the prompt is {} tokens but --steps is {} (and the context {})", prompt.size(),
-                                      positions, config.seq_len));
-
-  std::vector<Measured> runs;
-  for (const std::string device : {"cpu", "cuda"}) {
-    if ((device == "cpu" && !devices.cpu) || (device == "cuda" && !devices.cuda)) continue;
-    auto model = make_model(device, loaded.weights);
-    for (const auto& v : table)
-      if (std::find(selected.begin(), selected.end(), v.id) != selected.end())
-        runs.push_back(measure(device, *model, v, prompt, positions, o, repeats));
-  }
-  const Measured& reference = runs.front();  // CPU recompute when selected: the plainest algorithm
-
-  // The text, as llama2.c prints it (no BOS, printable pieces only).
-  {
-    int previous = prompt.back();
-    std::string text;
-    for (std::size_t i = 1; i < prompt.size(); ++i) text += loaded.tokenizer.decode_printable(prompt[i - 1], prompt[i]);
-    for (int token : reference.first.tokens) {
-      if (token == llm::Tokenizer::kBos) break;
-      text += loaded.tokenizer.decode_printable(previous, token);
-      previous = token;
-    }
-    fmt::print("{}\n\n", text);
-  }
-
-  llm::Results results("step01_kv_cache", "KV cache: recompute the prefix vs cache K/V");
-  results.set_device_info(llm::device_info_for(devices));
-  results.set_config("model", loaded.name);
-  results.set_config("model_config", config.describe());
-  results.set_config("prompt_tokens", static_cast<long long>(prompt.size()));
-  results.set_config("positions", static_cast<long long>(positions));
-  results.set_config("temperature", static_cast<double>(o.temperature));
-  results.set_config("repeats", static_cast<long long>(repeats));
-  results.set_config("quick", o.quick);
-
-  // Per-position checkpoints: first, quarter points, last generated token.
-  const std::size_t n_generated = reference.first.tokens.size();
-  std::vector<std::size_t> checkpoints;
-  for (int q = 0; q <= 4; ++q) checkpoints.push_back((n_generated - 1) * q / 4);
-  checkpoints.erase(std::unique(checkpoints.begin(), checkpoints.end()), checkpoints.end());
-
-  // The memory-bound ceiling of this GPU, measured now (after the models are gone).
-  const double copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
-  if (copy_gbps > 0) results.set_config("cuda_copy_gbps", copy_gbps);
-  std::map<std::string, double> baseline_ms;  // per device: variant 0's total time
-  for (const auto& m : runs)
-    if (m.variant->id == 0) baseline_ms[m.device] = m.total.median_ms;
-  for (const auto& m : runs) {
-    const auto error = check(m, reference, config.vocab_size);
-    llm::ResultRow row;
-    row.device = m.device;
-    row.variant = m.variant->name;
-    row.id = m.variant->id;
-    row.time_ms = m.total.median_ms;
-    row.speedup = baseline_ms.count(m.device) ? baseline_ms[m.device] / m.total.median_ms : 1.0;
-    row.max_rel_err = error.max_rel_err;
-    row.ok = error.ok;
-    row.throughput_key = "tokens_per_s";
-    row.throughput = static_cast<double>(m.first.tokens.size()) / (m.total.median_ms / 1000.0);
-    row.extra["tokens_generated"] = static_cast<long long>(m.first.tokens.size());
-    row.extra["time_min_ms"] = m.total.min_ms;
-    row.extra["time_max_ms"] = m.total.max_ms;
-    row.extra["max_abs_err"] = error.max_abs_err;
-    row.extra["tokens_identical"] = llm::compare_tokens(m.first.tokens, reference.first.tokens).ok;
-    row.extra["kv_bytes_allocated"] = static_cast<long long>(m.first.kv_bytes_allocated);
-    for (std::size_t c : checkpoints)
-      if (c < m.median_token_ms.size())
-        row.extra[fmt::format("ms_per_token_at_pos_{:04}", c + m.first.prompt_length)] =
-            window_median(m.median_token_ms, c);
-    add_bandwidth(row, decode_bandwidth(m, config, checkpoints), copy_gbps);
-    if (!error.ok) std::fprintf(stderr, "check failed for %s %s: %s\n", m.device.c_str(), m.variant->name.c_str(),
-                                error.summary().c_str());
-    results.add_row(std::move(row));
-  }
-  fmt::print("{}\n", results.format_table());
-
-  // Time per token against position: recompute grows, the cache stays flat.
-  fmt::print("time per generated token (median over repeats and a 7-token window), by position:\n");
-  fmt::print("{:<6} {:<10}", "device", "variant");
-  for (std::size_t c : checkpoints) fmt::print(" {:>10}", fmt::format("pos {}", c + reference.first.prompt_length));
-  fmt::print(" {:>8}\n", "last/1st");
-  for (const auto& m : runs) {
-    fmt::print("{:<6} {:<10}", m.device, m.variant->name);
-    for (std::size_t c : checkpoints) fmt::print(" {:>10}", fmt::format("{:.4f} ms", window_median(m.median_token_ms, c)));
-    fmt::print(" {:>7.1f}x\n", window_median(m.median_token_ms, checkpoints.back()) /
-                                   window_median(m.median_token_ms, checkpoints.front()));
-  }
-
-  print_bandwidth(runs, config, checkpoints, copy_gbps);
-
-  // KV cache size: the formula, for this model and two real ones.
+// KV cache size: the formula, for this model and two real ones, and the bytes
+// each device's cache allocated this run. Returns the formula's bytes for this
+// run.
+std::size_t print_cache_sizes(const std::vector<Measured>& runs, const std::string& model_name,
+                              const llm::ModelConfig& config, int positions) {
   struct CacheRow {
     std::string name;
-    int layers, kv_heads, head_dim, bytes;
+    int layers, kv_heads, head_dim, bytes_per_value;
     long long positions;
   };
   const std::vector<CacheRow> cache_rows = {
-      {loaded.name + " (fp32, this run)", config.n_layers, config.n_kv_heads, config.head_dim(), 4, positions},
-      {loaded.name + " (fp32, full context)", config.n_layers, config.n_kv_heads, config.head_dim(), 4, config.seq_len},
+      {model_name + " (fp32, this run)", config.n_layers, config.n_kv_heads, config.head_dim(), 4, positions},
+      {model_name + " (fp32, full context)", config.n_layers, config.n_kv_heads, config.head_dim(), 4, config.seq_len},
       {"Llama-2-7B (fp16, 4k context)", 32, 32, 128, 2, 4096},
       {"Llama-2-70B (fp16, 4k, GQA 8 KV heads)", 80, 8, 128, 2, 4096},
   };
   fmt::print("\nKV cache bytes = 2 x layers x kv_heads x head_dim x positions x bytes/value\n");
   fmt::print("{:<42} {:>7} {:>8} {:>8} {:>9} {:>13} {:>12}\n", "model", "layers", "kv_heads", "head_dim", "positions",
              "per token", "total");
-  for (const auto& c : cache_rows) {
-    const auto total = step01::kv_cache_bytes(c.layers, c.kv_heads, c.head_dim, c.positions, c.bytes);
-    fmt::print("{:<42} {:>7} {:>8} {:>8} {:>9} {:>13} {:>12}\n", c.name, c.layers, c.kv_heads, c.head_dim,
-               c.positions, llm::format_bytes(static_cast<double>(total) / c.positions),
+  for (const auto& row : cache_rows) {
+    const auto total = step01::kv_cache_bytes(row.layers, row.kv_heads, row.head_dim, row.positions, row.bytes_per_value);
+    fmt::print("{:<42} {:>7} {:>8} {:>8} {:>9} {:>13} {:>12}\n", row.name, row.layers, row.kv_heads, row.head_dim,
+               row.positions, llm::format_bytes(static_cast<double>(total) / row.positions),
                llm::format_bytes(static_cast<double>(total)));
   }
   const auto formula_this_run =
@@ -283,12 +273,47 @@ int body(int argc, char** argv) {
       fmt::print("allocated by the {} cache this run: {} ({} bytes; formula {} bytes)\n", m.device,
                  llm::format_bytes(static_cast<double>(m.first.kv_bytes_allocated)), m.first.kv_bytes_allocated,
                  formula_this_run);
+  return formula_this_run;
+}
+
+int run_step01(int argc, char** argv) {
+  Step01Options options;
+  if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
+  const std::vector<int> selected =
+      llm::parse_variant_selection(options.common.variant, llm::variant_ids(step01::variants()));
+  const llm::DeviceSelection devices = llm::select_devices(options.common.device);
+
+  // The model, the prompt and how far to generate.
+  const llm::LoadedModel loaded = llm::load_model(options.common);
+  const llm::ModelConfig& config = loaded.weights.config;
+  const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);
+  const int positions = llm::generation_positions(options.common, config, prompt.size());
+
+  // Generate with each variant on each device; print the text, as llama2.c does.
+  const std::vector<Measured> runs = measure_all(loaded.weights, selected, devices, prompt, positions, options);
+  const Measured& reference = runs.front();  // CPU recompute when selected: the plainest algorithm
+  llm::print_generated_text(loaded.tokenizer, prompt, reference.first.tokens);
+
+  // The results table: every run checked against the reference.
+  llm::Results results = make_results(loaded, devices, prompt.size(), positions, options);
+  const std::vector<std::size_t> checkpoints = position_checkpoints(reference.first.tokens.size());
+  // The memory-bound ceiling of this GPU, measured now (after the models are gone).
+  const double copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
+  if (copy_gbps > 0) results.set_config("cuda_copy_gbps", copy_gbps);
+  add_rows(results, runs, reference, config, checkpoints, copy_gbps);
+  fmt::print("{}\n", results.format_table());
+
+  // Time per token by position, decode against the memory floor, cache sizes.
+  print_time_per_token(runs, checkpoints, reference.first.prompt_length);
+  print_bandwidth(runs, config, checkpoints, copy_gbps);
+  const std::size_t formula_this_run = print_cache_sizes(runs, loaded.name, config, positions);
+  // In the JSON only: the table above has printed its config line.
   results.set_config("kv_bytes_formula_this_run", static_cast<long long>(formula_this_run));
   results.set_config("kv_bytes_per_token", static_cast<long long>(config.kv_bytes_per_token()));
 
-  return llm::finish_run(results, o, devices);
+  return llm::finish_run(results, options.common, devices);
 }
 
 }  // namespace
 
-int main(int argc, char** argv) { return llm::run_main(argc, argv, body); }
+int main(int argc, char** argv) { return llm::run_main(argc, argv, run_step01); }

@@ -1,4 +1,4 @@
-#include "attention_problem.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
 
 #include <fmt/format.h>
 

@@ -12,10 +12,10 @@
 #include <memory>
 #include <vector>
 
-#include "attention_problem.hpp"
-#include "cuda_runner.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
-#include "variants.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
+#include "step02_flash_attention/cuda_runner.hpp"
+#include "step02_flash_attention/variants.hpp"
 
 namespace {
 

@@ -3,8 +3,8 @@
 // into the model through the attention hook (llm::cpu::PrefillAttentionFn).
 #include <cstddef>
 
-#include "attention_problem.hpp"
 #include "llm/attention.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
 
 namespace step02::cpu {
 

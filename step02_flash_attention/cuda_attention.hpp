@@ -6,16 +6,16 @@
 // every launch is checked (llm::DeviceError on failure).
 #include <cstddef>
 
-#include "attention_problem.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
 
 namespace step02::cuda {
 
-// Variant 2 (cuda_naive_attention.cu): S = QK^T/sqrt(d) for all heads in
+// Variant 2 (v2_cuda_naive_attention.cu): S = QK^T/sqrt(d) for all heads in
 // global memory (workspace), a softmax kernel over each row, then O = P V.
 void naive_attention(const AttentionProblem& p, const AttentionArgs& args);
 std::size_t naive_workspace_bytes(const AttentionProblem& p);  // n_heads * Sq * Sk floats
 
-// Variant 3 (cuda_flash1.cu): fp32, one thread per query row, K/V tiles in
+// Variant 3 (v3_cuda_flash1.cu): fp32, one thread per query row, K/V tiles in
 // shared memory, online softmax, output renormalized every tile (FA1). Also
 // the CUDA model's prefill hook (cuda_model_hooks.hpp: flash1_prefill).
 void flash1_attention(const AttentionProblem& p, const AttentionArgs& args);
@@ -23,13 +23,13 @@ void flash1_attention(const AttentionProblem& p, const AttentionArgs& args);
 // more head dims than the other fused kernels (down to the `tiny` preset's 8).
 const char* flash1_unsupported(const AttentionProblem& p);
 
-// Variants 4 and 5 (cuda_flash2_mma.cu): fp16 / bf16 inputs (args.q16, k16,
+// Variants 4 and 5 (v4_v5_cuda_flash2_mma.cu): fp16 / bf16 inputs (args.q16, k16,
 // v16), tensor-core mma.sync with fp32 accumulation, four warps per block
 // each owning 16 query rows (FA2).
 void flash2_fp16_attention(const AttentionProblem& p, const AttentionArgs& args);
 void flash2_bf16_attention(const AttentionProblem& p, const AttentionArgs& args);
 
-// Variant 6 (cuda_split_kv_decode.cu): Flash-Decoding. Each (query, head) is
+// Variant 6 (v6_cuda_split_kv_decode.cu): Flash-Decoding. Each (query, head) is
 // split over several blocks along the keys; each writes a partial (m, l, o)
 // to the workspace and a second kernel reduces them. Reads K/V through the
 // KvView (so a paged cache works too). Made for seqlen_q = 1, correct for any.

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <string>
 
-#include "attention_problem.hpp"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/errors.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
 
 namespace step02::cuda::detail {
 

@@ -10,22 +10,22 @@
 #include <vector>
 
 // Two files are called cuda_attention.hpp: common/cuda's (the model's hook,
-// CudaAttentionKernels) and this folder's (the variants). A quoted include
-// looks in the including file's folder first, so the line below gets this
-// folder's, and cuda_model.hpp (common/cuda, a public include directory of
+// CudaAttentionKernels) and this folder's (the variants). Step headers are
+// included with their folder's name (step02_flash_attention/...), so the two
+// never meet: cuda_model.hpp (common/cuda, a public include directory of
 // llm_common in CUDA builds) gets the hook from its own folder. Likewise the
 // namespaces: inside namespace step02, cuda:: is step02::cuda, so the model's
 // types are always spelled llm::cuda::...
-#include "cuda_attention.hpp"    // this folder: flash1_unsupported
-#include "cuda_model.hpp"        // common/cuda: CudaModel, CudaModelOptions, CudaAttentionKernels
-#include "cuda_model_hooks.hpp"  // this folder: flash1_prefill and its workspace function
-#include "cuda_runner.hpp"
-#include "half_precision.hpp"
+#include "cuda_model.hpp"  // common/cuda: CudaModel, CudaModelOptions, CudaAttentionKernels
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/cuda/cuda_timer.hpp"
 #include "llm/cuda/device_buffer.hpp"
 #include "llm/errors.hpp"
+#include "step02_flash_attention/cuda_attention.hpp"  // the variants: flash1_unsupported
+#include "step02_flash_attention/cuda_model_hooks.hpp"  // flash1_prefill and its workspace function
+#include "step02_flash_attention/cuda_runner.hpp"
+#include "step02_flash_attention/half_precision.hpp"
 
 namespace step02 {
 

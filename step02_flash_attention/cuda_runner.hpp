@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "attention_problem.hpp"
 #include "llm/harness/timer.hpp"
 #include "llm/model.hpp"
 #include "llm/weights.hpp"
-#include "variants.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
+#include "step02_flash_attention/variants.hpp"
 
 namespace step02 {
 

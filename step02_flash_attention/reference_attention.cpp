@@ -1,4 +1,4 @@
-#include "reference_attention.hpp"
+#include "step02_flash_attention/reference_attention.hpp"
 
 #include <cmath>
 #include <limits>

@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-#include "attention_problem.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
 
 namespace step02 {
 

@@ -1,10 +1,10 @@
-#include "variants.hpp"
+#include "step02_flash_attention/variants.hpp"
 
 #include <fmt/format.h>
 
-#include "cpu_attention.hpp"
-#include "cuda_attention.hpp"
 #include "llm/errors.hpp"
+#include "step02_flash_attention/cpu_attention.hpp"
+#include "step02_flash_attention/cuda_attention.hpp"
 
 namespace step02 {
 namespace {

@@ -16,9 +16,9 @@
 #include <cstddef>
 #include <vector>
 
-#include "attention_problem.hpp"
 #include "llm/harness/compare.hpp"
 #include "llm/harness/variant.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
 
 namespace step02 {
 

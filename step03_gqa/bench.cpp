@@ -16,11 +16,11 @@
 #include <memory>
 #include <span>
 
-#include "cuda_gqa_attention.hpp"
-#include "decode_attention_sweep.hpp"
-#include "gqa_attention.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/kv_cache.hpp"
+#include "step03_gqa/cuda_gqa_attention.hpp"
+#include "step03_gqa/decode_attention_sweep.hpp"
+#include "step03_gqa/gqa_attention.hpp"
 
 namespace {
 

@@ -1,16 +1,16 @@
-#include "conversion_experiment.hpp"
+#include "step03_gqa/conversion_experiment.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "kv_heads_conversion.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/timer.hpp"
 #include "llm/sampler.hpp"
 #include "llm/tokenizer.hpp"
+#include "step03_gqa/kv_heads_conversion.hpp"
 
 namespace step03 {
 namespace {

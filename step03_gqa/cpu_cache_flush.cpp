@@ -1,4 +1,4 @@
-#include "cpu_cache_flush.hpp"
+#include "step03_gqa/cpu_cache_flush.hpp"
 
 #include <unistd.h>
 

@@ -23,11 +23,11 @@
 #include <cmath>
 #include <string>
 
-#include "cuda_gqa_attention.hpp"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_timer.hpp"
 #include "llm/cuda/device_buffer.hpp"
 #include "llm/errors.hpp"
+#include "step03_gqa/cuda_gqa_attention.hpp"
 
 namespace step03 {
 namespace {

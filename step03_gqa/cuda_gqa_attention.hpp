@@ -10,8 +10,8 @@
 #include <span>
 #include <vector>
 
-#include "gqa_attention.hpp"
 #include "llm/harness/timer.hpp"
+#include "step03_gqa/gqa_attention.hpp"
 
 namespace step03 {
 

@@ -1,8 +1,8 @@
 // Compiled only when the course is built without CUDA: the CUDA variants and
 // CudaDecodeProblem report that, so the CPU-only build links and runs
 // unchanged (main.cpp and the tests ask llm::cuda::device_status() first).
-#include "cuda_gqa_attention.hpp"
 #include "llm/errors.hpp"
+#include "step03_gqa/cuda_gqa_attention.hpp"
 
 namespace step03 {
 namespace {

@@ -1,4 +1,4 @@
-#include "decode_attention_sweep.hpp"
+#include "step03_gqa/decode_attention_sweep.hpp"
 
 #include <fmt/format.h>
 
@@ -7,11 +7,11 @@
 #include <memory>
 #include <span>
 
-#include "cpu_cache_flush.hpp"
-#include "cuda_gqa_attention.hpp"
-#include "gqa_attention.hpp"
 #include "llm/attention.hpp"
 #include "llm/kv_cache.hpp"
+#include "step03_gqa/cpu_cache_flush.hpp"
+#include "step03_gqa/cuda_gqa_attention.hpp"
+#include "step03_gqa/gqa_attention.hpp"
 
 namespace step03 {
 namespace {

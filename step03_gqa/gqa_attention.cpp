@@ -1,4 +1,4 @@
-#include "gqa_attention.hpp"
+#include "step03_gqa/gqa_attention.hpp"
 
 #include <Eigen/Core>
 
@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "cuda_gqa_attention.hpp"
 #include "llm/errors.hpp"
+#include "step03_gqa/cuda_gqa_attention.hpp"
 
 namespace step03 {
 namespace {

@@ -1,4 +1,4 @@
-#include "kv_cache_sizes.hpp"
+#include "step03_gqa/kv_cache_sizes.hpp"
 
 #include <cmath>
 

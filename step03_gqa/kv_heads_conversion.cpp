@@ -1,4 +1,4 @@
-#include "kv_heads_conversion.hpp"
+#include "step03_gqa/kv_heads_conversion.hpp"
 
 #include <fmt/format.h>
 

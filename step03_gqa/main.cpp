@@ -17,33 +17,67 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
+#include <optional>
 #include <sstream>
 
-#include "conversion_experiment.hpp"
-#include "decode_attention_sweep.hpp"
-#include "gqa_attention.hpp"
-#include "kv_cache_sizes.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
+#include "llm/harness/generated_text.hpp"
+#include "llm/harness/result_rows.hpp"
 #include "llm/harness/results.hpp"
+#include "llm/harness/step_command_line.hpp"
+#include "step03_gqa/conversion_experiment.hpp"
+#include "step03_gqa/decode_attention_sweep.hpp"
+#include "step03_gqa/gqa_attention.hpp"
+#include "step03_gqa/kv_cache_sizes.hpp"
 
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-struct StepOptions {
-  int repeats = 5;
-  std::string contexts = "1024,2048,4096,8192,16384,32768";
-  std::string kv_heads = "32,16,8,4,1";
+struct Step03Options {
+  llm::CommonOptions common;
+  int repeats = 5;                                            // --repeats: timed runs per cell
+  std::string contexts = "1024,2048,4096,8192,16384,32768";  // --contexts
+  std::string kv_heads = "32,16,8,4,1";                       // --kv-heads
   int query_heads = 32;
   int head_dim = 128;
-  bool no_flush = false;
-  double max_host_gib = 4.0;
+  bool no_flush = false;      // --no-flush: warm CPU caches between timed runs
+  double max_host_gib = 4.0;  // --max-host-gib: skip contexts needing more host memory
   double kv_budget_gib = 40.0;
 };
+
+// Returns the exit status when the program should stop (--help, a bad flag, --list).
+std::optional<int> parse_options(int argc, char** argv, Step03Options& options) {
+  return llm::parse_step_command_line(
+      "Step 03: grouped-query attention. KV heads vs cache size and decode attention time; "
+      "MHA/MQA conversion of a real GQA model.",
+      argc, argv, options.common, [&options](CLI::App& app) {
+        app.add_option("--repeats", options.repeats, "timed runs per cell (median reported)")
+            ->check(CLI::PositiveNumber);
+        app.add_option("--contexts", options.contexts, "decode-attention context lengths, comma-separated")
+            ->capture_default_str();
+        app.add_option("--kv-heads", options.kv_heads, "KV-head counts to time (each must divide --query-heads)")
+            ->capture_default_str();
+        app.add_option("--query-heads", options.query_heads, "query heads of the timed attention")
+            ->check(CLI::PositiveNumber)
+            ->capture_default_str();
+        app.add_option("--head-dim", options.head_dim, "head size of the timed attention")
+            ->check(CLI::PositiveNumber)
+            ->capture_default_str();
+        app.add_flag("--no-flush", options.no_flush, "do not evict the CPU caches between timed runs");
+        app.add_option("--max-host-gib", options.max_host_gib,
+                       "skip contexts whose cache + repeat_kv copy need more host memory")
+            ->check(CLI::PositiveNumber)
+            ->capture_default_str();
+        app.add_option("--kv-budget-gib", options.kv_budget_gib, "KV memory budget for the sequences-that-fit table")
+            ->check(CLI::PositiveNumber)
+            ->capture_default_str();
+      },
+      [] { llm::print_variant_list(step03::variants(), 12); });
+}
 
 std::vector<int> parse_int_list(const std::string& text, const char* flag) {
   std::vector<int> values;
@@ -75,10 +109,10 @@ std::string context_label(int context) {
 // was not run, the row's own variant at MHA.
 double mha_baseline_ms(const std::vector<step03::SweepCell>& cells, const step03::SweepCell& cell) {
   const step03::SweepCell* own = nullptr;
-  for (const auto& c : cells) {
-    if (c.device != cell.device || c.context != cell.context || c.kv_heads != c.n_heads) continue;
-    if (c.variant_id == 1) return c.timing.median_ms;
-    if (c.variant_id == cell.variant_id) own = &c;
+  for (const auto& other : cells) {
+    if (other.device != cell.device || other.context != cell.context || other.kv_heads != other.n_heads) continue;
+    if (other.variant_id == 1) return other.timing.median_ms;
+    if (other.variant_id == cell.variant_id) own = &other;
   }
   return own ? own->timing.median_ms : cell.timing.median_ms;
 }
@@ -86,37 +120,28 @@ double mha_baseline_ms(const std::vector<step03::SweepCell>& cells, const step03
 // copy_gbps: the GPU's measured device-to-device copy bandwidth (0: no GPU);
 // CUDA rows say what fraction of it they reach.
 void add_sweep_rows(llm::Results& results, const step03::SweepResult& sweep, double copy_gbps) {
-  for (const auto& c : sweep.cells) {
-    llm::ResultRow row;
-    row.device = c.device;
-    row.id = c.variant_id;
-    row.variant = fmt::format("{} {}/{} @{}", c.variant_name, c.n_heads, c.kv_heads, context_label(c.context));
-    row.time_ms = c.timing.median_ms;
-    row.speedup = mha_baseline_ms(sweep.cells, c) / c.timing.median_ms;
-    row.max_rel_err = c.error.max_rel_err;
-    row.ok = c.error.ok;
+  for (const auto& cell : sweep.cells) {
+    llm::ResultRow row = llm::timed_result_row(
+        cell.device, cell.variant_id,
+        fmt::format("{} {}/{} @{}", cell.variant_name, cell.n_heads, cell.kv_heads, context_label(cell.context)), cell.timing,
+        mha_baseline_ms(sweep.cells, cell) / cell.timing.median_ms, cell.error);
     // Effective bandwidth: bytes of K/V in the cache over the time. The
     // group-aware variant reads exactly these; repeat_kv reads them, writes
     // n_heads/kv_heads times as many and reads those again.
     row.throughput_key = "gbps";
-    row.throughput = static_cast<double>(c.cache_bytes_at_context) / (c.timing.median_ms * 1e-3) / 1e9;
+    row.throughput = static_cast<double>(cell.cache_bytes_at_context) / (cell.timing.median_ms * 1e-3) / 1e9;
     row.extra["kind"] = std::string("decode_attention");
-    row.extra["variant_name"] = c.variant_name;
-    row.extra["n_heads"] = static_cast<long long>(c.n_heads);
-    row.extra["kv_heads"] = static_cast<long long>(c.kv_heads);
-    row.extra["group"] = static_cast<long long>(c.n_heads / c.kv_heads);
-    row.extra["context"] = static_cast<long long>(c.context);
-    row.extra["time_min_ms"] = c.timing.min_ms;
-    row.extra["time_max_ms"] = c.timing.max_ms;
-    row.extra["runs"] = static_cast<long long>(c.timing.runs);
-    row.extra["max_abs_err"] = c.error.max_abs_err;
-    row.extra["kv_bytes_per_token_formula"] = static_cast<long long>(c.kv_bytes_per_token_formula);
-    row.extra["kv_bytes_per_token_measured"] = static_cast<long long>(c.kv_bytes_per_token_measured);
-    row.extra["cache_bytes_at_context"] = static_cast<long long>(c.cache_bytes_at_context);
-    if (c.device == "cuda" && copy_gbps > 0) row.extra["fraction_of_copy_bandwidth"] = row.throughput / copy_gbps;
-    if (!c.error.ok)
-      std::fprintf(stderr, "check failed for %s %s: %s\n", c.device.c_str(), row.variant.c_str(),
-                   c.error.summary().c_str());
+    row.extra["variant_name"] = cell.variant_name;
+    row.extra["n_heads"] = static_cast<long long>(cell.n_heads);
+    row.extra["kv_heads"] = static_cast<long long>(cell.kv_heads);
+    row.extra["group"] = static_cast<long long>(cell.n_heads / cell.kv_heads);
+    row.extra["context"] = static_cast<long long>(cell.context);
+    row.extra["runs"] = static_cast<long long>(cell.timing.runs);
+    row.extra["kv_bytes_per_token_formula"] = static_cast<long long>(cell.kv_bytes_per_token_formula);
+    row.extra["kv_bytes_per_token_measured"] = static_cast<long long>(cell.kv_bytes_per_token_measured);
+    row.extra["cache_bytes_at_context"] = static_cast<long long>(cell.cache_bytes_at_context);
+    if (cell.device == "cuda" && copy_gbps > 0) row.extra["fraction_of_copy_bandwidth"] = row.throughput / copy_gbps;
+    llm::report_if_failed(cell.device + " " + row.variant, cell.error);
     results.add_row(std::move(row));
   }
 }
@@ -125,8 +150,8 @@ void add_sweep_rows(llm::Results& results, const step03::SweepResult& sweep, dou
 // and the speedup against MHA. The table the docs quote.
 void print_sweep_pivot(const step03::SweepResult& sweep, const std::vector<int>& contexts) {
   std::vector<std::string> devices;
-  for (const auto& c : sweep.cells)
-    if (std::find(devices.begin(), devices.end(), c.device) == devices.end()) devices.push_back(c.device);
+  for (const auto& cell : sweep.cells)
+    if (std::find(devices.begin(), devices.end(), cell.device) == devices.end()) devices.push_back(cell.device);
   for (const std::string& device : devices) {
     fmt::print("\ndecode attention on {}: median ms per call (speedup vs MHA group_aware at the same context)\n",
                device);
@@ -135,11 +160,11 @@ void print_sweep_pivot(const step03::SweepResult& sweep, const std::vector<int>&
     fmt::print("\n");
     std::map<std::pair<int, int>, std::map<int, const step03::SweepCell*>> grid;  // (variant, kv) -> context -> cell
     std::vector<std::pair<int, int>> order;
-    for (const auto& c : sweep.cells) {
-      if (c.device != device) continue;
-      const auto key = std::make_pair(c.variant_id, c.kv_heads);
+    for (const auto& cell : sweep.cells) {
+      if (cell.device != device) continue;
+      const auto key = std::make_pair(cell.variant_id, cell.kv_heads);
       if (!grid.count(key)) order.push_back(key);
-      grid[key][c.context] = &c;
+      grid[key][cell.context] = &cell;
     }
     for (const auto& key : order) {
       const auto& first = *grid[key].begin()->second;
@@ -151,25 +176,25 @@ void print_sweep_pivot(const step03::SweepResult& sweep, const std::vector<int>&
           fmt::print(" {:>17}", "-");
           continue;
         }
-        const auto& c = *it->second;
-        fmt::print(" {:>17}", fmt::format("{:.3f} ({:.1f}x)", c.timing.median_ms,
-                                          mha_baseline_ms(sweep.cells, c) / c.timing.median_ms));
+        const auto& cell = *it->second;
+        fmt::print(" {:>17}", fmt::format("{:.3f} ({:.1f}x)", cell.timing.median_ms,
+                                          mha_baseline_ms(sweep.cells, cell) / cell.timing.median_ms));
       }
       fmt::print("\n");
     }
   }
-  for (const auto& s : sweep.skipped) fmt::print("skipped: {}\n", s);
+  for (const auto& reason : sweep.skipped) fmt::print("skipped: {}\n", reason);
 }
 
 // The step's claim: group-aware with groups of 8 at 8k+ context is >= 3x
 // faster than MHA. Printed per device as measured (it is a measurement, not a
 // correctness check: it does not change the exit status).
 void print_claim(const step03::SweepResult& sweep) {
-  for (const auto& c : sweep.cells) {
-    if (c.variant_id != 1 || c.n_heads / c.kv_heads != 8 || c.context < 8192) continue;
-    const double speedup = mha_baseline_ms(sweep.cells, c) / c.timing.median_ms;
-    fmt::print("claim: {} group_aware, groups of 8 ({}/{}), context {}: {:.2f}x faster than MHA -> {}\n", c.device,
-               c.n_heads, c.kv_heads, c.context, speedup, speedup >= 3.0 ? "holds (>= 3x)" : "does NOT hold (< 3x)");
+  for (const auto& cell : sweep.cells) {
+    if (cell.variant_id != 1 || cell.n_heads / cell.kv_heads != 8 || cell.context < 8192) continue;
+    const double speedup = mha_baseline_ms(sweep.cells, cell) / cell.timing.median_ms;
+    fmt::print("claim: {} group_aware, groups of 8 ({}/{}), context {}: {:.2f}x faster than MHA -> {}\n", cell.device,
+               cell.n_heads, cell.kv_heads, cell.context, speedup, speedup >= 3.0 ? "holds (>= 3x)" : "does NOT hold (< 3x)");
   }
 }
 
@@ -205,20 +230,16 @@ void add_conversion_rows(llm::Results& results, const step03::ConversionExperime
     row.extra["kv_bytes_full_context_measured"] = static_cast<long long>(r.kv_bytes_full_context_measured);
     row.extra["cache_vs_original"] =
         static_cast<double>(r.kv_bytes_full_context_measured) / original.kv_bytes_full_context_measured;
-    if (!r.ok)
-      std::fprintf(stderr, "check failed for %s: %s\n", row.variant.c_str(), r.logits_vs_original.summary().c_str());
+    if (!r.ok) llm::report_failed_check(row.variant, r.logits_vs_original.summary());
     results.add_row(std::move(row));
   }
 }
 
 void print_conversion(const step03::ConversionExperiment& experiment, const std::string& model_name,
                       const llm::Tokenizer& tokenizer) {
-  std::string text;
-  for (std::size_t i = 1; i < experiment.text.size(); ++i)
-    text += tokenizer.decode_printable(experiment.text[i - 1], experiment.text[i]);
   fmt::print("\nconversion experiment on {}: the original's text ({} positions), every model teacher-forced on it:\n",
              model_name, experiment.text.size());
-  fmt::print("{}\n\n", text);
+  fmt::print("{}\n\n", llm::printable_text(tokenizer, experiment.text));
   fmt::print("{:<15} {:>8} {:>12} {:>12} {:>10} {:>14} {:>14} {:>12}\n", "model", "kv_heads", "KL mean", "KL max",
              "top-1", "max |dlogit|", "KV full ctx", "vs original");
   const auto& original = experiment.rows.front();
@@ -250,8 +271,8 @@ llm::JsonTable cache_by_kv_heads(const step03::SweepOptions& sweep_options, cons
     llm::ModelConfig model = layer;
     model.n_layers = 32;
     long long measured = -1;  // -1: no cache of this config was allocated
-    for (const auto& c : sweep.cells)
-      if (c.kv_heads == kv) measured = static_cast<long long>(c.kv_bytes_per_token_measured);
+    for (const auto& cell : sweep.cells)
+      if (cell.kv_heads == kv) measured = static_cast<long long>(cell.kv_bytes_per_token_measured);
     const std::size_t fp16_token = model.kv_bytes_per_token(2);
     fmt::print("{:>8} {:>6} {:>22} {:>22} {:>24} {:>14} {:>14}\n", kv, sweep_options.n_heads / kv,
                layer.kv_bytes_per_token(), measured >= 0 ? fmt::format("{}", measured) : "-",
@@ -305,84 +326,74 @@ llm::JsonTable well_known_cache_sizes(double budget_gib) {
 
 // ---------------------------------------------------------------------------
 
-int body(int argc, char** argv) {
-  CLI::App app{"Step 03: grouped-query attention. KV heads vs cache size and decode attention time; "
-               "MHA/MQA conversion of a real GQA model."};
-  llm::CommonOptions o;
-  StepOptions s;
-  llm::add_common_options(app, o);
-  app.add_option("--repeats", s.repeats, "timed runs per cell (median reported)")->check(CLI::PositiveNumber);
-  app.add_option("--contexts", s.contexts, "decode-attention context lengths, comma-separated")->capture_default_str();
-  app.add_option("--kv-heads", s.kv_heads, "KV-head counts to time (each must divide --query-heads)")
-      ->capture_default_str();
-  app.add_option("--query-heads", s.query_heads, "query heads of the timed attention")->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--head-dim", s.head_dim, "head size of the timed attention")->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_flag("--no-flush", s.no_flush, "do not evict the CPU caches between timed runs");
-  app.add_option("--max-host-gib", s.max_host_gib, "skip contexts whose cache + repeat_kv copy need more host memory")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--kv-budget-gib", s.kv_budget_gib, "KV memory budget for the sequences-that-fit table")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  if (const auto status = llm::parse_command_line(app, argc, argv)) return *status;
-
-  const auto& table = step03::variants();
-  if (o.list_variants) {
-    for (const auto& v : table) fmt::print("{:>3}  {:<12} {}\n", v.id, v.name, v.what_changed);
-    return 0;
-  }
-
+// The decode-attention sweep's settings, from the flags (--quick: two short
+// contexts, one timed run, warm caches: seconds on a slow CI core, where the
+// checks are the point, not the timings).
+step03::SweepOptions sweep_options_from(const Step03Options& options) {
   step03::SweepOptions sweep_options;
-  sweep_options.n_heads = s.query_heads;
-  sweep_options.head_dim = s.head_dim;
-  sweep_options.kv_heads = parse_int_list(s.kv_heads, "--kv-heads");
-  sweep_options.contexts = parse_int_list(s.contexts, "--contexts");
-  sweep_options.variant_ids = llm::parse_variant_selection(o.variant, llm::variant_ids(table));
-  sweep_options.repeats = s.repeats;
-  sweep_options.flush_caches = !s.no_flush;
-  sweep_options.max_host_gib = s.max_host_gib;
-  sweep_options.seed = o.seed;
-  if (o.quick) {
-    // Seconds on a slow CI core: two short contexts, one timed run, warm caches.
-    // The checks are the point here, not the timings.
+  sweep_options.n_heads = options.query_heads;
+  sweep_options.head_dim = options.head_dim;
+  sweep_options.kv_heads = parse_int_list(options.kv_heads, "--kv-heads");
+  sweep_options.contexts = parse_int_list(options.contexts, "--contexts");
+  sweep_options.variant_ids = llm::parse_variant_selection(options.common.variant, llm::variant_ids(step03::variants()));
+  sweep_options.repeats = options.repeats;
+  sweep_options.flush_caches = !options.no_flush;
+  sweep_options.max_host_gib = options.max_host_gib;
+  sweep_options.seed = options.common.seed;
+  if (options.common.quick) {
     sweep_options.contexts = {512, 2048};
     sweep_options.repeats = 1;
     sweep_options.flush_caches = false;
-    o.steps = std::min(o.steps, 64);
   }
   for (int kv : sweep_options.kv_heads)
     if (sweep_options.n_heads % kv != 0)
       throw llm::InputError(fmt::format("--kv-heads {} does not divide --query-heads {}", kv, sweep_options.n_heads));
-  const llm::DeviceSelection devices = llm::select_devices(o.device);
-  sweep_options.cpu = devices.cpu;
-  sweep_options.cuda = devices.cuda;
+  return sweep_options;
+}
 
-  llm::LoadedModel loaded = llm::load_model(o);
-  const llm::ModelConfig& config = loaded.weights.config;
-  const std::vector<int> prompt = loaded.tokenizer.encode(o.prompt, /*add_bos=*/true, /*add_eos=*/false);
-  const int positions = std::min(o.steps, config.seq_len);
-
-  fmt::print("decode attention: {} query heads, head_dim {}, KV heads {}, contexts {}{}\n", sweep_options.n_heads,
-             sweep_options.head_dim, s.kv_heads, o.quick ? "512,2048 (--quick)" : s.contexts,
-             sweep_options.flush_caches ? ", CPU caches flushed before every timed run" : "");
-  const step03::SweepResult sweep = run_decode_attention_sweep(sweep_options);
-  const step03::ConversionExperiment experiment = step03::run_conversion_experiment(
-      loaded.weights, prompt, positions, o.temperature, o.top_p, o.seed, o.quick ? 1 : s.repeats);
-
+llm::Results make_results(const Step03Options& options, const llm::LoadedModel& loaded,
+                          const llm::DeviceSelection& devices, const step03::SweepOptions& sweep_options,
+                          const step03::SweepResult& sweep, const step03::ConversionExperiment& experiment) {
   llm::Results results("step03_gqa", "GQA: KV heads vs KV-cache size and decode attention time");
   results.set_device_info(llm::device_info_for(devices));
   results.set_config("model", loaded.name);
-  results.set_config("model_config", config.describe());
+  results.set_config("model_config", loaded.weights.config.describe());
   results.set_config("attention_query_heads", static_cast<long long>(sweep_options.n_heads));
   results.set_config("attention_head_dim", static_cast<long long>(sweep_options.head_dim));
-  results.set_config("attention_kv_heads", s.kv_heads);
+  results.set_config("attention_kv_heads", options.kv_heads);
   results.set_config("repeats", static_cast<long long>(sweep_options.repeats));
   results.set_config("cpu_cache_flush_bytes", static_cast<long long>(sweep.flush_bytes));
   results.set_config("speedup_baseline", std::string("decode attention: group_aware at kv_heads = query heads (MHA), "
                                                      "same device and context; models: the original"));
   results.set_config("conversion_positions", static_cast<long long>(experiment.text.size()));
-  results.set_config("temperature", static_cast<double>(o.temperature));
-  results.set_config("quick", o.quick);
+  results.set_config("temperature", static_cast<double>(options.common.temperature));
+  results.set_config("quick", options.common.quick);
+  return results;
+}
+
+int run_step03(int argc, char** argv) {
+  Step03Options options;
+  if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
+  step03::SweepOptions sweep_options = sweep_options_from(options);
+  const llm::DeviceSelection devices = llm::select_devices(options.common.device);
+  sweep_options.cpu = devices.cpu;
+  sweep_options.cuda = devices.cuda;
+  if (options.common.quick) options.common.steps = std::min(options.common.steps, 64);  // the conversion's text
+  const llm::LoadedModel loaded = llm::load_model(options.common);
+  const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);
+  const int positions = std::min(options.common.steps, loaded.weights.config.seq_len);
+
+  // 1. Decode attention by KV heads and context; 2. the real-model conversion.
+  fmt::print("decode attention: {} query heads, head_dim {}, KV heads {}, contexts {}{}\n", sweep_options.n_heads,
+             sweep_options.head_dim, options.kv_heads, options.common.quick ? "512,2048 (--quick)" : options.contexts,
+             sweep_options.flush_caches ? ", CPU caches flushed before every timed run" : "");
+  const step03::SweepResult sweep = run_decode_attention_sweep(sweep_options);
+  const step03::ConversionExperiment experiment = step03::run_conversion_experiment(
+      loaded.weights, prompt, positions, options.common.temperature, options.common.top_p, options.common.seed,
+      options.common.quick ? 1 : options.repeats);
+
+  llm::Results results = make_results(options, loaded, devices, sweep_options, sweep, experiment);
+  // CUDA rows say what fraction of the GPU's measured copy bandwidth they reach.
   const double copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
   if (copy_gbps > 0) results.set_config("cuda_copy_gbps", copy_gbps);
   add_sweep_rows(results, sweep, copy_gbps);
@@ -392,11 +403,12 @@ int body(int argc, char** argv) {
   print_sweep_pivot(sweep, sweep_options.contexts);
   print_claim(sweep);
   print_conversion(experiment, loaded.name, loaded.tokenizer);
+  // 3. KV-cache sizes: by KV heads, and for well-known models.
   results.add_table(cache_by_kv_heads(sweep_options, sweep));
-  results.add_table(well_known_cache_sizes(s.kv_budget_gib));
-  return llm::finish_run(results, o, devices);
+  results.add_table(well_known_cache_sizes(options.kv_budget_gib));
+  return llm::finish_run(results, options.common, devices);
 }
 
 }  // namespace
 
-int main(int argc, char** argv) { return llm::run_main(argc, argv, body); }
+int main(int argc, char** argv) { return llm::run_main(argc, argv, run_step03); }

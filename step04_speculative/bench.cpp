@@ -7,10 +7,10 @@
 
 #include "llm/harness/benchmark_main.hpp"
 
-#include "early_exit_drafter.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
-#include "ngram_drafter.hpp"
+#include "step04_speculative/early_exit_drafter.hpp"
+#include "step04_speculative/ngram_drafter.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "early_exit_drafter.hpp"
+#include "step04_speculative/early_exit_drafter.hpp"
 
 #include <fmt/format.h>
 

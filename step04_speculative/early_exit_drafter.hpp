@@ -5,7 +5,7 @@
 // target's (plus the classifier, which both pay in full).
 #include <memory>
 
-#include "model_drafter.hpp"
+#include "step04_speculative/model_drafter.hpp"
 
 namespace step04 {
 

@@ -1,11 +1,11 @@
-#include "model_drafter.hpp"
+#include "step04_speculative/model_drafter.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
 #include "llm/errors.hpp"
-#include "rejection_sampler.hpp"
+#include "step04_speculative/rejection_sampler.hpp"
 
 namespace step04 {
 

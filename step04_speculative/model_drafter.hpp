@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "drafter.hpp"
 #include "llm/model.hpp"
 #include "llm/weights.hpp"
+#include "step04_speculative/drafter.hpp"
 
 namespace step04 {
 

@@ -1,4 +1,4 @@
-#include "ngram_drafter.hpp"
+#include "step04_speculative/ngram_drafter.hpp"
 
 #include <fmt/format.h>
 

@@ -3,7 +3,7 @@
 // repeats itself (names, phrases, code, and a small model's loops), so the
 // tokens that followed an earlier occurrence of the last n tokens are a
 // decent guess for what comes next. One search per round, microseconds.
-#include "drafter.hpp"
+#include "step04_speculative/drafter.hpp"
 
 namespace step04 {
 

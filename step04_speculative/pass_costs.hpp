@@ -6,8 +6,8 @@
 #include <span>
 #include <vector>
 
-#include "drafter.hpp"
 #include "llm/model.hpp"
+#include "step04_speculative/drafter.hpp"
 
 namespace step04 {
 

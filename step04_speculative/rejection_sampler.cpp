@@ -1,4 +1,4 @@
-#include "rejection_sampler.hpp"
+#include "step04_speculative/rejection_sampler.hpp"
 
 #include <algorithm>
 

@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "drafter.hpp"
 #include "llm/sampler.hpp"
+#include "step04_speculative/drafter.hpp"
 
 namespace step04 {
 

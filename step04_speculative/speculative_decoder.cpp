@@ -1,4 +1,4 @@
-#include "speculative_decoder.hpp"
+#include "step04_speculative/speculative_decoder.hpp"
 
 #include <fmt/format.h>
 

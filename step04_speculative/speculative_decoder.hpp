@@ -14,9 +14,9 @@
 #include <span>
 #include <vector>
 
-#include "drafter.hpp"
 #include "llm/model.hpp"
-#include "rejection_sampler.hpp"
+#include "step04_speculative/drafter.hpp"
+#include "step04_speculative/rejection_sampler.hpp"
 
 namespace step04 {
 

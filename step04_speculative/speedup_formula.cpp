@@ -1,4 +1,4 @@
-#include "speedup_formula.hpp"
+#include "step04_speculative/speedup_formula.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,8 +1,8 @@
-#include "variants.hpp"
+#include "step04_speculative/variants.hpp"
 
-#include "early_exit_drafter.hpp"
 #include "llm/errors.hpp"
-#include "ngram_drafter.hpp"
+#include "step04_speculative/early_exit_drafter.hpp"
+#include "step04_speculative/ngram_drafter.hpp"
 
 namespace step04 {
 namespace {

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "drafter.hpp"
 #include "llm/harness/variant.hpp"
 #include "llm/weights.hpp"
-#include "model_drafter.hpp"
+#include "step04_speculative/drafter.hpp"
+#include "step04_speculative/model_drafter.hpp"
 
 namespace step04 {
 

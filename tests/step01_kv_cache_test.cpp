@@ -3,12 +3,12 @@
 // with a clear error.
 #include <gtest/gtest.h>
 
-#include "generation.hpp"
 #include "llm/checkpoint.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
 #include "llm/tokenizer.hpp"
+#include "step01_kv_cache/generation.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -18,20 +18,20 @@
 #include <utility>
 #include <vector>
 
-#include "attention_problem.hpp"
-#include "cuda_runner.hpp"
-#include "half_precision.hpp"
 #include "llm/config.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
 #include "llm/weights.hpp"
-#include "reference_attention.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
+#include "step02_flash_attention/cuda_runner.hpp"
+#include "step02_flash_attention/half_precision.hpp"
+#include "step02_flash_attention/reference_attention.hpp"
+#include "step02_flash_attention/variants.hpp"
 #include "test_support.hpp"
-#include "variants.hpp"
 #if defined(LLM_WITH_CUDA)
-#include "cuda_model_hooks.hpp"  // uses cudaStream_t: CUDA builds only
+#include "step02_flash_attention/cuda_model_hooks.hpp"  // uses cudaStream_t: CUDA builds only
 #endif
 
 namespace {

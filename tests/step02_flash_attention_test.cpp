@@ -14,15 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "attention_problem.hpp"
-#include "cpu_attention.hpp"
-#include "half_precision.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/harness/compare.hpp"
 #include "llm/weights.hpp"
-#include "reference_attention.hpp"
+#include "step02_flash_attention/attention_problem.hpp"
+#include "step02_flash_attention/cpu_attention.hpp"
+#include "step02_flash_attention/half_precision.hpp"
+#include "step02_flash_attention/reference_attention.hpp"
+#include "step02_flash_attention/variants.hpp"
 #include "test_support.hpp"
-#include "variants.hpp"
 
 namespace {
 

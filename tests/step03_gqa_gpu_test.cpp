@@ -6,11 +6,11 @@
 
 #include <limits>
 
-#include "cuda_gqa_attention.hpp"
-#include "gqa_attention.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
+#include "step03_gqa/cuda_gqa_attention.hpp"
+#include "step03_gqa/gqa_attention.hpp"
 #include "test_support.hpp"
 
 namespace step03 {

@@ -12,16 +12,16 @@
 #include <numeric>
 #include <random>
 
-#include "conversion_experiment.hpp"
-#include "decode_attention_sweep.hpp"
-#include "gqa_attention.hpp"
-#include "kv_cache_sizes.hpp"
-#include "kv_heads_conversion.hpp"
 #include "llm/checkpoint.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
 #include "llm/sampler.hpp"
+#include "step03_gqa/conversion_experiment.hpp"
+#include "step03_gqa/decode_attention_sweep.hpp"
+#include "step03_gqa/gqa_attention.hpp"
+#include "step03_gqa/kv_cache_sizes.hpp"
+#include "step03_gqa/kv_heads_conversion.hpp"
 #include "test_support.hpp"
 
 namespace step03 {

@@ -10,7 +10,7 @@
 #include <numeric>
 #include <vector>
 
-#include "rejection_sampler.hpp"
+#include "step04_speculative/rejection_sampler.hpp"
 
 namespace {
 

@@ -3,12 +3,12 @@
 // Skips with the reason when no CUDA device is usable.
 #include <gtest/gtest.h>
 
-#include "early_exit_drafter.hpp"
-#include "generation.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/harness/compare.hpp"
-#include "ngram_drafter.hpp"
-#include "speculative_decoder.hpp"
+#include "step01_kv_cache/generation.hpp"
+#include "step04_speculative/early_exit_drafter.hpp"
+#include "step04_speculative/ngram_drafter.hpp"
+#include "step04_speculative/speculative_decoder.hpp"
 #include "test_support.hpp"
 
 namespace {

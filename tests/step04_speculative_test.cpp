@@ -6,18 +6,18 @@
 
 #include <memory>
 
-#include "early_exit_drafter.hpp"
-#include "generation.hpp"
 #include "llm/checkpoint.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
-#include "model_drafter.hpp"
-#include "ngram_drafter.hpp"
-#include "speculative_decoder.hpp"
-#include "speedup_formula.hpp"
+#include "step01_kv_cache/generation.hpp"
+#include "step04_speculative/early_exit_drafter.hpp"
+#include "step04_speculative/model_drafter.hpp"
+#include "step04_speculative/ngram_drafter.hpp"
+#include "step04_speculative/speculative_decoder.hpp"
+#include "step04_speculative/speedup_formula.hpp"
+#include "step04_speculative/variants.hpp"
 #include "test_support.hpp"
-#include "variants.hpp"
 
 namespace {
 

@@ -43,12 +43,6 @@ std::string scalar_json(const JsonScalar& v) {
       v);
 }
 
-std::string format_time(double ms) {
-  if (ms >= 1000.0) return fmt::format("{:.2f} s", ms / 1000.0);
-  if (ms >= 1.0) return fmt::format("{:.2f} ms", ms);
-  return fmt::format("{:.1f} us", ms * 1000.0);
-}
-
 std::string format_throughput(const std::string& key, double value) {
   if (key.empty()) return "-";
   std::string unit = key;
@@ -62,6 +56,12 @@ std::string format_throughput(const std::string& key, double value) {
 
 }  // namespace
 
+std::string format_ms(double ms) {
+  if (ms >= 1000.0) return fmt::format("{:.2f} s", ms / 1000.0);
+  if (ms >= 1.0) return fmt::format("{:.2f} ms", ms);
+  return fmt::format("{:.1f} us", ms * 1000.0);
+}
+
 std::string format_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -72,7 +72,7 @@ std::string format_bytes(double bytes) {
   return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, units[u]);
 }
 
-std::string Results::format_table() const {
+std::string Results::format_header(ConfigLine config_line) const {
   std::string out;
   out += fmt::format("== {} : {} ==\n", step_, title_);
   out += fmt::format("cpu: {} ({} thread{})\n", device_info_.cpu_model, device_info_.cpu_threads,
@@ -87,16 +87,23 @@ std::string Results::format_table() const {
                        device_info_.cuda_runtime);
   else
     out += fmt::format("gpu: none ({})\n", device_info_.cuda_note);
-  std::string config_line;
-  for (const auto& [k, v] : config_) config_line += fmt::format("{}{}={}", config_line.empty() ? "" : ", ", k, scalar_text(v));
-  out += fmt::format("config: {}\ncommit: {}\n\n", config_line, git_commit());
+  if (config_line == ConfigLine::Shown) {
+    std::string config;
+    for (const auto& [k, v] : config_) config += fmt::format("{}{}={}", config.empty() ? "" : ", ", k, scalar_text(v));
+    out += fmt::format("config: {}\n", config);
+  }
+  out += fmt::format("commit: {}\n", git_commit());
+  return out;
+}
 
+std::string Results::format_table() const {
+  std::string out = format_header() + "\n";
   out += fmt::format("{:<6} {:>3}  {:<22} {:>11} {:>16} {:>9} {:>10}  {}\n", "device", "id", "variant", "time",
                      "throughput", "speedup", "max_rel", "ok");
   out += std::string(92, '-') + "\n";
   for (const auto& r : rows_) {
     out += fmt::format("{:<6} {:>3}  {:<22} {:>11} {:>16} {:>8.2f}x {:>10.2e}  {}\n", r.device, r.id, r.variant,
-                       format_time(r.time_ms), format_throughput(r.throughput_key, r.throughput), r.speedup,
+                       format_ms(r.time_ms), format_throughput(r.throughput_key, r.throughput), r.speedup,
                        r.max_rel_err, r.ok ? "ok" : "FAIL");
   }
   return out;

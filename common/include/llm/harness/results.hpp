@@ -52,7 +52,12 @@ class Results {
   const std::vector<ResultRow>& rows() const { return rows_; }
   bool all_ok() const;
 
-  // Header (step, device, model, commit), then
+  // Whether format_header prints the config line (a step that prints its
+  // header before its config is complete leaves it out).
+  enum class ConfigLine { Shown, Omitted };
+  // "== step : title ==", the CPU and GPU lines, the config line, the commit.
+  std::string format_header(ConfigLine config_line = ConfigLine::Shown) const;
+  // format_header, a blank line, then one line per row:
   // device | id | variant | time | throughput | speedup | error | ok.
   std::string format_table() const;
   std::string to_json() const;
@@ -66,6 +71,9 @@ class Results {
   std::vector<ResultRow> rows_;
   std::vector<JsonTable> tables_;
 };
+
+// A duration for a table: "850.0 us", "3.25 ms", "1.20 s".
+std::string format_ms(double ms);
 
 // Bytes for a table: "512 B", "1.2 KiB", "64.0 MiB", "2.0 GiB" (powers of 1024).
 std::string format_bytes(double bytes);

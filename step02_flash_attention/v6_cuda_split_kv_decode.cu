@@ -20,8 +20,8 @@
 // K/V are read through the KvView, so a paged cache (step 05) works as is.
 #include <algorithm>
 
-#include "cuda_attention.hpp"
-#include "cuda_common.cuh"
+#include "step02_flash_attention/cuda_attention.hpp"
+#include "step02_flash_attention/cuda_common.cuh"
 
 namespace step02::cuda {
 namespace {

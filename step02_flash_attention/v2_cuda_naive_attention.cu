@@ -7,8 +7,8 @@
 // S is written once and read twice (plus the softmax's own passes): for
 // 8 heads at 16k tokens that is 8 GiB of traffic per pass through HBM, the
 // bottleneck FlashAttention removes.
-#include "cuda_attention.hpp"
-#include "cuda_common.cuh"
+#include "step02_flash_attention/cuda_attention.hpp"
+#include "step02_flash_attention/cuda_common.cuh"
 
 namespace step02::cuda {
 namespace {

@@ -36,9 +36,9 @@
 #include <cstdint>
 #include <string>
 
-#include "cuda_attention.hpp"
-#include "cuda_common.cuh"
-#include "cuda_model_hooks.hpp"
+#include "step02_flash_attention/cuda_attention.hpp"
+#include "step02_flash_attention/cuda_common.cuh"
+#include "step02_flash_attention/cuda_model_hooks.hpp"
 
 namespace step02::cuda {
 namespace {

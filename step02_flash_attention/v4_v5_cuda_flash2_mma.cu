@@ -42,8 +42,8 @@
 
 #include <cstdint>
 
-#include "cuda_attention.hpp"
-#include "cuda_common.cuh"
+#include "step02_flash_attention/cuda_attention.hpp"
+#include "step02_flash_attention/cuda_common.cuh"
 
 namespace step02::cuda {
 namespace {

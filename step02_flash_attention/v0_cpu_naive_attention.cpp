@@ -9,7 +9,7 @@
 
 #include <vector>
 
-#include "cpu_attention.hpp"
+#include "step02_flash_attention/cpu_attention.hpp"
 
 namespace step02::cpu {
 namespace {

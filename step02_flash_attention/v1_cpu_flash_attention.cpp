@@ -19,10 +19,11 @@
 // causal query block stops at the last key its last row can see, so the
 // masked upper triangle is skipped tile by tile (about half the work).
 //
-// The two tile products (S = Q K^T and O += P V, 64 x 64 x d each) go through
-// Eigen, the same product engine variant 0 uses for its whole-matrix products,
-// so the comparison measures the algorithm (no Sq x Sk matrix, skipped masked
-// tiles) and not the quality of a hand-written matmul. Everything that IS the
+// The two tile products (S = Q K^T and O += P V, Br x Bc x d each: 128 x 128
+// x d with cpu_attention.hpp's tile sizes) go through Eigen, the same product
+// engine variant 0 uses for its whole-matrix products, so the comparison
+// measures the algorithm (no Sq x Sk matrix, skipped masked tiles) and not the
+// quality of a hand-written matmul. Everything that IS the
 // algorithm (tiling, masking, running max and sum, rescaling) is plain loops.
 #include <Eigen/Core>
 
@@ -31,7 +32,7 @@
 #include <limits>
 #include <vector>
 
-#include "cpu_attention.hpp"
+#include "step02_flash_attention/cpu_attention.hpp"
 
 namespace step02::cpu {
 namespace {

@@ -1,0 +1,42 @@
+#include "llm/harness/step_command_line.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+
+#include "llm/errors.hpp"
+
+namespace llm {
+
+std::optional<int> parse_step_command_line(const std::string& description, int argc, char** argv,
+                                           CommonOptions& common,
+                                           const std::function<void(CLI::App&)>& add_step_flags,
+                                           const std::function<void()>& print_variants) {
+  CLI::App app{description};
+  add_common_options(app, common);
+  if (add_step_flags) add_step_flags(app);
+  if (const auto exit_status = parse_command_line(app, argc, argv)) return exit_status;
+  if (common.list_variants && print_variants) {
+    print_variants();
+    return 0;
+  }
+  return std::nullopt;
+}
+
+bool is_selected(const std::vector<int>& selected_ids, int id) {
+  return std::find(selected_ids.begin(), selected_ids.end(), id) != selected_ids.end();
+}
+
+std::vector<int> encode_prompt(const LoadedModel& loaded, const CommonOptions& options) {
+  return loaded.tokenizer.encode(options.prompt, /*add_bos=*/true, /*add_eos=*/false);
+}
+
+int generation_positions(const CommonOptions& options, const ModelConfig& config, std::size_t prompt_tokens) {
+  const int positions = std::min(options.steps, config.seq_len);
+  if (prompt_tokens > static_cast<std::size_t>(positions))
+    throw InputError(fmt::format("the prompt is {} tokens but --steps is {} (and the context {})", prompt_tokens,
+                                 positions, config.seq_len));
+  return positions;
+}
+
+}  // namespace llm
