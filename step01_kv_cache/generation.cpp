@@ -99,7 +99,7 @@ std::size_t decode_bytes_per_token(const llm::ModelConfig& config, long long con
   std::size_t weights = config.parameter_count();
   if (!config.shared_classifier)
     weights -= static_cast<std::size_t>(config.vocab_size - 1) * static_cast<std::size_t>(config.dim);
-  return weights * sizeof(float) + kv_cache_bytes(config.n_layers, config.n_kv_heads, config.head_dim(), context, 4);
+  return weights * sizeof(float) + static_cast<std::size_t>(context) * config.kv_bytes_per_token(sizeof(float));
 }
 
 std::size_t kv_cache_bytes(int n_layers, int n_kv_heads, int head_dim, long long positions, int bytes_per_value) {

@@ -36,8 +36,9 @@ struct CudaAttentionKernels {
   DecodeWorkspaceFn decode_workspace = kernels::decode_scores_floats;
 
   // Whether these kernels read a cache of `element`: the baseline kernels read
-  // every element type (KvView::key / value); any other kernel is taken to
-  // read fp32 rows, so the model refuses to pair it with an int8 cache.
+  // every element type (int8 rows times their per-head scales); any other
+  // kernel is taken to read fp32 rows, so the model refuses to pair it with an
+  // int8 cache.
   bool reads(KvElement element) const {
     return element == KvElement::Float32 ||
            (prefill == kernels::prefill_attention && decode == kernels::decode_attention);

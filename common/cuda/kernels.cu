@@ -248,7 +248,8 @@ __device__ void attend_one_head(int head_dim, const float* __restrict__ q, const
       if constexpr (kElement == KvElement::Float32)
         acc += (scores[t] / sum) * kv.value_row(t)[head_offset + d];
       else
-        acc += (scores[t] / sum) * kv.value(t, static_cast<int>(head_offset) + d);
+        acc += (scores[t] / sum) * static_cast<float>(kv.value_row_int8(t)[head_offset + d]) *
+               kv.value_row_scales(t)[kv_head];
     }
     out[d] = acc;
   }

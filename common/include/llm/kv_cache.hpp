@@ -66,16 +66,6 @@ struct KvView {
   LLM_HOST_DEVICE float* value_row_scales(int pos) const {
     return value_scales + row_index(pos) * (kv_dim / head_dim);
   }
-  // Element `col` of a row, whatever the storage (for kernels that read
-  // element by element; the fp32 branch is the whole cost for fp32 caches).
-  LLM_HOST_DEVICE float key(int pos, int col) const {
-    if (element == KvElement::Float32) return key_row(pos)[col];
-    return static_cast<float>(key_row_int8(pos)[col]) * key_row_scales(pos)[col / head_dim];
-  }
-  LLM_HOST_DEVICE float value(int pos, int col) const {
-    if (element == KvElement::Float32) return value_row(pos)[col];
-    return static_cast<float>(value_row_int8(pos)[col]) * value_row_scales(pos)[col / head_dim];
-  }
 };
 
 // Symmetric absmax quantization of one head's values: scale = max|x| / 127,
@@ -90,6 +80,13 @@ LLM_HOST_DEVICE inline std::int8_t int8_quantize(float x, float scale) {
   if (scale == 0.0f) return 0;
   // |x / scale| <= 127 by the choice of scale; the clamp guards rounding.
   return static_cast<std::int8_t>(fminf(127.0f, fmaxf(-127.0f, roundf(x / scale))));
+}
+
+// An int8 row back to floats: out[i] = row[i] * scales[i / head_dim].
+// row, out [kv_dim]; scales [kv_dim / head_dim].
+LLM_HOST_DEVICE inline void dequantize_int8_row(const std::int8_t* row, const float* scales, int kv_dim,
+                                                int head_dim, float* out) {
+  for (int i = 0; i < kv_dim; ++i) out[i] = static_cast<float>(row[i]) * scales[i / head_dim];
 }
 
 // Quantizes KV head `head` of one position's K and V rows ([kv_dim] floats

@@ -27,9 +27,14 @@ enum class Pool { Keys, Values };
 const float* rows_as_float(const KvView& kv, Pool pool, int t0, int rows, std::vector<float>& scratch) {
   if (kv.element == KvElement::Float32) return pool == Pool::Keys ? kv.key_row(t0) : kv.value_row(t0);
   scratch.resize(static_cast<std::size_t>(rows) * kv.kv_dim);
-  for (int t = 0; t < rows; ++t)
-    for (int i = 0; i < kv.kv_dim; ++i)
-      scratch[static_cast<std::size_t>(t) * kv.kv_dim + i] = pool == Pool::Keys ? kv.key(t0 + t, i) : kv.value(t0 + t, i);
+  for (int t = 0; t < rows; ++t) {
+    const int pos = t0 + t;
+    float* out = scratch.data() + static_cast<std::size_t>(t) * kv.kv_dim;
+    if (pool == Pool::Keys)
+      dequantize_int8_row(kv.key_row_int8(pos), kv.key_row_scales(pos), kv.kv_dim, kv.head_dim, out);
+    else
+      dequantize_int8_row(kv.value_row_int8(pos), kv.value_row_scales(pos), kv.kv_dim, kv.head_dim, out);
+  }
   return scratch.data();
 }
 

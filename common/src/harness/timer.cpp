@@ -30,7 +30,7 @@ TimingStats TimingStats::from_samples(std::vector<double> samples_ms) {
   s.median_ms = n % 2 ? samples_ms[n / 2] : 0.5 * (samples_ms[n / 2 - 1] + samples_ms[n / 2]);
   s.min_ms = samples_ms.front();
   s.max_ms = samples_ms.back();
-  s.p50_ms = percentile_of_sorted(samples_ms, 50.0);
+  s.p50_ms = s.median_ms;  // type 7 at 50% is the median; one number, not two roundings of it
   s.p90_ms = percentile_of_sorted(samples_ms, 90.0);
   s.p99_ms = percentile_of_sorted(samples_ms, 99.0);
   s.runs = static_cast<int>(n);

@@ -21,10 +21,14 @@ void store_kv_row(const KvView& view, int pos, const float* key, const float* va
 }
 
 void load_kv_row(const KvView& view, int pos, float* key_out, float* value_out) {
-  for (int i = 0; i < view.kv_dim; ++i) {
-    key_out[i] = view.key(pos, i);
-    value_out[i] = view.value(pos, i);
+  const auto row_bytes = sizeof(float) * static_cast<std::size_t>(view.kv_dim);
+  if (view.element == KvElement::Float32) {
+    std::memcpy(key_out, view.key_row(pos), row_bytes);
+    std::memcpy(value_out, view.value_row(pos), row_bytes);
+    return;
   }
+  dequantize_int8_row(view.key_row_int8(pos), view.key_row_scales(pos), view.kv_dim, view.head_dim, key_out);
+  dequantize_int8_row(view.value_row_int8(pos), view.value_row_scales(pos), view.kv_dim, view.head_dim, value_out);
 }
 
 KvCache::KvCache(int num_sequences) {

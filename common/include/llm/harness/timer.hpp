@@ -16,7 +16,7 @@ struct TimingStats {
   // default, Hyndman-Fan type 7): over the sorted samples x[0..n-1], the
   // p-th percentile sits at rank h = (n - 1) p / 100, and is
   // x[floor h] + (h - floor h) (x[floor h + 1] - x[floor h]).
-  // p50 is the median again (equal up to rounding); p90/p99 are the tail
+  // p50 is the median itself (type 7 at 50%); p90/p99 are the tail
   // latencies of serving tables. With few runs the tail is an interpolation
   // between the slowest samples, not a measurement of rare events.
   double p50_ms = 0.0;
