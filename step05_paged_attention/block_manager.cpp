@@ -1,0 +1,1 @@
+#include "step05_paged_attention/block_manager.hpp"

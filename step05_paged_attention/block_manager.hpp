@@ -1,0 +1,166 @@
+#pragma once
+// The block manager: PagedAttention's bookkeeping, with no K/V memory of its
+// own. A pool of n_blocks physical blocks of block_size positions; each
+// sequence maps its logical blocks (positions 0..B-1, B..2B-1, ...) to
+// physical ones through its block table, like a process's page table maps
+// virtual pages to frames. The paged KV caches (paged_kv_cache.hpp) own the
+// K/V pools and ask this class which rows a position lives in; step 07's
+// scheduler links it to decide what fits.
+//
+// Every physical block is in exactly one of three states:
+//   free       refcount 0, not in the prefix cache: on the free list
+//   used       refcount > 0: in the tables of `refcount` sequences
+//   evictable  refcount 0 but in the prefix cache: its K/V are still valid
+//              and a request with the same prefix may take it back; the
+//              least recently released one is evicted (becomes free) when
+//              the free list is empty
+//
+// Sharing. fork(parent, child, n) puts the parent's blocks of positions
+// 0..n-1 into the child's table (refcounts + 1). A write into a block held by
+// more than one sequence first copies it (copy-on-write): reserve() returns
+// the copies the cache must make before the forward writes.
+//
+// Automatic prefix caching. A FULL block is identified by the hash of (its
+// parent block's hash, its block_size token ids), so equal hashes mean equal
+// prefixes, not just equal blocks. publish_full_blocks() enters a sequence's
+// full blocks into the cache; share_cached_prefix() gives a new request every
+// leading full block already cached. The cache stores each block's tokens and
+// parent hash beside its hash and compares them on a hit, so a 64-bit hash
+// collision can never hand out another prefix's K/V.
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace step05 {
+
+// Copy-on-write work for a cache: copy every layer's rows of physical block
+// `from` into physical block `to`, before the forward writes into `to`.
+struct BlockCopy {
+  std::int32_t from = -1;
+  std::int32_t to = -1;
+};
+
+// Running totals since construction (for tables and tests).
+struct BlockManagerCounters {
+  long long blocks_allocated = 0;      // blocks taken from the free list or by eviction
+  long long copy_on_write = 0;         // BlockCopy entries returned by reserve()
+  long long evictions = 0;             // evictable blocks reclaimed for an allocation
+  long long prefix_queries = 0;        // share_cached_prefix calls
+  long long prefix_hit_blocks = 0;     // blocks those calls shared from the cache
+  long long published_blocks = 0;      // blocks entered into the prefix cache
+};
+
+class BlockManager {
+ public:
+  // n_blocks >= 1 physical blocks of block_size >= 1 positions; sequence ids
+  // 0..max_sequences-1; a sequence holds at most max_blocks_per_sequence
+  // blocks (ceil(context / block_size)). Throws llm::InputError otherwise.
+  BlockManager(int n_blocks, int block_size, int max_sequences, int max_blocks_per_sequence);
+
+  int n_blocks() const { return n_blocks_; }
+  int block_size() const { return block_size_; }
+  int max_sequences() const { return max_sequences_; }
+  int max_blocks_per_sequence() const { return max_blocks_per_sequence_; }
+  // Blocks that cover `positions` positions: ceil(positions / block_size).
+  int blocks_for(int positions) const { return (positions + block_size_ - 1) / block_size_; }
+
+  // --- Growth and release ------------------------------------------------
+
+  // Makes `sequence` hold the blocks of positions 0..end-1, and makes every
+  // block that positions first_write..end-1 fall in private to it: a held
+  // block shared with another sequence is replaced by a fresh copy (returned,
+  // for the cache to copy the rows), a held block in the prefix cache leaves
+  // the cache (its contents are about to change). first_write <= the
+  // positions the sequence held before (its length: what is already written).
+  // Takes free blocks first, then evicts the least recently released
+  // evictable ones. Throws llm::KvCacheFullError, saying how many blocks were
+  // needed and how many were available, and changes nothing when the pool
+  // cannot supply them; llm::InputError for a bad sequence id, end past
+  // max_blocks_per_sequence * block_size, or first_write > end.
+  std::vector<BlockCopy> reserve(int sequence, int first_write, int end);
+
+  // Keeps the blocks of positions 0..new_length-1 and releases the rest
+  // (refcount - 1; a block nobody holds becomes free, or evictable when it is
+  // in the prefix cache). Blocks are released last-first, so that at equal
+  // age a prefix's tail is evicted before its head (a cached prefix whose head
+  // is gone can never be hit again).
+  void truncate(int sequence, int new_length);
+  void free_sequence(int sequence) { truncate(sequence, 0); }
+
+  // `child` (holding no blocks) shares the blocks of `parent` that cover
+  // positions 0..n_positions-1 (refcounts + 1). The child's next write into
+  // a shared block copies it (reserve). Throws llm::InputError when the child
+  // holds blocks or the parent holds fewer than blocks_for(n_positions).
+  void fork(int parent, int child, int n_positions);
+
+  // --- Automatic prefix caching ------------------------------------------
+
+  // Positions of the longest prefix of `tokens` held by cached full blocks (a
+  // multiple of block_size; 0 on a miss). Changes nothing.
+  int cached_prefix_length(std::span<const int> tokens) const;
+  // `sequence` (holding no blocks) takes the cached blocks of the longest
+  // cached prefix of `tokens`, at most max_positions positions (rounded down
+  // to whole blocks). An evictable block taken this way becomes used again.
+  // Returns the positions the sequence now holds (0 on a miss).
+  int share_cached_prefix(int sequence, std::span<const int> tokens, int max_positions);
+  // Positions 0..tokens.size()-1 of `sequence` hold the K/V of `tokens`:
+  // enters each of its full blocks into the prefix cache. A block already
+  // cached stays as is; a block whose prefix is already cached in another
+  // block is left out (the first copy wins).
+  void publish_full_blocks(int sequence, std::span<const int> tokens);
+
+  // --- Reading -------------------------------------------------------------
+
+  // The physical block of each logical block `sequence` holds: [blocks held].
+  std::span<const std::int32_t> block_table(int sequence) const;
+  int blocks_held(int sequence) const;
+  // Every table side by side, unheld entries -1:
+  // [max_sequences, max_blocks_per_sequence]. A device cache uploads this
+  // array as is; tables_version() changes whenever any entry does.
+  std::span<const std::int32_t> all_tables() const { return tables_; }
+  std::uint64_t tables_version() const { return tables_version_; }
+
+  int free_blocks() const;       // free list
+  int evictable_blocks() const;  // cached, held by nobody
+  int used_blocks() const;       // held by at least one sequence
+  // What an allocation can get: free + evictable.
+  int available_blocks() const { return free_blocks() + evictable_blocks(); }
+  int ref_count(int block) const;
+  bool is_cached(int block) const;  // in the prefix cache (used or evictable)
+  const BlockManagerCounters& counters() const { return counters_; }
+
+  // Checks every invariant and throws std::logic_error naming the first one
+  // broken: each block in exactly one state; refcount == the number of table
+  // entries naming it; free + used + evictable == n_blocks; tables hold valid
+  // ids only; each cache entry names a cached block with that hash.
+  void check_invariants() const;
+
+ private:
+  // Per physical block.
+  struct Block {
+    int ref_count = 0;
+    bool cached = false;           // in by_hash_
+    std::uint64_t hash = 0;        // valid when cached
+    std::uint64_t parent_hash = 0; // the previous block's hash (a fixed seed for block 0)
+    std::vector<int> tokens;       // [block_size] when cached: compared on a hit
+    std::list<int>::iterator lru_position;  // in evictable_lru_ when evictable
+  };
+
+  int n_blocks_;
+  int block_size_;
+  int max_sequences_;
+  int max_blocks_per_sequence_;
+  std::vector<Block> blocks_;                // [n_blocks]
+  std::vector<std::int32_t> tables_;         // [max_sequences, max_blocks_per_sequence], -1 = none
+  std::vector<int> held_;                    // [max_sequences] blocks held per sequence
+  std::vector<int> free_list_;               // a stack of free blocks
+  std::list<int> evictable_lru_;             // evictable blocks, least recently released first
+  std::unordered_map<std::uint64_t, int> by_hash_;  // prefix cache: hash -> block
+  BlockManagerCounters counters_;
+  std::uint64_t tables_version_ = 0;
+};
+
+}  // namespace step05
