@@ -58,7 +58,7 @@ TEST(KvCacheHook, Int8CacheGeneratesTheContiguousTokensInAQuarterOfTheBytes) {
 TEST(KvCacheHook, Int8RowsReadBackWithinHalfAScalePerHead) {
   const ModelConfig config = find_preset("tiny").config;
   PagedCpuKvCacheDouble cache(config, 1, 2, 4, KvElement::Int8);
-  cache.reserve(0, 3);
+  cache.reserve(0, 0, 3);
   cache.prepare();
   const auto key = testing::random_vector(static_cast<std::size_t>(config.kv_dim()), 7, 3.0f);
   auto value = testing::random_vector(static_cast<std::size_t>(config.kv_dim()), 8);

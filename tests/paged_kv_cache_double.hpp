@@ -50,7 +50,7 @@ class PagedKvCacheBookkeeping : public KvCache {
   }
   KvElement element() const override { return element_; }
 
-  void reserve(int sequence, int end) override {
+  void reserve(int sequence, int /*begin*/, int end) override {  // never shares a block: nothing to copy
     const int needed = (end + block_size_ - 1) / block_size_;
     int& held = blocks_held_.at(static_cast<std::size_t>(sequence));
     if (needed > max_blocks_per_sequence_)
@@ -79,7 +79,7 @@ class PagedKvCacheBookkeeping : public KvCache {
   // Copies the rows (a real paged cache would share the full blocks).
   void adopt_prefix(int sequence, int source, int n_positions) override {
     check_adopt_prefix(*this, sequence, source, n_positions);
-    reserve(sequence, n_positions);
+    reserve(sequence, 0, n_positions);
     for (int layer = 0; layer < n_layers_; ++layer)
       for (int pos = 0; pos < n_positions; ++pos) copy_row(layer, pool_row(source, pos), pool_row(sequence, pos));
     set_length(sequence, n_positions);

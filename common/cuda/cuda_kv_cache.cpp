@@ -28,7 +28,7 @@ KvView CudaKvCache::view(int layer, int sequence) const {
 
 void CudaKvCache::adopt_prefix(int sequence, int source, int n_positions) {
   check_adopt_prefix(*this, sequence, source, n_positions);
-  reserve(sequence, n_positions);
+  reserve(sequence, 0, n_positions);
   // One contiguous device-to-device copy per layer and pool (the prefix rows
   // are adjacent); cudaMemcpy waits for it, so the rows are there on return.
   const std::size_t bytes = sizeof(float) * static_cast<std::size_t>(n_positions) * layout_.kv_dim();

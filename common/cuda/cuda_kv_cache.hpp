@@ -29,7 +29,7 @@ class CudaKvCache final : public KvCache {
   // and block_table) is DEVICE memory: pass the view to a kernel (by value or
   // copied into device memory), never call key_row() on the host.
   KvView view(int layer, int sequence) const override;
-  void reserve(int sequence, int end) override { layout_.check_room(sequence, end); }
+  void reserve(int sequence, int /*begin*/, int end) override { layout_.check_room(sequence, end); }
   void adopt_prefix(int sequence, int source, int n_positions) override;  // device-to-device copies
   std::size_t bytes_allocated() const override;
   std::size_t bytes_in_use() const override { return layout_.bytes_of(static_cast<std::size_t>(total_length())); }

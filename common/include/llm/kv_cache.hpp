@@ -121,7 +121,7 @@ void load_kv_row(const KvView& view, int pos, float* key_out, float* value_out);
 // cache (step 05) or an int8 cache (step 06) plugs in without either model
 // knowing its type. A forward, for each sequence of a batch:
 //   1. check_writable(s, first position)   no gap after the cached prefix
-//   2. reserve(s, last position + 1)        room for the batch's rows
+//   2. reserve(s, first, last position + 1) room for the batch's rows
 //   3. prepare(batch)                       once: device copies of block tables
 //   4. view(layer, s)                       write the rows (store_kv_row or
 //                                           kernels::write_kv_rows), then attend
@@ -144,10 +144,14 @@ class KvCache {
   virtual KvElement element() const { return KvElement::Float32; }
   // K/V of one layer of one sequence; its pointers are memory of device_name().
   virtual KvView view(int layer, int sequence) const = 0;
-  // Makes room for positions 0..end-1 of `sequence`. A contiguous cache checks
-  // its capacity; a paged cache allocates blocks. Throws KvCacheFullError,
-  // saying how much was asked and how much there is, when it cannot.
-  virtual void reserve(int sequence, int end) = 0;
+  // Makes room for positions 0..end-1 of `sequence`, of which begin..end-1
+  // (begin <= length) are about to be written. A contiguous cache checks its
+  // capacity; a paged cache allocates blocks, and copies a block it shares
+  // with another sequence before begin..end-1 are written into it
+  // (copy-on-write: why the cache must know where the writes start). Throws
+  // KvCacheFullError, saying how much was asked and how much there is, when
+  // it cannot.
+  virtual void reserve(int sequence, int begin, int end) = 0;
   // Called once per forward after every reserve and before any view is used
   // on the device: a device cache uploads block tables changed since the last
   // forward. Default: nothing to do.
@@ -231,7 +235,7 @@ class CpuKvCache final : public KvCache {
   std::string device_name() const override { return "cpu"; }
   bool fits(const ModelConfig& config) const override { return layout_.fits(config); }
   KvView view(int layer, int sequence) const override;
-  void reserve(int sequence, int end) override { layout_.check_room(sequence, end); }
+  void reserve(int sequence, int /*begin*/, int end) override { layout_.check_room(sequence, end); }
   void adopt_prefix(int sequence, int source, int n_positions) override;
   std::size_t bytes_allocated() const override;
   std::size_t bytes_in_use() const override { return layout_.bytes_of(static_cast<std::size_t>(total_length())); }

@@ -132,7 +132,7 @@ KvView CpuKvCache::view(int layer, int sequence) const {
 
 void CpuKvCache::adopt_prefix(int sequence, int source, int n_positions) {
   check_adopt_prefix(*this, sequence, source, n_positions);
-  reserve(sequence, n_positions);
+  reserve(sequence, 0, n_positions);
   // One contiguous copy per layer and pool: the prefix rows are adjacent.
   const std::size_t floats = static_cast<std::size_t>(n_positions) * layout_.kv_dim();
   for (int layer = 0; layer < layout_.n_layers(); ++layer) {

@@ -53,9 +53,11 @@ void check_cache(const ModelConfig& config, const std::string& model_device, con
 
 void reserve_batch(const TokenBatch& batch, KvCache& cache) {
   const int n = batch.size();
+  int first_row = 0;  // the first row of the current sequence's run
   for (int r = 0; r < n; ++r) {
+    if (r > 0 && batch.sequences[r] != batch.sequences[r - 1]) first_row = r;
     const bool last_of_sequence = r + 1 == n || batch.sequences[r + 1] != batch.sequences[r];
-    if (last_of_sequence) cache.reserve(batch.sequences[r], batch.positions[r] + 1);
+    if (last_of_sequence) cache.reserve(batch.sequences[r], batch.positions[first_row], batch.positions[r] + 1);
   }
   cache.prepare();
 }
