@@ -24,9 +24,10 @@
 // parent block's hash, its block_size token ids), so equal hashes mean equal
 // prefixes, not just equal blocks. publish_full_blocks() enters a sequence's
 // full blocks into the cache; share_cached_prefix() gives a new request every
-// leading full block already cached. The cache stores each block's tokens and
-// parent hash beside its hash and compares them on a hit, so a 64-bit hash
-// collision can never hand out another prefix's K/V.
+// leading full block already cached. The cache stores each block's tokens,
+// parent hash and the entry it was published under beside its hash and
+// compares them on a hit, so a 64-bit hash collision can never hand out
+// another prefix's K/V.
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -45,12 +46,12 @@ struct BlockCopy {
 
 // Running totals since construction (for tables and tests).
 struct BlockManagerCounters {
-  long long blocks_allocated = 0;      // blocks taken from the free list or by eviction
-  long long copy_on_write = 0;         // BlockCopy entries returned by reserve()
-  long long evictions = 0;             // evictable blocks reclaimed for an allocation
-  long long prefix_queries = 0;        // share_cached_prefix calls
-  long long prefix_hit_blocks = 0;     // blocks those calls shared from the cache
-  long long published_blocks = 0;      // blocks entered into the prefix cache
+  long long blocks_allocated = 0;   // blocks taken from the free list or by eviction
+  long long copy_on_write = 0;      // BlockCopy entries returned by reserve()
+  long long evictions = 0;          // evictable blocks reclaimed for an allocation
+  long long prefix_queries = 0;     // share_cached_prefix calls
+  long long prefix_hit_blocks = 0;  // blocks those calls shared from the cache
+  long long published_blocks = 0;   // blocks entered into the prefix cache
 };
 
 class BlockManager {
@@ -142,23 +143,60 @@ class BlockManager {
   // Per physical block.
   struct Block {
     int ref_count = 0;
-    bool cached = false;           // in by_hash_
-    std::uint64_t hash = 0;        // valid when cached
-    std::uint64_t parent_hash = 0; // the previous block's hash (a fixed seed for block 0)
-    std::vector<int> tokens;       // [block_size] when cached: compared on a hit
+    bool cached = false;            // in by_hash_
+    std::uint64_t hash = 0;         // valid when cached: hash_block(parent_hash, tokens)
+    std::uint64_t parent_hash = 0;  // the previous block's hash (a fixed seed for block 0)
+    // Which publication of the previous block this one was cached under: its
+    // cache_serial (0 for block 0). A hit needs it to equal the serial of the
+    // block the lookup matched one level up: see the .cpp for why a parent
+    // hash alone cannot make a 64-bit collision harmless.
+    std::uint64_t parent_serial = 0;
+    std::uint64_t cache_serial = 0;         // unique per entry into the cache (1, 2, ...); valid when cached
+    std::vector<int> tokens;                // [block_size] when cached: compared on a hit
     std::list<int>::iterator lru_position;  // in evictable_lru_ when evictable
   };
+
+  void check_sequence(int sequence, const char* operation) const;
+  void check_block(int block, const char* operation) const;
+  // Row `sequence` of tables_: [max_blocks_per_sequence].
+  std::int32_t* table_row(int sequence) {
+    return tables_.data() + static_cast<std::size_t>(sequence) * max_blocks_per_sequence_;
+  }
+  const std::int32_t* table_row(int sequence) const {
+    return tables_.data() + static_cast<std::size_t>(sequence) * max_blocks_per_sequence_;
+  }
+  // A block with refcount 1: the top of the free list, else the least
+  // recently released evictable block (which leaves the prefix cache).
+  // The caller has checked available_blocks().
+  int allocate_block();
+  // refcount - 1; at 0 the block becomes evictable (cached) or free.
+  void release_block(int block);
+  // Takes a block out of the prefix cache; an evictable one becomes free.
+  void uncache_block(int block);
+  // Enters `block` into the prefix cache under `hash` as the child of the
+  // entry with serial `parent_serial`.
+  void cache_block(int block, std::uint64_t hash, std::uint64_t parent_hash, std::uint64_t parent_serial,
+                   std::span<const int> tokens);
+  // The cache entry for block tokens `tokens` whose parent is the entry
+  // (parent_hash, parent_serial): its block, or -1.
+  int find_cached(std::uint64_t hash, std::uint64_t parent_hash, std::uint64_t parent_serial,
+                  std::span<const int> tokens) const;
+  // Walks the cache from block 0 along `tokens`' full blocks, at most
+  // max_blocks; writes the blocks it matches to `matched` (when not null,
+  // [max_blocks]) and returns how many.
+  int match_cached_prefix(std::span<const int> tokens, int max_blocks, std::int32_t* matched) const;
 
   int n_blocks_;
   int block_size_;
   int max_sequences_;
   int max_blocks_per_sequence_;
-  std::vector<Block> blocks_;                // [n_blocks]
-  std::vector<std::int32_t> tables_;         // [max_sequences, max_blocks_per_sequence], -1 = none
-  std::vector<int> held_;                    // [max_sequences] blocks held per sequence
-  std::vector<int> free_list_;               // a stack of free blocks
-  std::list<int> evictable_lru_;             // evictable blocks, least recently released first
+  std::vector<Block> blocks_;                       // [n_blocks]
+  std::vector<std::int32_t> tables_;                // [max_sequences, max_blocks_per_sequence], -1 = none
+  std::vector<int> held_;                           // [max_sequences] blocks held per sequence
+  std::vector<int> free_list_;                      // a stack of free blocks
+  std::list<int> evictable_lru_;                    // evictable blocks, least recently released first
   std::unordered_map<std::uint64_t, int> by_hash_;  // prefix cache: hash -> block
+  std::uint64_t next_cache_serial_ = 1;             // the serial of the next entry into the cache
   BlockManagerCounters counters_;
   std::uint64_t tables_version_ = 0;
 };
