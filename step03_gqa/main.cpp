@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <sstream>
 
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
@@ -77,24 +76,6 @@ std::optional<int> parse_options(int argc, char** argv, Step03Options& options) 
             ->capture_default_str();
       },
       [] { llm::print_variant_list(step03::variants(), 12); });
-}
-
-std::vector<int> parse_int_list(const std::string& text, const char* flag) {
-  std::vector<int> values;
-  std::stringstream stream(text);
-  std::string item;
-  while (std::getline(stream, item, ',')) {
-    try {
-      std::size_t used = 0;
-      const int value = std::stoi(item, &used);
-      if (used != item.size() || value <= 0) throw std::invalid_argument(item);
-      values.push_back(value);
-    } catch (const std::exception&) {
-      throw llm::InputError(fmt::format("{} expects positive integers like 1024,4096 (got '{}')", flag, text));
-    }
-  }
-  if (values.empty()) throw llm::InputError(fmt::format("{} needs at least one value", flag));
-  return values;
 }
 
 std::string context_label(int context) {
@@ -333,8 +314,8 @@ step03::SweepOptions sweep_options_from(const Step03Options& options) {
   step03::SweepOptions sweep_options;
   sweep_options.n_heads = options.query_heads;
   sweep_options.head_dim = options.head_dim;
-  sweep_options.kv_heads = parse_int_list(options.kv_heads, "--kv-heads");
-  sweep_options.contexts = parse_int_list(options.contexts, "--contexts");
+  sweep_options.kv_heads = llm::parse_positive_int_list(options.kv_heads, "--kv-heads");
+  sweep_options.contexts = llm::parse_positive_int_list(options.contexts, "--contexts");
   sweep_options.variant_ids = llm::parse_variant_selection(options.common.variant, llm::variant_ids(step03::variants()));
   sweep_options.repeats = options.repeats;
   sweep_options.flush_caches = !options.no_flush;

@@ -3,6 +3,8 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <sstream>
+#include <stdexcept>
 
 #include "llm/errors.hpp"
 
@@ -37,6 +39,24 @@ int generation_positions(const CommonOptions& options, const ModelConfig& config
     throw InputError(fmt::format("the prompt is {} tokens but --steps is {} (and the context {})", prompt_tokens,
                                  positions, config.seq_len));
   return positions;
+}
+
+std::vector<int> parse_positive_int_list(const std::string& text, const char* flag) {
+  std::vector<int> values;
+  std::stringstream stream(text);
+  std::string item;
+  while (std::getline(stream, item, ',')) {
+    try {
+      std::size_t used = 0;
+      const int value = std::stoi(item, &used);
+      if (used != item.size() || value <= 0) throw std::invalid_argument(item);
+      values.push_back(value);
+    } catch (const std::exception&) {
+      throw InputError(fmt::format("{} expects positive integers like 1024,4096 (got '{}')", flag, text));
+    }
+  }
+  if (values.empty()) throw InputError(fmt::format("{} needs at least one value", flag));
+  return values;
 }
 
 }  // namespace llm

@@ -64,6 +64,10 @@ bool is_selected(const std::vector<int>& selected_ids, int id);
 // --prompt as token ids, BOS first (llama2.c's encode with add_bos).
 std::vector<int> encode_prompt(const LoadedModel& loaded, const CommonOptions& options);
 
+// A flag's comma-separated list of positive integers ("1024,4096"); `flag`
+// names it in the InputError a bad or empty list gets.
+std::vector<int> parse_positive_int_list(const std::string& text, const char* flag);
+
 // Positions a generation runs, prompt included: --steps, capped at the
 // model's context as llama2.c caps -n. Throws InputError when the prompt does
 // not fit in them.
