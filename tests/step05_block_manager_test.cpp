@@ -208,8 +208,11 @@ class ReferenceModel {
       ASSERT_EQ(slot.refs, entries[block]) << "block " << block;  // the model's own bookkeeping
       ASSERT_EQ(manager.ref_count(static_cast<int>(block)), entries[block]) << "block " << block;
       ASSERT_EQ(manager.is_cached(static_cast<int>(block)), slot.cached) << "block " << block;
-      // Free (neither held nor cached) and owned are exclusive.
-      if (!slot.live()) ASSERT_TRUE(manager.ref_count(static_cast<int>(block)) == 0);
+      // Free in the model (nobody holds it, not cached): neither owned nor cached in the manager.
+      if (!slot.live()) {
+        ASSERT_EQ(manager.ref_count(static_cast<int>(block)), 0) << "block " << block;
+        ASSERT_FALSE(manager.is_cached(static_cast<int>(block))) << "block " << block;
+      }
     }
   }
 
