@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <span>
 
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
@@ -188,6 +189,45 @@ llm::Results make_results(const Step05Options& options, const llm::LoadedModel& 
   return results;
 }
 
+// 3. Prefix sharing and 4. the model, on every selected device: the
+// baseline model (contiguous cache, reference kernels) and the paged one.
+struct ModelParts {
+  std::vector<step05::PrefixSharingResult> sharing;  // [devices]
+  std::vector<step05::GenerationCheck> generation;   // [devices x checks]
+};
+ModelParts run_model_parts(const Step05Options& options, const llm::LoadedModel& loaded,
+                           const llm::DeviceSelection& devices, std::span<const int> prompt, int positions,
+                           const Plan& plan) {
+  ModelParts parts;
+  for (const std::string& device : llm::selected_device_names(devices)) {
+    const auto baseline = llm::make_model_on(device, loaded.weights);
+    const auto paged = step05::make_paged_model_on(device, loaded.weights);
+    const auto prompts = step05::make_shared_prefix_prompts(*baseline, prompt, options.sharing);
+    parts.sharing.push_back(step05::run_prefix_sharing(device, *paged, prompts, options.sharing));
+    const auto checks = step05::check_paged_generation(device, *baseline, *paged, prompt, positions, plan.generation);
+    parts.generation.insert(parts.generation.end(), checks.begin(), checks.end());
+  }
+  return parts;
+}
+
+// Every part's rows into `results`, the main table, then each part's own table.
+void report(llm::Results& results, const Step05Options& options, const llm::DeviceSelection& devices,
+            const std::vector<step05::TimedMemoryReplay>& memory, const step05::KernelOverheadResult& overhead,
+            const ModelParts& parts) {
+  // CUDA kernel rows say what fraction of the GPU's measured copy bandwidth they reach.
+  const double copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
+  if (copy_gbps > 0) results.set_config("cuda_copy_gbps", copy_gbps);
+  step05::add_memory_rows(results, memory);
+  step05::add_overhead_rows(results, overhead, copy_gbps);
+  for (const auto& sharing : parts.sharing) step05::add_prefix_sharing_rows(results, sharing, options.sharing.block_size);
+  step05::add_generation_rows(results, parts.generation);
+  fmt::print("{}\n", results.format_table());
+  step05::print_memory(memory, options.budget_sequences);
+  step05::print_overhead(overhead);
+  step05::print_prefix_sharing(parts.sharing, options.sharing.block_size);
+  step05::print_generation(parts.generation);
+}
+
 int run_step05(int argc, char** argv) {
   Step05Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
@@ -198,35 +238,14 @@ int run_step05(int argc, char** argv) {
   const int positions = llm::generation_positions(options.common, loaded.weights.config, prompt.size());
   const Plan plan = plan_from(options, devices);  // every flag checked before any work
 
-  // 1. Memory and 2. kernel overhead.
+  // 1. Memory: the trace through a fixed budget. 2. The kernels' overhead.
   const std::vector<step05::TimedMemoryReplay> memory = replay_for_models(options, loaded);
   const step05::KernelOverheadResult overhead = step05::run_kernel_overhead(plan.overhead);
-  // 3. Prefix sharing and 4. the model, on every device.
-  std::vector<step05::PrefixSharingResult> sharing;
-  std::vector<step05::GenerationCheck> generation;
-  for (const std::string& device : llm::selected_device_names(devices)) {
-    const auto baseline = llm::make_model_on(device, loaded.weights);
-    const auto paged = step05::make_paged_model_on(device, loaded.weights);
-    const auto prompts = step05::make_shared_prefix_prompts(*baseline, prompt, options.sharing);
-    sharing.push_back(step05::run_prefix_sharing(device, *paged, prompts, options.sharing));
-    const auto checks = step05::check_paged_generation(device, *baseline, *paged, prompt, positions, plan.generation);
-    generation.insert(generation.end(), checks.begin(), checks.end());
-  }
+  // 3. Prefix sharing and 4. exact generation through the paged cache.
+  const ModelParts parts = run_model_parts(options, loaded, devices, prompt, positions, plan);
 
   llm::Results results = make_results(options, loaded, devices, plan);
-  // CUDA kernel rows say what fraction of the GPU's measured copy bandwidth they reach.
-  const double copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
-  if (copy_gbps > 0) results.set_config("cuda_copy_gbps", copy_gbps);
-  step05::add_memory_rows(results, memory);
-  step05::add_overhead_rows(results, overhead, copy_gbps);
-  for (const auto& device_sharing : sharing) step05::add_prefix_sharing_rows(results, device_sharing, options.sharing.block_size);
-  step05::add_generation_rows(results, generation);
-
-  fmt::print("{}\n", results.format_table());
-  step05::print_memory(memory, options.budget_sequences);
-  step05::print_overhead(overhead);
-  step05::print_prefix_sharing(sharing, options.sharing.block_size);
-  step05::print_generation(generation);
+  report(results, options, devices, memory, overhead, parts);
   return llm::finish_run(results, options.common, devices);
 }
 

@@ -93,6 +93,18 @@ std::unique_ptr<PagedKvCache> two_slot_cache(const std::string& device, const ll
   return make_paged_kv_cache(device, model.config(), options);
 }
 
+// A check of `scenario` before it runs: who and what.
+GenerationCheck check_of(const std::string& device, const llm::Variant<KvStorage>& variant, int block_size,
+                         const std::string& scenario) {
+  GenerationCheck check;
+  check.device = device;
+  check.variant_id = variant.id;
+  check.variant_name = variant.name;
+  check.block_size = variant.fn.paged ? block_size : 0;
+  check.scenario = scenario;
+  return check;
+}
+
 // The index of the second-largest logit: the token a fork's child takes so
 // that it leaves the parent's path right after the fork.
 int runner_up(std::span<const float> logits) {
@@ -107,11 +119,12 @@ int runner_up(std::span<const float> logits) {
 // the caller).
 GenerationCheck plain(const std::string& device, llm::Model& model, const llm::Variant<KvStorage>& variant,
                       int block_size, std::span<const int> prompt, int total_positions) {
-  GenerationCheck check{device, variant.id, variant.name, variant.fn.paged ? block_size : 0, "plain"};
+  GenerationCheck check = check_of(device, variant, block_size, "plain");
   std::unique_ptr<llm::KvCache> cache =
       variant.fn.paged ? two_slot_cache(device, model, block_size, total_positions) : model.make_cache(1, total_positions);
   const GreedyRun run = greedy_in_slot(model, *cache, 0, prompt, 0, total_positions);
   check.tokens = run.tokens;
+  check.tokens_generated = static_cast<int>(run.tokens.size());
   check.total_ms = run.total_ms;
   if (const auto* paged = dynamic_cast<const PagedKvCache*>(cache.get())) check.blocks_used = paged->blocks().used_blocks();
   return check;
@@ -124,7 +137,7 @@ GenerationCheck plain(const std::string& device, llm::Model& model, const llm::V
 GenerationCheck shared_prefix(const std::string& device, llm::Model& baseline, llm::Model& model,
                               const llm::Variant<KvStorage>& variant, int block_size, std::span<const int> prompt,
                               int total_positions, const std::vector<int>& expected_a) {
-  GenerationCheck check{device, variant.id, variant.name, block_size, "shared_prefix"};
+  GenerationCheck check = check_of(device, variant, block_size, "shared_prefix");
   auto cache = two_slot_cache(device, model, block_size, total_positions);
   const GreedyRun a = greedy_in_slot(model, *cache, 0, prompt, 0, total_positions);
   const std::vector<int> conversation = concatenated(prompt, a.tokens);
@@ -137,6 +150,7 @@ GenerationCheck shared_prefix(const std::string& device, llm::Model& baseline, l
   check.expected = reference_tokens(baseline, b_prompt, total_positions);
   check.identical = a.tokens == expected_a && b.tokens == check.expected;
   check.total_ms = a.total_ms + b.total_ms;
+  check.tokens_generated = static_cast<int>(a.tokens.size() + b.tokens.size());
   check.blocks_used = cache->blocks().used_blocks();
   return check;
 }
@@ -149,7 +163,7 @@ GenerationCheck shared_prefix(const std::string& device, llm::Model& baseline, l
 GenerationCheck fork(const std::string& device, llm::Model& baseline, llm::Model& model,
                      const llm::Variant<KvStorage>& variant, int block_size, std::span<const int> prompt,
                      int total_positions, const std::vector<int>& expected) {
-  GenerationCheck check{device, variant.id, variant.name, block_size, "fork"};
+  GenerationCheck check = check_of(device, variant, block_size, "fork");
   auto cache = two_slot_cache(device, model, block_size, total_positions);
   const std::vector<int> conversation = concatenated(prompt, expected);
   const int fork_at = std::min(static_cast<int>(conversation.size()) - 1,
@@ -185,6 +199,7 @@ GenerationCheck fork(const std::string& device, llm::Model& baseline, llm::Model
   expected_parent.resize(std::min(expected_parent.size(), parent.size()));
   expected_child.resize(std::min(expected_child.size(), child.size()));
   check.tokens = parent;
+  check.tokens_generated = static_cast<int>(parent.size() + child.size());
   check.expected = expected_parent;
   check.identical = parent == expected_parent && child == expected_child;
   return check;

@@ -62,9 +62,10 @@ struct GenerationCheck {
   int block_size = 0;         // 0: contiguous
   std::string scenario;       // "plain" | "shared_prefix" | "fork"
   std::vector<int> tokens;    // what this run generated (for "fork": the parent's)
+  int tokens_generated = 0;   // by every sequence of the run (shared_prefix and fork run two)
   std::vector<int> expected;  // step 01's contiguous tokens
   bool identical = false;     // tokens == expected (and, for "fork", the child's too)
-  double total_ms = 0.0;
+  double total_ms = 0.0;      // the run's forwards (both sequences' for shared_prefix and fork)
   int cached_positions = 0;   // shared_prefix: positions taken from the prefix cache
   long long copy_on_write = 0;  // fork: blocks copied on write
   int blocks_used = 0;        // blocks held at the end of the run

@@ -36,8 +36,9 @@ void print_overhead(const KernelOverheadResult& overhead);
 void add_prefix_sharing_rows(llm::Results& results, const PrefixSharingResult& sharing, int block_size);
 void print_prefix_sharing(const std::vector<PrefixSharingResult>& sharing, int block_size);
 
-// 4. The model: one row per check; time = the whole generation, speedup vs
-// the contiguous cache on the same device, ok = tokens identical to it.
+// 4. The model: one row per check; time = the run's forwards, speedup =
+// tokens per second vs the contiguous cache on the same device, ok = tokens
+// identical to it.
 void add_generation_rows(llm::Results& results, const std::vector<GenerationCheck>& checks);
 void print_generation(const std::vector<GenerationCheck>& checks);
 

@@ -53,7 +53,7 @@ void add_memory_rows(llm::Results& results, const std::vector<TimedMemoryReplay>
       // The replay must finish every request, with every fraction a number in [0, 1].
       row.ok = r.requests_finished == r.requests && std::isfinite(r.kv_utilization) && r.kv_utilization >= 0 &&
                r.kv_utilization <= 1;
-      row.throughput_key = "mean_sequences";
+      row.throughput_key = "seqs";  // mean concurrent sequences
       row.throughput = r.mean_sequences;
       row.extra["kind"] = std::string("memory");
       row.extra["model"] = r.model;
