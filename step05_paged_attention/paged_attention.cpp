@@ -19,13 +19,17 @@ using RowMajorMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eige
 // positions are kv_dim floats apart (the other KV heads sit in between).
 using CachedRows = Eigen::Map<const RowMajorMatrix, 0, Eigen::OuterStride<>>;
 
-// Keys scored at a time within one block. A paged block (8..64 positions) is
-// one tile; a contiguous "block" (the whole sequence) is cut into tiles of
-// this many keys so the score scratch stays small (kMaxTileKeys x group
-// floats) whatever the context. 64 keys x 128 dims x 4 B = 32 KiB of K per
-// head and tile: it stays in L1/L2 while the whole group uses it (the tile
-// size step 03's group-aware kernel uses too).
-constexpr int kMaxTileKeys = 64;
+// Keys scored at a time within one block. A block longer than this (a
+// contiguous "block" is the whole sequence) is cut into tiles of this many
+// keys, so the score scratch stays small (kMaxTileKeys x group floats)
+// whatever the context. 16, vLLM's default block size, for two reasons:
+// 16 keys x kv_dim 1024 x 4 B = 64 KiB of K (and as much of V) per tile,
+// which stays in L2 while every KV head's group uses it (64-key tiles
+// measured slower on one core); and the contiguous walk and a paged one of
+// blocks of 16 then run the same tiles, so part 2's overhead at block 16 is
+// the table lookups alone (blocks of 8 add tiles half as long; blocks of 32
+// and more are cut in tiles of 16 and pay one lookup per block).
+constexpr int kMaxTileKeys = 16;
 
 void check_shape(const llm::AttentionShape& s) {
   if (s.n_heads <= 0 || s.n_kv_heads <= 0 || s.head_dim <= 0 || s.n_heads % s.n_kv_heads != 0)
