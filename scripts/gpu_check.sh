@@ -12,8 +12,8 @@
 #   tests      every *_gpu_test binary; a test that skips is a failure here
 #              (a GPU is visible, so a skip means a path did not run)
 #   memcheck   compute-sanitizer memcheck over every gpu test binary
-#   racecheck  compute-sanitizer racecheck and synccheck over the attention
-#              and GQA kernel tests (step02, step03)
+#   racecheck  compute-sanitizer racecheck and synccheck over the attention,
+#              GQA and paged attention kernel tests (step02, step03, step05)
 #   steps      every step executable with --device all on its defaults
 #   presets    the steps on real models' dims (TinyLlama-1.1B, Llama-2-7B
 #              where the GPU has the memory), CUDA only: the CPU reference of
@@ -184,6 +184,11 @@ if want racecheck; then
     sanitize racecheck "$name" --gtest_filter="*Variant*:*Decode*$no_timing:*len1000*:*k1000*:*k5000*:*k4097*"
     sanitize synccheck "$name" --gtest_filter="*Variant*:*Decode*$no_timing:*len1000*:*k1000*:*k5000*:*k4097*"
   done
+  # Step 05's paged kernels: the decode cases (every block size, GQA ratio,
+  # head_dim, mixed lengths that leave partitions empty) and prefill; the
+  # 33000-key case adds only more partitions of the same kind.
+  sanitize racecheck step05_paged_attention_gpu_test --gtest_filter="*CudaPaged*-*33000*:*Model*"
+  sanitize synccheck step05_paged_attention_gpu_test --gtest_filter="*CudaPaged*-*33000*:*Model*"
 fi
 
 # --- step executables -----------------------------------------------------------------
@@ -222,6 +227,9 @@ if want presets; then
   run_step presets llama_shapes step03_gqa --device cuda --query-heads 32 --head-dim 128 --kv-heads 32,8,4,1 \
     --contexts 1024,4096,16384,32768
   run_step presets tinyllama-1.1b step04_speculative --device cuda --preset tinyllama-1.1b --k 2,4,8 --repeats 3
+  # The paged kernels' overhead at Llama-3-8B's attention (the default dims),
+  # contexts 1k-32k, batch 1 and 16; the model parts on TinyLlama's dims.
+  run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 128
 fi
 
 # --- PyTorch SDPA, same shapes --------------------------------------------------------
