@@ -20,6 +20,8 @@
 // K/V are read through the KvView, so a paged cache (step 05) works as is.
 #include <algorithm>
 
+#include "llm/cuda/cuda_runtime_api.hpp"
+
 #include "step02_flash_attention/cuda_attention.hpp"
 #include "step02_flash_attention/cuda_common.cuh"
 
@@ -45,15 +47,6 @@ Partials partials(void* workspace, const AttentionProblem& p, int splits) {
   return {base, base + static_cast<std::size_t>(p.seqlen_q) * p.n_heads * splits * p.head_dim};
 }
 
-int sm_count() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    LLM_CUDA_CHECK(cudaGetDevice(&device));
-    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return sms;
-  }();
-  return count;
-}
 
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads)
@@ -159,7 +152,7 @@ void launch(const AttentionProblem& p, const AttentionArgs& args) {
 int split_kv_splits(const AttentionProblem& p) {
   // Enough blocks for about two waves of 2 blocks per SM, but no split
   // shorter than kMinKeysPerSplit keys.
-  const long long wanted_blocks = 4LL * sm_count();
+  const long long wanted_blocks = 4LL * llm::cuda::sm_count();
   const long long base_blocks = static_cast<long long>(p.n_heads) * p.seqlen_q;
   const int by_occupancy = static_cast<int>(std::max(1LL, (wanted_blocks + base_blocks - 1) / base_blocks));
   const int by_length = std::max(1, p.seqlen_k / kMinKeysPerSplit);

@@ -77,6 +77,8 @@
 //            PrefillQuerySource: query i = prompt row i of one sequence, of
 //            length n_past + i + 1.
 #include <algorithm>
+
+#include "llm/cuda/cuda_runtime_api.hpp"
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -403,15 +405,6 @@ __global__ void merge_kernel(llm::AttentionShape shape, Queries queries, int par
 
 // --- Host side.
 
-int sm_count() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    LLM_CUDA_CHECK(cudaGetDevice(&device));
-    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return sms;
-  }();
-  return count;
-}
 
 void check_shape(const char* name, const llm::AttentionShape& s) {
   if (s.head_dim <= 0 || s.head_dim > kMaxHeadDim)
@@ -528,7 +521,7 @@ PartitionPlan paged_decode_partitions(const llm::AttentionShape& shape, int n_qu
   // KV heads: batch 1 at 32k keys gets 128 partitions of 256 keys (1024
   // blocks); batch 16 at 32k 9 of 3648 (1152 blocks); batch 1 at 1k 8 of 128.
   const long long base_blocks = static_cast<long long>(std::max(shape.n_kv_heads, 1)) * n_queries;
-  const long long wanted_blocks = static_cast<long long>(kWantedBlocksPerSm) * sm_count();
+  const long long wanted_blocks = static_cast<long long>(kWantedBlocksPerSm) * llm::cuda::sm_count();
   const int by_occupancy = static_cast<int>(std::max(1LL, (wanted_blocks + base_blocks - 1) / base_blocks));
   const int by_length = std::max(1, max_length / kMinPartitionKeys);
   const int wanted = std::min({by_occupancy, by_length, kMaxPartitions});

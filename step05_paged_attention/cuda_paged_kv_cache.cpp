@@ -65,28 +65,10 @@ class CudaPagedKvCache final : public PagedKvCache {
     return p;
   }
 
-  // Copy-on-write of one block: a device-to-device copy of its rows per
-  // layer and pool. Synchronous (cudaMemcpy), so the copy is done before the
-  // forward that follows writes into the new block.
-  void copy_block(int from, int to) override {
-    const std::size_t rows = static_cast<std::size_t>(block_size());
-    for (int layer = 0; layer < n_layers(); ++layer) {
-      const std::size_t layer_row = static_cast<std::size_t>(layer) * rows_per_layer();
-      copy_rows(keys_, kv_dim(), layer_row, from, to, rows);
-      copy_rows(values_, kv_dim(), layer_row, from, to, rows);
-      copy_rows(keys_int8_, kv_dim(), layer_row, from, to, rows);
-      copy_rows(values_int8_, kv_dim(), layer_row, from, to, rows);
-      copy_rows(key_scales_, kv_heads(), layer_row, from, to, rows);
-      copy_rows(value_scales_, kv_heads(), layer_row, from, to, rows);
-    }
-  }
-  template <class T>
-  static void copy_rows(DeviceBuffer<T>& pool, int width, std::size_t layer_row, int from, int to, std::size_t rows) {
-    if (pool.empty()) return;
-    const std::size_t w = static_cast<std::size_t>(width);
-    LLM_CUDA_CHECK(cudaMemcpy(pool.data() + (layer_row + static_cast<std::size_t>(to) * rows) * w,
-                              pool.data() + (layer_row + static_cast<std::size_t>(from) * rows) * w,
-                              sizeof(T) * rows * w, cudaMemcpyDeviceToDevice));
+  // Copy-on-write's copies: device to device. Synchronous (cudaMemcpy), so
+  // the copy is done before the forward that follows writes into the block.
+  void copy_bytes(void* dst, const void* src, std::size_t bytes) override {
+    LLM_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
   }
 
   DeviceBuffer<float> keys_, values_;                  // fp32 pools [n_layers, n_blocks * block_size, kv_dim]

@@ -69,6 +69,33 @@ void PagedKvCache::reserve(int sequence, int begin, int end) {
   for (const BlockCopy& copy : blocks_.reserve(sequence, begin, end)) copy_block(copy.from, copy.to);
 }
 
+void PagedKvCache::copy_block(int from, int to) {
+  const Pools pool = pools();
+  const std::size_t rows = static_cast<std::size_t>(blocks_.block_size());
+  // Pool `base` holds `width` elements of `element_bytes` per row; a block
+  // of one layer is `rows` consecutive rows of that layer's slice.
+  const auto copy = [&](const void* base, std::size_t width, std::size_t element_bytes, std::size_t layer_row) {
+    if (base == nullptr) return;  // a pool the element type does not use
+    const std::size_t row_bytes = width * element_bytes;
+    auto* bytes = static_cast<char*>(const_cast<void*>(base));
+    copy_bytes(bytes + (layer_row + static_cast<std::size_t>(to) * rows) * row_bytes,
+               bytes + (layer_row + static_cast<std::size_t>(from) * rows) * row_bytes, rows * row_bytes);
+  };
+  const std::size_t dim = static_cast<std::size_t>(kv_dim_), heads = static_cast<std::size_t>(kv_heads());
+  for (int layer = 0; layer < n_layers_; ++layer) {
+    const std::size_t layer_row = static_cast<std::size_t>(layer) * rows_per_layer();
+    if (element_ == llm::KvElement::Float32) {
+      copy(pool.keys, dim, sizeof(float), layer_row);
+      copy(pool.values, dim, sizeof(float), layer_row);
+    } else {
+      copy(pool.keys_int8, dim, sizeof(std::int8_t), layer_row);
+      copy(pool.values_int8, dim, sizeof(std::int8_t), layer_row);
+      copy(pool.key_scales, heads, sizeof(float), layer_row);
+      copy(pool.value_scales, heads, sizeof(float), layer_row);
+    }
+  }
+}
+
 void PagedKvCache::truncate(int sequence, int new_length) {
   llm::KvCache::truncate(sequence, new_length);  // checks new_length <= length
   blocks_.truncate(sequence, new_length);
@@ -180,27 +207,7 @@ class CpuPagedKvCache final : public PagedKvCache {
     return p;
   }
 
-  void copy_block(int from, int to) override {
-    const std::size_t rows = static_cast<std::size_t>(block_size());
-    for (int layer = 0; layer < n_layers(); ++layer) {
-      const std::size_t layer_row = static_cast<std::size_t>(layer) * rows_per_layer();
-      copy_rows(keys_, kv_dim(), layer_row, from, to, rows);
-      copy_rows(values_, kv_dim(), layer_row, from, to, rows);
-      copy_rows(keys_int8_, kv_dim(), layer_row, from, to, rows);
-      copy_rows(values_int8_, kv_dim(), layer_row, from, to, rows);
-      copy_rows(key_scales_, kv_heads(), layer_row, from, to, rows);
-      copy_rows(value_scales_, kv_heads(), layer_row, from, to, rows);
-    }
-  }
-  // Block `from`'s rows of one layer's slice of `pool` over block `to`'s
-  // (`width` elements per row; an unused pool is empty and skipped).
-  template <class T>
-  static void copy_rows(std::vector<T>& pool, int width, std::size_t layer_row, int from, int to, std::size_t rows) {
-    if (pool.empty()) return;
-    const std::size_t w = static_cast<std::size_t>(width);
-    std::memcpy(pool.data() + (layer_row + static_cast<std::size_t>(to) * rows) * w,
-                pool.data() + (layer_row + static_cast<std::size_t>(from) * rows) * w, sizeof(T) * rows * w);
-  }
+  void copy_bytes(void* dst, const void* src, std::size_t bytes) override { std::memcpy(dst, src, bytes); }
 
   std::vector<float> keys_, values_;                  // fp32 pools [n_layers, n_blocks * block_size, kv_dim]
   std::vector<std::int8_t> keys_int8_, values_int8_;  // int8 pools, the same shape

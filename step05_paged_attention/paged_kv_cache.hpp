@@ -92,8 +92,9 @@ class PagedKvCache : public llm::KvCache {
     const std::int32_t* tables = nullptr;
   };
   virtual Pools pools() const = 0;
-  // Copies every layer's rows (and scales) of physical block `from` into `to`.
-  virtual void copy_block(int from, int to) = 0;
+  // Copies `bytes` within the device's memory (dst and src never overlap):
+  // copy_block's one device-specific step.
+  virtual void copy_bytes(void* dst, const void* src, std::size_t bytes) = 0;
 
   // Pool sizes, for the device classes.
   std::size_t values_per_pool() const;  // n_layers * n_blocks * block_size * kv_dim
@@ -104,6 +105,10 @@ class PagedKvCache : public llm::KvCache {
   int kv_heads() const { return kv_dim_ / head_dim_; }
 
  private:
+  // Copy-on-write of one block: every layer's rows (and scales) of physical
+  // block `from` over block `to`, in every pool the element type uses.
+  void copy_block(int from, int to);
+
   int n_layers_;
   int kv_dim_;
   int head_dim_;

@@ -27,6 +27,7 @@
 #include "step05_paged_attention/cuda_paged_runner.hpp"
 #include "step05_paged_attention/kernel_overhead.hpp"
 #include "step05_paged_attention/shuffled_kv_pool.hpp"
+#include "step05_attention_cases.hpp"
 #include "test_support.hpp"
 
 namespace step05 {
@@ -64,20 +65,6 @@ struct TestKv {
     device.add_paged_layout(block_size, shuffled_block_tables(static_cast<int>(views.size()), blocks, seed));
   }
 };
-
-struct DecodeCase {
-  int n_heads, n_kv_heads, head_dim, block_size;
-  std::vector<int> lengths;  // one sequence each, all in one launch
-  float key_scale;           // > 1: large scores, a peaky softmax
-};
-
-std::string decode_case_name(const DecodeCase& c) {
-  std::string name = "q" + std::to_string(c.n_heads) + "_kv" + std::to_string(c.n_kv_heads) + "_hd" +
-                     std::to_string(c.head_dim) + "_bs" + std::to_string(c.block_size) + "_len";
-  for (const int l : c.lengths) name += "_" + std::to_string(l);
-  return name + (c.key_scale > 1.0f ? "_peaky" : "");
-}
-void PrintTo(const DecodeCase& c, std::ostream* os) { *os << decode_case_name(c); }
 
 class CudaPagedDecodeTest : public ::testing::TestWithParam<DecodeCase> {};
 
@@ -128,15 +115,6 @@ INSTANTIATE_TEST_SUITE_P(
         // Past 32k positions, one sequence (the most partitions).
         DecodeCase{8, 2, 64, 16, {33000}, 1.0f}),
     [](const auto& info) { return decode_case_name(info.param); });
-
-struct PrefillCase {
-  int n_heads, n_kv_heads, head_dim, block_size, n_past, n_new;
-};
-std::string prefill_case_name(const PrefillCase& c) {
-  return "q" + std::to_string(c.n_heads) + "_kv" + std::to_string(c.n_kv_heads) + "_hd" + std::to_string(c.head_dim) +
-         "_bs" + std::to_string(c.block_size) + "_past" + std::to_string(c.n_past) + "_new" + std::to_string(c.n_new);
-}
-void PrintTo(const PrefillCase& c, std::ostream* os) { *os << prefill_case_name(c); }
 
 class CudaPagedPrefillTest : public ::testing::TestWithParam<PrefillCase> {};
 

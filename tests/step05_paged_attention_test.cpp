@@ -27,6 +27,7 @@
 #include "step05_paged_attention/kernel_overhead.hpp"
 #include "step05_paged_attention/paged_attention.hpp"
 #include "step05_paged_attention/shuffled_kv_pool.hpp"
+#include "step05_attention_cases.hpp"
 #include "test_support.hpp"
 
 namespace step05 {
@@ -53,20 +54,6 @@ struct ContiguousKv {
     }
   }
 };
-
-struct DecodeCase {
-  int n_heads, n_kv_heads, head_dim, block_size;
-  std::vector<int> lengths;  // one sequence each, all in one call
-  float key_scale;           // > 1: large scores, a peaky softmax (the online max moves a lot)
-};
-
-std::string decode_case_name(const DecodeCase& c) {
-  std::string name = "q" + std::to_string(c.n_heads) + "_kv" + std::to_string(c.n_kv_heads) + "_hd" +
-                     std::to_string(c.head_dim) + "_bs" + std::to_string(c.block_size) + "_len";
-  for (const int l : c.lengths) name += "_" + std::to_string(l);
-  return name + (c.key_scale > 1.0f ? "_peaky" : "");
-}
-void PrintTo(const DecodeCase& c, std::ostream* os) { *os << decode_case_name(c); }
 
 class PagedDecodeTest : public ::testing::TestWithParam<DecodeCase> {};
 
@@ -108,15 +95,6 @@ INSTANTIATE_TEST_SUITE_P(
         // One block longer than every sequence: the paged layout is contiguous too.
         DecodeCase{8, 2, 64, 128, {100, 7}, 1.0f}),
     [](const auto& info) { return decode_case_name(info.param); });
-
-struct PrefillCase {
-  int n_heads, n_kv_heads, head_dim, block_size, n_past, n_new;
-};
-std::string prefill_case_name(const PrefillCase& c) {
-  return "q" + std::to_string(c.n_heads) + "_kv" + std::to_string(c.n_kv_heads) + "_hd" + std::to_string(c.head_dim) +
-         "_bs" + std::to_string(c.block_size) + "_past" + std::to_string(c.n_past) + "_new" + std::to_string(c.n_new);
-}
-void PrintTo(const PrefillCase& c, std::ostream* os) { *os << prefill_case_name(c); }
 
 class PagedPrefillTest : public ::testing::TestWithParam<PrefillCase> {};
 

@@ -13,35 +13,23 @@
 #include "llm/weights.hpp"
 #include "step05_paged_attention/paged_generation.hpp"
 #include "step05_paged_attention/paged_kv_cache.hpp"
+#include "step05_generation_checks.hpp"
 #include "test_support.hpp"
 
 namespace {
-
-void expect_all_identical_on_cuda(const llm::ModelWeights& weights, std::span<const int> prompt, int positions) {
-  auto baseline = llm::make_model_on("cuda", weights);
-  auto paged = step05::make_paged_model_on("cuda", weights);
-  const auto checks = step05::check_paged_generation("cuda", *baseline, *paged, prompt, positions, {});
-  ASSERT_EQ(checks.size(), 1u + 2u * 4u * 3u);
-  long long copies = 0;
-  for (const auto& c : checks) {
-    EXPECT_TRUE(c.identical) << c.variant_name << " block " << c.block_size << " " << c.scenario;
-    copies += c.copy_on_write;
-  }
-  EXPECT_GT(copies, 0) << "no fork copied a block on the device";
-}
 
 TEST(CudaPagedGeneration, TinyPresetGreedyTokensMatchTheContiguousCache) {
   LLM_REQUIRE_CUDA_DEVICE();
   const llm::ModelWeights weights = llm::random_weights(llm::find_preset("tiny").config, 42);
   const std::vector<int> prompt = {1, 300, 20, 7};
-  expect_all_identical_on_cuda(weights, prompt, 70);
+  step05::testing::expect_paged_generation_identical("cuda", weights, prompt, 70);
 }
 
 TEST(CudaPagedGeneration, Stories260KGreedyTokensMatchTheContiguousCache) {
   LLM_REQUIRE_CUDA_DEVICE();
   LLM_REQUIRE_MODEL_FILE(model_path, "stories260K.bin");
   const std::vector<int> prompt = {1};
-  expect_all_identical_on_cuda(llm::load_checkpoint(model_path), prompt, 120);
+  step05::testing::expect_paged_generation_identical("cuda", llm::load_checkpoint(model_path), prompt, 120);
 }
 
 TEST(CudaPagedKvCache, OutOfBlocksIsAClearErrorAndThePoolStaysIntact) {

@@ -16,6 +16,7 @@
 #include "step05_paged_attention/paged_generation.hpp"
 #include "step05_paged_attention/paged_kv_cache.hpp"
 #include "step05_paged_attention/prefix_sharing.hpp"
+#include "step05_generation_checks.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -171,36 +172,17 @@ TEST(PagedKvCache, BadOptionsAreClearErrors) {
   EXPECT_THROW(cache->reserve(1, 0, 1), llm::InputError);
 }
 
-// The model part's checks, on the CPU: every variant, block size and
-// scenario gives step 01's tokens.
-void expect_all_identical(const llm::ModelWeights& weights, std::span<const int> prompt, int positions) {
-  auto baseline = llm::make_model_on("cpu", weights);
-  auto paged = step05::make_paged_model_on("cpu", weights);
-  const auto checks = step05::check_paged_generation("cpu", *baseline, *paged, prompt, positions, {});
-  EXPECT_EQ(checks.size(), 1u + 2u * 4u * 3u);
-  long long copies = 0;
-  int hits = 0;
-  for (const auto& c : checks) {
-    EXPECT_TRUE(c.identical) << c.variant_name << " block " << c.block_size << " " << c.scenario;
-    EXPECT_FALSE(c.tokens.empty());
-    copies += c.copy_on_write;
-    hits += c.cached_positions > 0;
-  }
-  EXPECT_GT(copies, 0) << "no fork ever copied a block: the copy-on-write path went untested";
-  EXPECT_GT(hits, 0) << "no shared prefix was ever found in the cache";
-}
-
 TEST(PagedGeneration, TinyPresetGreedyTokensMatchTheContiguousCache) {
   const llm::ModelWeights weights = llm::random_weights(tiny_config(), 42);
   const std::vector<int> prompt = {1, 300, 20, 7};
-  expect_all_identical(weights, prompt, 70);
+  step05::testing::expect_paged_generation_identical("cpu", weights, prompt, 70);
 }
 
 TEST(PagedGeneration, Stories260KGreedyTokensMatchTheContiguousCache) {
   LLM_REQUIRE_MODEL_FILE(model_path, "stories260K.bin");
   const llm::ModelWeights weights = llm::load_checkpoint(model_path);
   const std::vector<int> prompt = {1};
-  expect_all_identical(weights, prompt, 120);
+  step05::testing::expect_paged_generation_identical("cpu", weights, prompt, 120);
 }
 
 TEST(PrefixSharing, HitsComputeFewerRowsAndGenerateTheSameTokens) {

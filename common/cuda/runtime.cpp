@@ -109,6 +109,16 @@ void fill_device_info(DeviceInfo& info) {
   }
 }
 
+int sm_count() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    LLM_CUDA_CHECK(cudaGetDevice(&device));
+    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms;
+  }();
+  return count;
+}
+
 double measure_copy_bandwidth_gbps(std::size_t bytes) {
   const DeviceStatus status = device_status();
   if (!status.usable) throw DeviceError("cannot measure the copy bandwidth: " + status.reason);

@@ -14,6 +14,8 @@ void fill_device_info(DeviceInfo& info) {
   info.cuda_note = "built without CUDA";
 }
 
+int sm_count() { throw DeviceError("this build has no CUDA support (configure with a CUDA toolkit installed)"); }
+
 double measure_copy_bandwidth_gbps(std::size_t) {
   throw DeviceError("this build has no CUDA support (configure with a CUDA toolkit installed)");
 }

@@ -26,6 +26,11 @@ DeviceStatus device_status();
 // Fills the gpu_* and cuda_* fields of `info` when a device is usable.
 void fill_device_info(DeviceInfo& info);
 
+// Streaming multiprocessors of the current GPU (read once): what a kernel
+// that splits its work to fill the GPU (split-KV decode) sizes its grid by.
+// Throws DeviceError when no device is usable.
+int sm_count();
+
 // The GPU's practical memory bandwidth ceiling, measured: a device-to-device
 // copy of `bytes` (1 GiB by default, far beyond any L2), median of 10 timed
 // copies after 3 warm-ups, counting bytes read plus bytes written (GB/s,
