@@ -2,8 +2,10 @@
 // Test doubles of the KV cache hook (llm/kv_cache.hpp): a paged cache whose
 // K/V live in small blocks allocated on demand from a shared pool, storing
 // fp32 or int8 rows. They prove that the models reach a cache only through
-// KvCache (neither knows these types) and are small on purpose: step 05
-// builds the real block manager (reference counts, prefix hashing, eviction).
+// KvCache (neither knows these types) and are small on purpose: step 05's
+// PagedKvCache is the real one (reference counts, copy-on-write, prefix
+// caching, eviction); common's tests keep this double so that they depend on
+// no step.
 //
 // PagedKvCacheBookkeeping keeps the block tables, the free list and the
 // lengths on the host; a subclass owns the pools on its device.
