@@ -226,9 +226,10 @@ struct Partials {
 // q, out  [rows, n_heads, head_dim]; q_scale = log2(e) / sqrt(head_dim).
 // __launch_bounds__(kThreads, kMinBlocksPerSm = 3): at most 170 registers
 // per thread, so 3 blocks (12 warps, 48 KiB of K/V loads in flight at
-// head_dim 128) fit on an SM. ptxas uses 150-160 registers for the float4
-// and wide paths, ~100 for float2, ~80 narrow, no spills (without the hint
-// it chose 96 registers and a spill for the float2 path).
+// head_dim 128) fit on an SM. ptxas (CUDA 13, sm_90) uses 150-160
+// registers for the float4 and wide paths, 96-113 for float2, 72-80 narrow,
+// no spills (without the hint it chose 96 registers and a spill for the
+// float2 decode path).
 template <class Lanes, class Rows, class Queries>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     partition_kernel(llm::AttentionShape shape, const float* __restrict__ q, Queries queries, int partition_keys,
