@@ -9,6 +9,7 @@
 
 #include "llm/attention.hpp"
 #include "llm/kv_cache.hpp"
+#include "llm/splitmix64.hpp"
 #include "step03_gqa/cpu_cache_flush.hpp"
 #include "step03_gqa/cuda_gqa_attention.hpp"
 #include "step03_gqa/gqa_attention.hpp"
@@ -40,15 +41,10 @@ double kv_bytes(const SweepOptions& o, int heads, int context) {
 }  // namespace
 
 void fill_uniform(float* data, std::size_t n, std::uint64_t seed) {
-  std::uint64_t state = seed;
+  llm::SplitMix64 generator(seed);  // one multiply-xorshift step per value
   for (std::size_t i = 0; i < n; ++i) {
-    // splitmix64: one multiply-xorshift step per value.
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
     // Top 24 bits -> [0, 1) exactly representable in float, then [-1, 1).
-    data[i] = static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    data[i] = static_cast<float>(generator.next() >> 40) * (2.0f / 16777216.0f) - 1.0f;
   }
 }
 

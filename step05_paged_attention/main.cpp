@@ -24,7 +24,6 @@
 #include "llm/harness/model_on_device.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
-#include "llm/harness/timer.hpp"
 #include "step05_paged_attention/kernel_overhead.hpp"
 #include "step05_paged_attention/memory_replay.hpp"
 #include "step05_paged_attention/paged_generation.hpp"
@@ -134,30 +133,20 @@ Plan plan_from(const Step05Options& options, const llm::DeviceSelection& devices
   return plan;
 }
 
-// 1. The trace replayed for this model's dims and two real models', each
-// policy's replay timed.
-std::vector<step05::TimedMemoryReplay> replay_for_models(const Step05Options& options,
+// 1. The trace replayed for this model's dims and two real models'.
+std::vector<step05::ModelMemoryReplay> replay_for_models(const Step05Options& options,
                                                          const llm::LoadedModel& loaded) {
   step05::MemoryReplayOptions replay;
   replay.budget_sequences = options.budget_sequences;
   replay.trace.n_requests = options.requests;
   replay.trace.seed = options.common.seed;
-  std::vector<step05::TimedMemoryReplay> replays;
+  std::vector<step05::ModelMemoryReplay> replays;
   for (const step05::ModelDims& model : step05::memory_replay_models(loaded.name, loaded.weights.config)) {
     step05::TraceOptions trace = replay.trace;
     trace.context = model.context;
     const std::vector<step05::TraceRequest> requests = step05::make_request_trace(trace);
-    step05::TimedMemoryReplay timed;
-    timed.lengths = step05::summarize_lengths(requests, model.context);
-    std::vector<int> policies = {0};  // contiguous, then each block size
-    policies.insert(policies.end(), replay.block_sizes.begin(), replay.block_sizes.end());
-    for (const int block_size : policies) {
-      llm::Stopwatch watch;
-      timed.rows.push_back(step05::replay_trace(requests, model, replay.budget_sequences, block_size,
-                                                replay.admission_watermark));
-      timed.replay_ms.push_back(watch.elapsed_ms());
-    }
-    replays.push_back(std::move(timed));
+    replays.push_back(
+        {step05::replay_policies(requests, model, replay), step05::summarize_lengths(requests, model.context)});
   }
   return replays;
 }
@@ -212,14 +201,15 @@ ModelParts run_model_parts(const Step05Options& options, const llm::LoadedModel&
 
 // Every part's rows into `results`, the main table, then each part's own table.
 void report(llm::Results& results, const Step05Options& options, const llm::DeviceSelection& devices,
-            const std::vector<step05::TimedMemoryReplay>& memory, const step05::KernelOverheadResult& overhead,
+            const std::vector<step05::ModelMemoryReplay>& memory, const step05::KernelOverheadResult& overhead,
             const ModelParts& parts) {
   // CUDA kernel rows say what fraction of the GPU's measured copy bandwidth they reach.
   const double copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
   if (copy_gbps > 0) results.set_config("cuda_copy_gbps", copy_gbps);
   step05::add_memory_rows(results, memory);
   step05::add_overhead_rows(results, overhead, copy_gbps);
-  for (const auto& sharing : parts.sharing) step05::add_prefix_sharing_rows(results, sharing, options.sharing.block_size);
+  for (const auto& sharing : parts.sharing)
+    step05::add_prefix_sharing_rows(results, sharing, options.sharing.block_size);
   step05::add_generation_rows(results, parts.generation);
   fmt::print("{}\n", results.format_table());
   step05::print_memory(memory, options.budget_sequences);
@@ -239,7 +229,7 @@ int run_step05(int argc, char** argv) {
   const Plan plan = plan_from(options, devices);  // every flag checked before any work
 
   // 1. Memory: the trace through a fixed budget. 2. The kernels' overhead.
-  const std::vector<step05::TimedMemoryReplay> memory = replay_for_models(options, loaded);
+  const std::vector<step05::ModelMemoryReplay> memory = replay_for_models(options, loaded);
   const step05::KernelOverheadResult overhead = step05::run_kernel_overhead(plan.overhead);
   // 3. Prefix sharing and 4. exact generation through the paged cache.
   const ModelParts parts = run_model_parts(options, loaded, devices, prompt, positions, plan);

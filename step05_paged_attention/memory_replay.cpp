@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "llm/errors.hpp"
+#include "llm/harness/timer.hpp"
 #include "step03_gqa/kv_cache_sizes.hpp"
 #include "step05_paged_attention/block_manager.hpp"
 
@@ -124,6 +125,7 @@ std::vector<ModelDims> memory_replay_models(const std::string& this_model_name, 
 
 MemoryReplayRow replay_trace(const std::vector<TraceRequest>& trace, const ModelDims& model, int budget_sequences,
                              int block_size, double admission_watermark) {
+  const llm::Stopwatch watch;
   const bool paged = block_size > 0;
   if (budget_sequences < 1 || block_size < 0 || !(admission_watermark >= 0.0) || model.context < 1)
     throw llm::InputError(fmt::format(
@@ -240,16 +242,21 @@ MemoryReplayRow replay_trace(const std::vector<TraceRequest>& trace, const Model
     row.budget_utilization = budget_sum / static_cast<double>(row.iterations);
     row.mean_sequences = sequences_sum / static_cast<double>(row.iterations);
   }
+  row.replay_ms = watch.elapsed_ms();
   return row;
 }
 
 std::vector<MemoryReplayRow> run_memory_replay(const ModelDims& model, const MemoryReplayOptions& options) {
+  TraceOptions trace_options = options.trace;
+  trace_options.context = model.context;  // the same seed, this model's context
+  return replay_policies(make_request_trace(trace_options), model, options);
+}
+
+std::vector<MemoryReplayRow> replay_policies(const std::vector<TraceRequest>& trace, const ModelDims& model,
+                                             const MemoryReplayOptions& options) {
   for (const int block_size : options.block_sizes)
     if (block_size < 1)
       throw llm::InputError(fmt::format("memory replay: block size {} (block sizes must be >= 1)", block_size));
-  TraceOptions trace_options = options.trace;
-  trace_options.context = model.context;  // the same seed, this model's context
-  const std::vector<TraceRequest> trace = make_request_trace(trace_options);
   std::vector<MemoryReplayRow> rows;
   rows.push_back(replay_trace(trace, model, options.budget_sequences, 0, options.admission_watermark));
   for (const int block_size : options.block_sizes)

@@ -87,6 +87,7 @@ struct MemoryReplayRow {
   long long recomputed_positions = 0;  // paged: positions the preempted sequences held (their prefill again)
   int requests = 0;                    // in the trace
   int requests_finished = 0;           // == requests when the replay ends
+  double replay_ms = 0;                // wall time of this replay (bookkeeping only: milliseconds)
 };
 
 // Replays make_request_trace(options.trace with context = model.context)
@@ -95,6 +96,9 @@ struct MemoryReplayRow {
 // watermark, or a request that cannot fit the budget alone under a policy
 // (it could never run: the replay says so instead of looping).
 std::vector<MemoryReplayRow> run_memory_replay(const ModelDims& model, const MemoryReplayOptions& options);
+// The same replays of a trace the caller made (and may summarize).
+std::vector<MemoryReplayRow> replay_policies(const std::vector<TraceRequest>& trace, const ModelDims& model,
+                                             const MemoryReplayOptions& options);
 
 // The replay of one trace under one policy (block_size 0: contiguous).
 // run_memory_replay's building block, for tests and hand-made traces.

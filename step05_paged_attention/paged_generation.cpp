@@ -6,7 +6,6 @@
 
 #include "llm/cpu_model.hpp"
 #include "llm/errors.hpp"
-#include "llm/harness/model_on_device.hpp"
 #include "llm/harness/timer.hpp"
 #include "llm/sampler.hpp"
 #include "llm/tokenizer.hpp"
@@ -20,11 +19,11 @@ namespace step05 {
 const std::vector<llm::Variant<KvStorage>>& variants() {
   static const std::vector<llm::Variant<KvStorage>> table = {
       {0, "contiguous", "one max-length slot per sequence (step 01's cache), reference attention", llm::Backend::Any,
-       {false, llm::make_model_on}},
+       {false, false}},
       {1, "paged_reference", "K/V in blocks allocated on demand; the unchanged reference attention reads them",
-       llm::Backend::Any, {true, llm::make_model_on}},
+       llm::Backend::Any, {true, false}},
       {2, "paged_kernels", "the same blocks read by this step's paged attention (a table lookup per block)",
-       llm::Backend::Any, {true, make_paged_model_on}},
+       llm::Backend::Any, {true, true}},
   };
   return table;
 }
@@ -49,8 +48,8 @@ GreedyRun greedy_in_slot(llm::Model& model, llm::KvCache& cache, int sequence, s
   llm::Stopwatch total;
   // Prefill: the prompt's uncached tail, at positions cached..; its last row
   // predicts the first token.
-  auto logits = model.forward(llm::TokenBatch::prefill(prompt.subspan(static_cast<std::size_t>(cached)), cached, sequence),
-                              cache);
+  const std::span<const int> uncached = prompt.subspan(static_cast<std::size_t>(cached));
+  auto logits = model.forward(llm::TokenBatch::prefill(uncached, cached, sequence), cache);
   run.prefill_ms = total.elapsed_ms();
   run.tokens.push_back(llm::argmax(logits));
   llm::TokenBatch batch = llm::TokenBatch::single(0, 0, sequence);
@@ -100,9 +99,18 @@ GenerationCheck check_of(const std::string& device, const llm::Variant<KvStorage
   check.device = device;
   check.variant_id = variant.id;
   check.variant_name = variant.name;
-  check.block_size = variant.fn.paged ? block_size : 0;
+  check.block_size = variant.fn.paged_cache ? block_size : 0;
   check.scenario = scenario;
   return check;
+}
+
+// A position halfway through the generated part of a run, plus `offset`:
+// where the shared-prefix and fork scenarios cut the conversation. The
+// offsets (3 and 1) keep the cut off block boundaries for most block sizes,
+// so a partly filled block is shared.
+int halfway(std::span<const int> prompt, int total_positions, int offset) {
+  const int prompt_length = static_cast<int>(prompt.size());
+  return prompt_length + (total_positions - prompt_length) / 2 + offset;
 }
 
 // The index of the second-largest logit: the token a fork's child takes so
@@ -115,18 +123,22 @@ int runner_up(std::span<const float> logits) {
   return second;
 }
 
-// The prompt alone in slot 0 (its tokens are compared with the reference by
-// the caller).
+// The prompt alone in slot 0.
 GenerationCheck plain(const std::string& device, llm::Model& model, const llm::Variant<KvStorage>& variant,
-                      int block_size, std::span<const int> prompt, int total_positions) {
+                      int block_size, std::span<const int> prompt, int total_positions,
+                      const std::vector<int>& expected) {
   GenerationCheck check = check_of(device, variant, block_size, "plain");
-  std::unique_ptr<llm::KvCache> cache =
-      variant.fn.paged ? two_slot_cache(device, model, block_size, total_positions) : model.make_cache(1, total_positions);
+  std::unique_ptr<llm::KvCache> cache = variant.fn.paged_cache
+                                            ? two_slot_cache(device, model, block_size, total_positions)
+                                            : model.make_cache(1, total_positions);
   const GreedyRun run = greedy_in_slot(model, *cache, 0, prompt, 0, total_positions);
   check.tokens = run.tokens;
   check.tokens_generated = static_cast<int>(run.tokens.size());
+  check.expected = expected;
+  check.identical = run.tokens == expected;
   check.total_ms = run.total_ms;
-  if (const auto* paged = dynamic_cast<const PagedKvCache*>(cache.get())) check.blocks_used = paged->blocks().used_blocks();
+  if (const auto* paged = dynamic_cast<const PagedKvCache*>(cache.get()))
+    check.blocks_used = paged->blocks().used_blocks();
   return check;
 }
 
@@ -142,7 +154,7 @@ GenerationCheck shared_prefix(const std::string& device, llm::Model& baseline, l
   const GreedyRun a = greedy_in_slot(model, *cache, 0, prompt, 0, total_positions);
   const std::vector<int> conversation = concatenated(prompt, a.tokens);
   cache->publish(0, conversation);
-  const int b_prompt_length = std::min(cache->length(0), static_cast<int>(prompt.size()) + (total_positions - static_cast<int>(prompt.size())) / 2 + 3);
+  const int b_prompt_length = std::min(cache->length(0), halfway(prompt, total_positions, 3));
   const std::span<const int> b_prompt(conversation.data(), static_cast<std::size_t>(b_prompt_length));
   check.cached_positions = cache->share_cached_prefix(1, b_prompt);
   const GreedyRun b = greedy_in_slot(model, *cache, 1, b_prompt, check.cached_positions, total_positions);
@@ -166,8 +178,7 @@ GenerationCheck fork(const std::string& device, llm::Model& baseline, llm::Model
   GenerationCheck check = check_of(device, variant, block_size, "fork");
   auto cache = two_slot_cache(device, model, block_size, total_positions);
   const std::vector<int> conversation = concatenated(prompt, expected);
-  const int fork_at = std::min(static_cast<int>(conversation.size()) - 1,
-                               static_cast<int>(prompt.size()) + (total_positions - static_cast<int>(prompt.size())) / 2 + 1);
+  const int fork_at = std::min(static_cast<int>(conversation.size()) - 1, halfway(prompt, total_positions, 1));
   const std::span<const int> parent_prompt(conversation.data(), static_cast<std::size_t>(fork_at));
   llm::Stopwatch total;
   const auto logits = model.forward(llm::TokenBatch::prefill(parent_prompt, 0, 0), *cache);
@@ -215,21 +226,17 @@ std::vector<GenerationCheck> check_paged_generation(const std::string& device, l
   for (const auto& variant : variants()) {
     if (std::find(options.variant_ids.begin(), options.variant_ids.end(), variant.id) == options.variant_ids.end())
       continue;
-    llm::Model& model = variant.fn.make_model == make_paged_model_on ? paged : baseline;
-    if (!variant.fn.paged) {
-      checks.push_back(plain(device, model, variant, 0, prompt, total_positions));
+    llm::Model& model = variant.fn.paged_kernels ? paged : baseline;
+    if (!variant.fn.paged_cache) {
+      checks.push_back(plain(device, model, variant, 0, prompt, total_positions, expected));
     } else {
       for (const int block_size : options.block_sizes) {
-        checks.push_back(plain(device, model, variant, block_size, prompt, total_positions));
-        checks.push_back(shared_prefix(device, baseline, model, variant, block_size, prompt, total_positions, expected));
+        checks.push_back(plain(device, model, variant, block_size, prompt, total_positions, expected));
+        checks.push_back(
+            shared_prefix(device, baseline, model, variant, block_size, prompt, total_positions, expected));
         checks.push_back(fork(device, baseline, model, variant, block_size, prompt, total_positions, expected));
       }
     }
-  }
-  for (GenerationCheck& check : checks) {
-    if (check.scenario != "plain") continue;
-    check.expected = expected;
-    check.identical = check.tokens == expected;
   }
   return checks;
 }

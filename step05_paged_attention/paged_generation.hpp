@@ -19,12 +19,12 @@
 
 namespace step05 {
 
-// How a variant stores and reads K/V: its cache, and the model (with its
-// attention kernels) that reads it.
-using ModelMaker = std::unique_ptr<llm::Model> (*)(const std::string& device, const llm::ModelWeights& weights);
+// How a variant stores and reads K/V: its cache, and which attention
+// kernels read it (the models themselves are built by the caller: the
+// baseline with make_model_on, the paged one with make_paged_model_on).
 struct KvStorage {
-  bool paged = false;      // false: the model's own contiguous cache (make_cache)
-  ModelMaker make_model;   // the model on a device ("cpu" or "cuda")
+  bool paged_cache = false;    // false: the model's own contiguous cache (make_cache)
+  bool paged_kernels = false;  // this step's kernels (make_paged_model_on) instead of the reference ones
 };
 
 // 0 contiguous        common's contiguous cache and reference kernels (the baseline)

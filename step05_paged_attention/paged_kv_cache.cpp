@@ -12,8 +12,10 @@ namespace step05 {
 namespace {
 
 llm::ModelConfig checked(const llm::ModelConfig& config, const PagedKvCacheOptions& options) {
-  if (options.block_size < 1) throw llm::InputError(fmt::format("block size must be at least 1 (got {})", options.block_size));
-  if (options.n_blocks < 1) throw llm::InputError(fmt::format("a paged cache needs at least one block (got {})", options.n_blocks));
+  if (options.block_size < 1)
+    throw llm::InputError(fmt::format("block size must be at least 1 (got {})", options.block_size));
+  if (options.n_blocks < 1)
+    throw llm::InputError(fmt::format("a paged cache needs at least one block (got {})", options.n_blocks));
   return config;
 }
 

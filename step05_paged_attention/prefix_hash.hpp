@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <span>
 
-#include "step05_paged_attention/splitmix64.hpp"
+#include "llm/splitmix64.hpp"
 
 namespace step05 {
 
@@ -25,7 +25,8 @@ inline constexpr std::uint64_t kPrefixHashRoot = 0x243f6a8885a308d3ull;
 // (tests/step05_block_manager_test.cpp does), which is why hits are verified.
 constexpr std::uint64_t hash_block(std::uint64_t parent_hash, std::span<const int> tokens) {
   std::uint64_t hash = parent_hash;
-  for (const int token : tokens) hash = splitmix64_mix(hash + kSplitMix64Increment + static_cast<std::uint32_t>(token));
+  for (const int token : tokens)
+    hash = llm::splitmix64_mix(hash + llm::kSplitMix64Increment + static_cast<std::uint32_t>(token));
   return hash;
 }
 

@@ -13,17 +13,16 @@
 namespace step05 {
 
 // 1. Memory: one model's replay rows (contiguous, then paged per block
-// size), the wall time of each row's replay, and its trace's lengths.
-struct TimedMemoryReplay {
+// size, each with its replay's wall time) and its trace's lengths.
+struct ModelMemoryReplay {
   std::vector<MemoryReplayRow> rows;
-  std::vector<double> replay_ms;  // [rows]
   LengthSummary lengths;
 };
 // One row per (model, policy) on "cpu" (bookkeeping runs on the host);
 // speedup = mean sequences / contiguous reservation's; ok = every request
 // finished with sane fractions. The targets go in a JSON table per model.
-void add_memory_rows(llm::Results& results, const std::vector<TimedMemoryReplay>& replays);
-void print_memory(const std::vector<TimedMemoryReplay>& replays, int budget_sequences);
+void add_memory_rows(llm::Results& results, const std::vector<ModelMemoryReplay>& replays);
+void print_memory(const std::vector<ModelMemoryReplay>& replays, int budget_sequences);
 
 // 2. Kernel overhead: one row per cell; speedup = contiguous time / this
 // (below 1: the cost of paging); copy_gbps (0: no GPU) puts CUDA rows'

@@ -38,8 +38,8 @@ const KernelOverheadCell& contiguous_cell_of(const KernelOverheadResult& result,
 
 }  // namespace
 
-void add_memory_rows(llm::Results& results, const std::vector<TimedMemoryReplay>& replays) {
-  for (const TimedMemoryReplay& replay : replays) {
+void add_memory_rows(llm::Results& results, const std::vector<ModelMemoryReplay>& replays) {
+  for (const ModelMemoryReplay& replay : replays) {
     for (std::size_t i = 0; i < replay.rows.size(); ++i) {
       const MemoryReplayRow& r = replay.rows[i];
       const MemoryReplayRow& contiguous = contiguous_row_of(replay.rows, r);
@@ -47,7 +47,7 @@ void add_memory_rows(llm::Results& results, const std::vector<TimedMemoryReplay>
       row.device = "cpu";  // bookkeeping: it runs on the host whatever the cache's device
       row.id = r.block_size;
       row.variant = fmt::format("memory {} {}", r.model, policy_label(r));
-      row.time_ms = replay.replay_ms[i];
+      row.time_ms = r.replay_ms;
       // How many times the sequences contiguous reservation runs at once.
       row.speedup = r.mean_sequences / contiguous.mean_sequences;
       // The replay must finish every request, with every fraction a number in [0, 1].
@@ -92,8 +92,8 @@ void add_memory_rows(llm::Results& results, const std::vector<TimedMemoryReplay>
   }
 }
 
-void print_memory(const std::vector<TimedMemoryReplay>& replays, int budget_sequences) {
-  for (const TimedMemoryReplay& replay : replays) {
+void print_memory(const std::vector<ModelMemoryReplay>& replays, int budget_sequences) {
+  for (const ModelMemoryReplay& replay : replays) {
     const LengthSummary& s = replay.lengths;
     const MemoryReplayRow& first = replay.rows.front();
     fmt::print("\nmemory: {} ({} context, {} per token of KV), a budget of {} full-context sequences = {}\n",
@@ -118,7 +118,8 @@ void print_memory(const std::vector<TimedMemoryReplay>& replays, int budget_sequ
     fmt::print("  target, paged B={}: >= {:.0f}% of reserved KV holding tokens: {:.1f}% ({}); >= {:.0f}x the "
                "sequences of contiguous: peak {:.2f}x, mean {:.2f}x ({})\n",
                MemoryReplayTargets::kBlockSize, 100.0 * MemoryReplayTargets::kMinUtilization,
-               100.0 * t.paged_utilization, t.utilization_met ? "met" : "NOT met", MemoryReplayTargets::kMinSequenceRatio,
+               100.0 * t.paged_utilization, t.utilization_met ? "met" : "NOT met",
+               MemoryReplayTargets::kMinSequenceRatio,
                t.peak_ratio, t.mean_ratio, t.sequences_met ? "met" : "NOT met");
   }
 }

@@ -36,7 +36,8 @@ void add_prefix_sharing_rows(llm::Results& results, const PrefixSharingResult& s
     row.extra["ttft_miss_ms"] = run->ttft_miss.median_ms;
     if (run->sharing) row.extra["ttft_hit_ms"] = run->ttft_hit.median_ms;
     row.extra["identical_tokens"] = sharing.identical;
-    if (!sharing.identical) llm::report_failed_check(sharing.device + " " + row.variant, "generated tokens differ with and without sharing");
+    if (!sharing.identical)
+      llm::report_failed_check(sharing.device + " " + row.variant, "generated tokens differ with and without sharing");
     results.add_row(std::move(row));
   }
 }
@@ -72,7 +73,8 @@ void add_generation_rows(llm::Results& results, const std::vector<GenerationChec
     llm::ResultRow row;
     row.device = c.device;
     row.id = c.variant_id;
-    row.variant = c.block_size == 0 ? c.variant_name : fmt::format("{} B={} {}", c.variant_name, c.block_size, c.scenario);
+    row.variant =
+        c.block_size == 0 ? c.variant_name : fmt::format("{} B={} {}", c.variant_name, c.block_size, c.scenario);
     row.time_ms = c.total_ms;
     row.speedup = contiguous_tokens_per_s.count(c.device) ? tokens_per_s(c) / contiguous_tokens_per_s[c.device] : 1.0;
     row.ok = c.identical;

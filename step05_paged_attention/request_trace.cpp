@@ -10,14 +10,14 @@
 
 #include "llm/errors.hpp"
 #include "llm/harness/timer.hpp"
-#include "step05_paged_attention/splitmix64.hpp"
+#include "llm/splitmix64.hpp"
 
 namespace step05 {
 namespace {
 
 // Two independent standard normals from two uniforms (Box-Muller). 1 - u
 // keeps the logarithm's argument in (0, 1].
-std::pair<double, double> standard_normal_pair(SplitMix64& random) {
+std::pair<double, double> standard_normal_pair(llm::SplitMix64& random) {
   const double radius = std::sqrt(-2.0 * std::log(1.0 - random.uniform()));
   const double angle = 2.0 * std::numbers::pi * random.uniform();
   return {radius * std::cos(angle), radius * std::sin(angle)};
@@ -50,7 +50,7 @@ std::vector<TraceRequest> make_request_trace(const TraceOptions& options) {
     throw llm::InputError(fmt::format(
         "request trace: median fractions must be in (0, 1] and sigmas >= 0 (prompt {} / {}, output {} / {})",
         options.prompt_median_fraction, options.prompt_sigma, options.output_median_fraction, options.output_sigma));
-  SplitMix64 random(options.seed);
+  llm::SplitMix64 random(options.seed);
   std::vector<TraceRequest> trace;
   trace.reserve(static_cast<std::size_t>(options.n_requests));
   for (int id = 0; id < options.n_requests; ++id) {

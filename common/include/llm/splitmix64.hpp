@@ -1,11 +1,11 @@
 #pragma once
 // splitmix64 (Steele, Lea and Flood, 2014; the constants of Vigna's
-// public-domain reference code): the step's one source of 64-bit mixing.
-// prefix_hash.hpp chains it into the prefix cache's block keys; the request
-// trace draws its lengths from it.
+// public-domain reference code): the course's one source of seeded 64-bit
+// mixing. Step 03 fills long caches with it (fill_uniform), step 05 chains it
+// into the prefix cache's block keys and draws its request trace from it.
 #include <cstdint>
 
-namespace step05 {
+namespace llm {
 
 // The golden-ratio increment of splitmix64's state (2^64 / phi, odd).
 inline constexpr std::uint64_t kSplitMix64Increment = 0x9e3779b97f4a7c15ull;
@@ -34,4 +34,4 @@ class SplitMix64 {
   std::uint64_t state_;
 };
 
-}  // namespace step05
+}  // namespace llm
