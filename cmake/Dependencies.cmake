@@ -56,3 +56,36 @@ if(LLM_BUILD_BENCHMARKS)
     FetchContent_MakeAvailable(benchmark)
   endif()
 endif()
+
+# Step 07's server and load client: cpp-httplib and nlohmann-json (Debian:
+# libcpp-httplib-dev, nlohmann-json3-dev). Debian builds cpp-httplib as a
+# shared library with its TLS/zlib/brotli options on; its pkg-config file
+# carries the matching defines, so the header is read as the library was built.
+find_package(Threads REQUIRED)
+find_package(nlohmann_json 3.10 QUIET)
+if(NOT TARGET nlohmann_json::nlohmann_json)
+  message(STATUS "nlohmann-json not installed: fetching 3.11.2")
+  FetchContent_Declare(nlohmann_json
+    URL https://github.com/nlohmann/json/releases/download/v3.11.2/json.tar.xz)
+  FetchContent_MakeAvailable(nlohmann_json)
+endif()
+
+find_package(PkgConfig QUIET)
+if(PKG_CONFIG_FOUND)
+  pkg_check_modules(CPP_HTTPLIB QUIET IMPORTED_TARGET cpp-httplib>=0.11)
+endif()
+add_library(llm_httplib INTERFACE)
+if(TARGET PkgConfig::CPP_HTTPLIB)
+  target_link_libraries(llm_httplib INTERFACE PkgConfig::CPP_HTTPLIB Threads::Threads)
+else()
+  # The upstream release is header-only (plain HTTP: no TLS needed on loopback).
+  message(STATUS "cpp-httplib not installed: fetching 0.11.4")
+  FetchContent_Declare(cpp_httplib
+    URL https://github.com/yhirose/cpp-httplib/archive/refs/tags/v0.11.4.tar.gz)
+  FetchContent_GetProperties(cpp_httplib)
+  if(NOT cpp_httplib_POPULATED)
+    FetchContent_Populate(cpp_httplib)
+  endif()
+  target_include_directories(llm_httplib INTERFACE ${cpp_httplib_SOURCE_DIR})
+  target_link_libraries(llm_httplib INTERFACE Threads::Threads)
+endif()

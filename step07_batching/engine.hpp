@@ -1,0 +1,115 @@
+#pragma once
+// Engine: iteration-level (continuous) batching over step 05's paged cache.
+// Each step():
+//   1. the scheduler picks the rows of this iteration (decode rows, prefill
+//      chunks), admits waiting requests and preempts when blocks run out;
+//   2. the engine frees preempted sequences' blocks and gives admitted ones a
+//      cache slot;
+//   3. one TokenBatch, one forward pass of the unchanged model (CPU or CUDA);
+//   4. a token is sampled for every sequence whose rows reached its end;
+//      finished requests leave and free their slot and blocks.
+// Static batching and one-request-at-a-time are the same engine with other
+// SchedulerOptions (policies.hpp), so the comparison changes nothing else.
+//
+// Single-threaded: whoever owns the engine calls submit/step/cancel (the
+// server's engine thread; the offline replay).
+#include <deque>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "llm/model.hpp"
+#include "step05_paged_attention/paged_kv_cache.hpp"
+#include "step07_batching/request.hpp"
+#include "step07_batching/scheduler.hpp"
+#include "step07_batching/serving_clock.hpp"
+
+namespace step07 {
+
+struct EngineOptions {
+  SchedulerOptions scheduler;
+  int block_size = 16;  // positions per KV block
+  // Blocks in the KV pool: the KV budget. 0: enough for every slot to hold a
+  // full context (no preemption ever). Must hold one full context at least.
+  int n_blocks = 0;
+};
+
+// One token leaving a forward: what a streaming server sends.
+struct TokenEvent {
+  int request_id = 0;
+  int token = 0;
+  int index = 0;                              // 0 for the first token of the request
+  FinishReason finish = FinishReason::None;   // not None on the request's last token
+  double time_ms = 0.0;
+};
+
+// One iteration, for the occupancy timeline.
+struct IterationRecord {
+  double start_ms = 0.0;
+  double end_ms = 0.0;
+  int sequences = 0;     // requests with rows in the batch
+  int decode_rows = 0;   // of which one row that samples a token
+  int prefill_rows = 0;  // every other row (prompt chunks, recomputes)
+  int waiting = 0;       // requests left waiting after the schedule
+  int preempted = 0;     // requests preempted by this schedule
+  int blocks_used = 0;   // KV blocks held after the forward
+};
+
+class Engine {
+ public:
+  // Makes a paged cache of options.scheduler.max_sequences slots on the
+  // model's device. Throws InputError for bad options (a pool smaller than
+  // one full context), DeviceError when the device cannot hold the pool.
+  Engine(llm::Model& model, const EngineOptions& options, const ServingClock& clock);
+
+  // Queues a request (FCFS). Throws InputError, changing nothing, for an
+  // empty prompt, a token id out of range, max_tokens < 1, prompt +
+  // max_tokens - 1 positions beyond the context, a duplicate live id or bad
+  // sampling parameters.
+  void submit(Request request);
+  // Drops a waiting or running request and frees its blocks; its record
+  // finishes as Cancelled. False when no live request has that id.
+  bool cancel(int request_id);
+
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  // One iteration (above). Returns the rows it ran (0 when there was no work).
+  int step();
+  // Steps until every submitted request has finished.
+  void run_until_idle();
+
+  // Called for every token as it leaves a forward (streaming).
+  void set_token_listener(std::function<void(const TokenEvent&)> listener) { listener_ = std::move(listener); }
+
+  // Finished (and cancelled) requests, in finishing order; take_finished() moves them out.
+  const std::vector<RequestRecord>& finished() const { return finished_; }
+  std::vector<RequestRecord> take_finished();
+  const std::vector<IterationRecord>& iterations() const { return iterations_; }
+
+  int running() const { return static_cast<int>(running_.size()); }
+  int waiting() const { return static_cast<int>(waiting_.size()); }
+  long long preemptions() const { return preemptions_; }
+  const step05::PagedKvCache& cache() const { return *cache_; }
+  const Scheduler& scheduler() const { return scheduler_; }
+  const llm::Model& model() const { return model_; }
+
+ private:
+  void apply(const Schedule& schedule);                 // slots and blocks of admitted / preempted
+  llm::TokenBatch build_batch(const Schedule& schedule) const;
+  void sample_and_finish(const Schedule& schedule, std::span<const float> logits);
+  void finish(RequestState& request, FinishReason reason);  // frees its slot and blocks, records it
+
+  llm::Model& model_;
+  const ServingClock& clock_;
+  Scheduler scheduler_;
+  std::unique_ptr<step05::PagedKvCache> cache_;
+  std::vector<std::unique_ptr<RequestState>> live_;  // every submitted, unfinished request
+  std::deque<RequestState*> waiting_;                // arrival order (preempted ones go back to the front)
+  std::vector<RequestState*> running_;               // admission order: the oldest first
+  std::vector<int> free_slots_;                      // cache slots no running request holds
+  std::vector<RequestRecord> finished_;
+  std::vector<IterationRecord> iterations_;
+  std::function<void(const TokenEvent&)> listener_;
+  long long preemptions_ = 0;
+};
+
+}  // namespace step07
