@@ -1,59 +1,462 @@
-// Step 07's engine: greedy outputs under every serving policy, under
-// preemption and chunked prefill, equal each request's solo output, on the
-// tiny preset and on stories260K; and the engine's errors.
+// Step 07's engine on the CPU.
+//   Outputs: greedy tokens under every serving policy equal each request's
+//     solo tokens: under preemption and chunked prefill, with Poisson
+//     arrivals, with blocks of 1 and 7 positions, on the tiny preset and on
+//     stories260K with the tokenizer's prompts. Sampled tokens (temperature
+//     > 0, a seed per request) do not depend on the batch either.
+//   Runs the test drives itself (requests joining mid-run, a pool of one
+//     full context): no block leaks, every request finishes once, records
+//     and finish reasons are right, the token listener sees every token.
+//   Errors: each bad request or option is an InputError that changes
+//     nothing; cancel frees a waiting or running request's blocks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "llm/checkpoint.hpp"
 #include "llm/config.hpp"
 #include "llm/errors.hpp"
-#include "llm/harness/model_on_device.hpp"
-#include "llm/checkpoint.hpp"
+#include "llm/tokenizer.hpp"
 #include "llm/weights.hpp"
 #include "step05_paged_attention/paged_generation.hpp"
+#include "step07_batching/engine.hpp"
 #include "step07_batching/policies.hpp"
 #include "step07_batching/replay.hpp"
+#include "step07_batching/serving_clock.hpp"
 #include "step07_batching/workload.hpp"
+#include "step07_serving_checks.hpp"
 #include "test_support.hpp"
 
+namespace step07 {
 namespace {
 
-using step07::Request;
+using testing::expect_every_policy_exact;
+using testing::small_workload;
+using testing::tight_limits;
 
-std::vector<Request> small_workload(const llm::ModelConfig& config, int n_requests, double rate_per_s,
-                                    std::uint64_t seed) {
-  step07::WorkloadOptions options;
-  options.lengths.n_requests = n_requests;
-  options.lengths.context = config.seq_len;
-  options.lengths.seed = seed;
-  options.arrival_rate_per_s = rate_per_s;
-  const step07::PromptSource prompts(nullptr, config.vocab_size, seed);
-  return step07::make_workload(options, prompts);
+constexpr int kEndToken = llm::Tokenizer::kBos;  // the engine stops on BOS, as run.c
+
+llm::ModelWeights tiny_weights() { return llm::random_weights(llm::find_preset("tiny").config, 7); }
+
+// The tiny preset's random weights never generate the end token on the
+// trace; scaling its embedding row (the shared classifier's row) by 3 makes
+// it the argmax now and then, so about a quarter of the requests stop early.
+llm::ModelWeights tiny_weights_that_stop() {
+  llm::ModelWeights weights = tiny_weights();
+  const auto dim = static_cast<std::size_t>(weights.config.dim);
+  for (std::size_t i = 0; i < dim; ++i) weights.token_embedding[kEndToken * dim + i] *= 3.0f;
+  return weights;
 }
 
-// Every policy's tokens equal the solo tokens; `limits` sets the squeeze.
-void expect_every_policy_exact(llm::Model& model, const std::vector<Request>& requests,
-                               const step07::ServingLimits& limits, bool expect_preemption) {
-  const auto solo = step07::solo_outputs(model, requests);
-  long long preemptions = 0;
-  for (const auto& policy : step07::policies()) {
-    const auto options = step07::engine_options_for(policy.fn, limits, model.config().seq_len);
-    const step07::ReplayResult run = step07::replay(model, requests, options);
-    const step07::OutputCheck check = step07::check_outputs(run.records, solo);
-    EXPECT_TRUE(check.ok()) << policy.name << ": " << check.first_difference;
-    preemptions += run.metrics.preemptions;
-  }
-  if (expect_preemption) EXPECT_GT(preemptions, 0) << "the KV budget never ran out: preemption went untested";
+// Every request's record, by id (finishing order is the engine's business).
+std::vector<RequestRecord> by_id(std::vector<RequestRecord> records) {
+  std::sort(records.begin(), records.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return records;
 }
+
+// ---------------------------------------------------------------------------
+// Outputs equal the solo outputs.
 
 TEST(Step07Engine, EveryPolicyMatchesSoloOnTinyPreset) {
-  const llm::ModelWeights weights = llm::random_weights(llm::find_preset("tiny").config, 7);
+  const llm::ModelWeights weights = tiny_weights();
   auto model = step05::make_paged_model_on("cpu", weights);
-  const auto requests = small_workload(weights.config, 40, 0.0, 3);
-  step07::ServingLimits limits;
-  limits.max_sequences = 8;
-  limits.chunk_tokens = 24;
-  // One full context for eight slots: long requests must preempt.
-  limits.kv_blocks = weights.config.seq_len / limits.block_size;
-  expect_every_policy_exact(*model, requests, limits, true);
+  const auto requests = small_workload(weights.config, 40, 3);
+  expect_every_policy_exact(*model, requests, solo_outputs(*model, requests), tight_limits(weights.config), true);
+}
+
+// Requests arrive as a Poisson process while others run: the batch changes
+// at every iteration, the outputs do not.
+TEST(Step07Engine, EveryPolicyMatchesSoloWithPoissonArrivals) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  const auto requests = with_arrivals(small_workload(weights.config, 30, 5), 400.0, 5);
+  ASSERT_GT(requests.back().arrival_ms, 0.0);
+  expect_every_policy_exact(*model, requests, solo_outputs(*model, requests), tight_limits(weights.config), false);
+}
+
+// Blocks of one position (a table lookup per key: the slowest, so half the
+// trace, outputs capped at 128 tokens) and of 7 (a block boundary inside
+// every tile of 16 keys).
+TEST(Step07Engine, EveryPolicyMatchesSoloWithBlocksOf1And7) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  std::vector<Request> requests = small_workload(weights.config, 24, 11);
+  expect_every_policy_exact(*model, requests, solo_outputs(*model, requests), tight_limits(weights.config, 7), true);
+  requests.resize(12);
+  for (Request& request : requests) request.max_tokens = std::min(request.max_tokens, 128);
+  expect_every_policy_exact(*model, requests, solo_outputs(*model, requests), tight_limits(weights.config, 1), true);
+}
+
+// The real model, with prompts cut from the tokenizer's encoding of text.
+TEST(Step07Engine, EveryPolicyMatchesSoloOnStories260K) {
+  LLM_REQUIRE_MODEL_FILE(model_path, "stories260K.bin");
+  LLM_REQUIRE_MODEL_FILE(tokenizer_path, "tok512.bin");
+  const llm::ModelWeights weights = llm::load_checkpoint(model_path);
+  const llm::Tokenizer tokenizer = llm::Tokenizer::load(tokenizer_path, weights.config.vocab_size);
+  auto model = step05::make_paged_model_on("cpu", weights);
+  const auto requests = small_workload(weights.config, 30, 17, &tokenizer);
+  expect_every_policy_exact(*model, requests, solo_outputs(*model, requests), tight_limits(weights.config), true);
+}
+
+// Sampling: each request owns its sampler stream, so a seeded request
+// samples the same tokens alone (one at a time) as in a busy batch that
+// preempts it and recomputes it. The control: other seeds sample otherwise.
+TEST(Step07Engine, SampledTokensDoNotDependOnTheBatch) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  std::vector<Request> requests = small_workload(weights.config, 24, 23);
+  for (Request& request : requests) request.sampling = {0.9f, 0.9f, 1000u + static_cast<std::uint64_t>(request.id)};
+  const ServingLimits limits = tight_limits(weights.config);
+  const auto& table = policies();
+  const auto policy = [&](const char* name) {
+    return std::find_if(table.begin(), table.end(), [&](const auto& p) { return p.name == name; })->fn;
+  };
+  const auto tokens_of = [](const ReplayResult& run) {
+    std::vector<std::vector<int>> tokens;
+    for (const RequestRecord& record : run.records) tokens.push_back(record.generated);
+    return tokens;
+  };
+  const int context = weights.config.seq_len;
+  const auto alone = tokens_of(replay(*model, requests, engine_options_for(policy("one_at_a_time"), limits, context)));
+  long long preemptions = 0;
+  for (const char* busy : {"continuous", "continuous_chunked"}) {
+    const ReplayResult run = replay(*model, requests, engine_options_for(policy(busy), limits, context));
+    EXPECT_EQ(tokens_of(run), alone) << busy;
+    preemptions += run.metrics.preemptions;
+  }
+  EXPECT_GT(preemptions, 0) << "nothing was preempted: recompute under sampling went untested";
+
+  // Not greedy, and the seed matters.
+  EXPECT_NE(alone, solo_outputs(*model, requests)) << "temperature 0.9 sampled the greedy tokens";
+  for (Request& request : requests) request.sampling.seed += 7;
+  EXPECT_NE(tokens_of(replay(*model, requests, engine_options_for(policy("continuous"), limits, context))), alone)
+      << "other seeds sampled the same tokens";
+}
+
+// ---------------------------------------------------------------------------
+// Runs the test drives itself: requests submitted a few per iteration (so
+// they join a running batch), the token listener recording every event.
+
+struct DrivenRun {
+  std::vector<RequestRecord> records;  // by id
+  std::vector<TokenEvent> events;      // in the order the listener saw them
+  std::vector<IterationRecord> iterations;
+  long long preemptions = 0;
+  int blocks_used = 0;  // after the last step
+  int pool_blocks = 0;
+  int running = 0;  // after the last step
+  int waiting = 0;
+};
+
+DrivenRun drive(llm::Model& model, const std::vector<Request>& requests, const EngineOptions& options,
+                std::size_t per_step) {
+  ServingClock clock;
+  Engine engine(model, options, clock);
+  DrivenRun run;
+  engine.set_token_listener([&](const TokenEvent& event) { run.events.push_back(event); });
+  std::size_t next = 0;
+  while (next < requests.size() || engine.has_work()) {
+    for (std::size_t k = 0; k < per_step && next < requests.size(); ++k) {
+      Request request = requests[next++];
+      request.arrival_ms = clock.now_ms();
+      engine.submit(std::move(request));
+    }
+    engine.step();
+  }
+  run.records = by_id(engine.take_finished());
+  run.iterations = engine.iterations();
+  run.preemptions = engine.preemptions();
+  run.blocks_used = engine.cache().blocks().used_blocks();
+  run.pool_blocks = engine.cache().blocks().n_blocks();
+  run.running = engine.running();
+  run.waiting = engine.waiting();
+  return run;
+}
+
+// One driven run per policy, shared by the tests below: weights whose end
+// token comes up now and then (so both finish reasons occur), 32 requests,
+// a pool of one full context for 8 slots.
+class Step07EngineRuns : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    weights_ = new llm::ModelWeights(tiny_weights_that_stop());
+    model_ = step05::make_paged_model_on("cpu", *weights_).release();
+    requests_ = new std::vector<Request>(small_workload(weights_->config, 32, 29));
+    solo_ = new std::vector<std::vector<int>>(solo_outputs(*model_, *requests_));
+    runs_ = new std::map<std::string, DrivenRun>;
+    for (const auto& policy : policies()) {
+      const auto options = engine_options_for(policy.fn, tight_limits(weights_->config), weights_->config.seq_len);
+      (*runs_)[policy.name] = drive(*model_, *requests_, options, 3);
+    }
+  }
+  static void TearDownTestSuite() {
+    delete runs_;
+    delete solo_;
+    delete requests_;
+    delete model_;
+    delete weights_;
+  }
+
+  static const std::vector<Request>& requests() { return *requests_; }
+  static const std::vector<std::vector<int>>& solo() { return *solo_; }
+  static const std::map<std::string, DrivenRun>& runs() { return *runs_; }
+
+ private:
+  static inline llm::ModelWeights* weights_ = nullptr;
+  static inline llm::Model* model_ = nullptr;
+  static inline std::vector<Request>* requests_ = nullptr;
+  static inline std::vector<std::vector<int>>* solo_ = nullptr;
+  static inline std::map<std::string, DrivenRun>* runs_ = nullptr;
+};
+
+// Joining mid-run changes no output (and the squeeze preempted somewhere).
+TEST_F(Step07EngineRuns, OutputsMatchSolo) {
+  long long preemptions = 0;
+  for (const auto& [policy, run] : runs()) {
+    const OutputCheck check = check_outputs(run.records, solo());
+    EXPECT_TRUE(check.ok()) << policy << ": " << check.first_difference;
+    preemptions += run.preemptions;
+  }
+  EXPECT_GT(preemptions, 0);
+}
+
+// Every block comes back: none held at the end, and never more than the pool.
+TEST_F(Step07EngineRuns, NoBlocksLeak) {
+  for (const auto& [policy, run] : runs()) {
+    EXPECT_EQ(run.blocks_used, 0) << policy;
+    EXPECT_EQ(run.running, 0) << policy;
+    EXPECT_EQ(run.waiting, 0) << policy;
+    int peak = 0;
+    for (const IterationRecord& iteration : run.iterations) peak = std::max(peak, iteration.blocks_used);
+    EXPECT_LE(peak, run.pool_blocks) << policy;
+    EXPECT_GT(peak, 0) << policy;
+  }
+}
+
+// Each request finishes exactly once, with a consistent record: a time per
+// token, never decreasing; TTFT >= 0; Stop exactly when the last token is
+// the end token (and no earlier token is), Length exactly when max_tokens
+// came out without it.
+TEST_F(Step07EngineRuns, RecordsAreConsistent) {
+  int stops = 0;
+  int lengths = 0;
+  for (const auto& [policy, run] : runs()) {
+    SCOPED_TRACE(policy);
+    ASSERT_EQ(run.records.size(), requests().size()) << "a request finished twice or never";
+    long long preemptions = 0;
+    for (std::size_t i = 0; i < run.records.size(); ++i) {
+      const RequestRecord& record = run.records[i];
+      const Request& request = requests()[i];
+      ASSERT_EQ(record.id, request.id) << "request ids finished: not each exactly once";
+      SCOPED_TRACE("request " + std::to_string(record.id));
+      EXPECT_EQ(record.prompt_length, static_cast<int>(request.prompt.size()));
+      ASSERT_FALSE(record.generated.empty());
+      ASSERT_EQ(record.token_ms.size(), record.generated.size());
+      EXPECT_TRUE(std::is_sorted(record.token_ms.begin(), record.token_ms.end()));
+      EXPECT_GE(record.ttft_ms(), 0.0);
+      EXPECT_GE(record.first_scheduled_ms, record.arrival_ms);
+      EXPECT_LE(record.first_scheduled_ms, record.token_ms.front());
+      EXPECT_GE(record.finish_ms, record.token_ms.back());
+      EXPECT_GE(record.tpot_ms(), 0.0);
+      EXPECT_LE(static_cast<int>(record.generated.size()), request.max_tokens);
+      const bool ended = record.generated.back() == kEndToken;
+      EXPECT_EQ(std::count(record.generated.begin(), record.generated.end(), kEndToken), ended ? 1 : 0)
+          << "tokens came after the end token";
+      if (ended) {
+        EXPECT_EQ(record.finish, FinishReason::Stop);
+        ++stops;
+      } else {
+        EXPECT_EQ(record.finish, FinishReason::Length);
+        EXPECT_EQ(static_cast<int>(record.generated.size()), request.max_tokens);
+        ++lengths;
+      }
+      preemptions += record.preemptions;
+    }
+    EXPECT_EQ(preemptions, run.preemptions);
+  }
+  EXPECT_GT(stops, 0) << "no request generated the end token: Stop went untested";
+  EXPECT_GT(lengths, 0);
+}
+
+// The listener sees each record's tokens, in order, indexed from 0, with
+// the record's times, and the finish reason on the last token only.
+TEST_F(Step07EngineRuns, ListenerSeesEveryToken) {
+  for (const auto& [policy, run] : runs()) {
+    SCOPED_TRACE(policy);
+    std::map<int, std::vector<TokenEvent>> streams;  // request id -> its events, in order
+    for (const TokenEvent& event : run.events) streams[event.request_id].push_back(event);
+    ASSERT_EQ(streams.size(), run.records.size());
+    for (const RequestRecord& record : run.records) {
+      const std::vector<TokenEvent>& stream = streams[record.id];
+      ASSERT_EQ(stream.size(), record.generated.size()) << "request " << record.id;
+      for (std::size_t i = 0; i < stream.size(); ++i) {
+        EXPECT_EQ(stream[i].token, record.generated[i]) << "request " << record.id << " token " << i;
+        EXPECT_EQ(stream[i].index, static_cast<int>(i)) << "request " << record.id;
+        EXPECT_EQ(stream[i].time_ms, record.token_ms[i]) << "request " << record.id;
+        const FinishReason expected = i + 1 == stream.size() ? record.finish : FinishReason::None;
+        EXPECT_EQ(stream[i].finish, expected) << "request " << record.id << " token " << i;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Errors and cancellation.
+
+// A request of `length` prompt tokens (BOS, then ids 3..) and `max_tokens`.
+Request request_of(int id, int length, int max_tokens) {
+  Request request;
+  request.id = id;
+  request.prompt.push_back(llm::Tokenizer::kBos);
+  for (int i = 1; i < length; ++i) request.prompt.push_back(3 + (id * 31 + i * 7) % 200);
+  request.max_tokens = max_tokens;
+  return request;
+}
+
+EngineOptions continuous_options(const llm::ModelConfig& config, int max_sequences) {
+  ServingLimits limits;
+  limits.max_sequences = max_sequences;
+  return engine_options_for(policies()[2].fn, limits, config.seq_len);
+}
+
+// Each bad request is an InputError that leaves the engine as it was: the
+// queues hold the same requests, which then finish with their solo tokens.
+// The controls: the longest request that fits the context is accepted, and a
+// finished request's id may be used again.
+TEST(Step07Engine, BadRequestsAreInputErrorsThatChangeNothing) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  const int context = weights.config.seq_len;
+  const int vocab = weights.config.vocab_size;
+  ServingClock clock;
+  Engine engine(*model, continuous_options(weights.config, 1), clock);
+  const std::vector<Request> good = {request_of(0, 12, 20), request_of(1, 9, 15),
+                                     request_of(2, 10, context - 10 + 1)};  // ends exactly at the context
+  engine.submit(good[0]);
+  engine.step();  // 0 runs (one slot)
+  engine.submit(good[1]);
+  engine.submit(good[2]);  // 1 and 2 wait
+  ASSERT_EQ(engine.running(), 1);
+  ASSERT_EQ(engine.waiting(), 2);
+
+  std::vector<std::pair<std::string, Request>> bad;
+  bad.emplace_back("empty prompt", request_of(10, 1, 5));
+  bad.back().second.prompt.clear();
+  bad.emplace_back("negative token id", request_of(11, 6, 5));
+  bad.back().second.prompt[3] = -1;
+  bad.emplace_back("token id == vocab", request_of(12, 6, 5));
+  bad.back().second.prompt[5] = vocab;
+  bad.emplace_back("max_tokens 0", request_of(13, 6, 0));
+  bad.emplace_back("max_tokens < 0", request_of(14, 6, -4));
+  bad.emplace_back("one position past the context", request_of(15, 10, context - 10 + 2));
+  bad.emplace_back("prompt longer than the context", request_of(16, context + 1, 1));
+  bad.emplace_back("running id", request_of(0, 5, 5));
+  bad.emplace_back("waiting id", request_of(2, 5, 5));
+  bad.emplace_back("negative temperature", request_of(17, 6, 5));
+  bad.back().second.sampling.temperature = -0.5f;
+  bad.emplace_back("NaN temperature", request_of(18, 6, 5));
+  bad.back().second.sampling.temperature = std::nanf("");
+  for (const auto& [what, request] : bad) {
+    EXPECT_THROW(engine.submit(request), llm::InputError) << what;
+    EXPECT_EQ(engine.running(), 1) << what;
+    EXPECT_EQ(engine.waiting(), 2) << what;
+    EXPECT_TRUE(engine.finished().empty()) << what;
+  }
+  EXPECT_FALSE(engine.cancel(99)) << "cancel of an id never submitted";
+  EXPECT_EQ(engine.waiting(), 2);
+
+  engine.run_until_idle();
+  const auto records = by_id(engine.take_finished());
+  const OutputCheck check = check_outputs(records, solo_outputs(*model, good));
+  EXPECT_TRUE(check.ok()) << check.first_difference;
+  EXPECT_EQ(engine.cache().blocks().used_blocks(), 0);
+  EXPECT_FALSE(engine.cancel(0)) << "cancel of a finished request";
+
+  engine.submit(good[0]);  // id 0 is free again
+  engine.run_until_idle();
+  ASSERT_EQ(engine.finished().size(), 1u);
+  EXPECT_EQ(engine.finished()[0].generated, records[0].generated);
+}
+
+// The KV pool must hold one full context (the oldest request can always run
+// alone); bad scheduler options are InputErrors too. The control: exactly
+// one full context is accepted.
+TEST(Step07Engine, ConstructorRejectsBadOptions) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  const ServingClock clock;
+  for (const int block_size : {1, 7, 16}) {
+    EngineOptions options = continuous_options(weights.config, 4);
+    options.block_size = block_size;
+    const int full_context = (weights.config.seq_len + block_size - 1) / block_size;
+    options.n_blocks = full_context - 1;
+    EXPECT_THROW(Engine(*model, options, clock), llm::InputError) << "block size " << block_size;
+    options.n_blocks = full_context;
+    EXPECT_NO_THROW(Engine(*model, options, clock)) << "block size " << block_size;
+  }
+  EngineOptions no_slots = continuous_options(weights.config, 4);
+  no_slots.scheduler.max_sequences = 0;
+  EXPECT_THROW(Engine(*model, no_slots, clock), llm::InputError);
+  EngineOptions no_block_size = continuous_options(weights.config, 4);
+  no_block_size.block_size = 0;
+  EXPECT_THROW(Engine(*model, no_block_size, clock), llm::InputError);
+}
+
+// Cancel mid-run, one waiting request and one running: true once (false
+// after), the running one's blocks go back at once, both records finish as
+// Cancelled (the running one with the tokens it had), nothing is held at
+// the end, and the others still finish with their solo tokens.
+TEST(Step07Engine, CancelFreesEveryBlock) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  std::vector<Request> requests;
+  for (int id = 0; id < 8; ++id) requests.push_back(request_of(id, 20 + 5 * id, 40));
+  const auto solo = solo_outputs(*model, requests);
+  ServingClock clock;
+  Engine engine(*model, continuous_options(weights.config, 3), clock);
+  std::map<int, int> tokens_seen;  // request id -> tokens the listener saw
+  engine.set_token_listener([&](const TokenEvent& event) { ++tokens_seen[event.request_id]; });
+  for (const Request& request : requests) engine.submit(request);
+  for (int i = 0; i < 5; ++i) engine.step();
+  ASSERT_EQ(engine.running(), 3);  // 0, 1, 2 (40 tokens each: none done)
+  ASSERT_EQ(engine.waiting(), 5);
+  ASSERT_EQ(tokens_seen[1], 5);
+  ASSERT_EQ(tokens_seen.count(6), 0u);
+
+  const int used_before = engine.cache().blocks().used_blocks();
+  EXPECT_TRUE(engine.cancel(1));  // running: positions 0..28 of 16-position blocks
+  EXPECT_EQ(engine.cache().blocks().used_blocks(), used_before - 2);
+  EXPECT_EQ(engine.running(), 2);
+  EXPECT_TRUE(engine.cancel(6));  // waiting
+  EXPECT_EQ(engine.waiting(), 4);
+  EXPECT_FALSE(engine.cancel(1));
+  EXPECT_FALSE(engine.cancel(6));
+
+  engine.run_until_idle();
+  EXPECT_EQ(engine.cache().blocks().used_blocks(), 0);
+  const auto records = by_id(engine.take_finished());
+  ASSERT_EQ(records.size(), requests.size());
+  for (const RequestRecord& record : records) {
+    SCOPED_TRACE("request " + std::to_string(record.id));
+    const auto& expected = solo[static_cast<std::size_t>(record.id)];
+    if (record.id == 1) {
+      EXPECT_EQ(record.finish, FinishReason::Cancelled);
+      EXPECT_EQ(record.generated, std::vector<int>(expected.begin(), expected.begin() + 5));
+    } else if (record.id == 6) {
+      EXPECT_EQ(record.finish, FinishReason::Cancelled);
+      EXPECT_TRUE(record.generated.empty());
+    } else {
+      EXPECT_EQ(record.finish, FinishReason::Length);
+      EXPECT_EQ(record.generated, expected);
+    }
+  }
 }
 
 }  // namespace
+}  // namespace step07
