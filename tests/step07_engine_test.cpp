@@ -15,7 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
-#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -46,12 +46,19 @@ llm::ModelWeights tiny_weights() { return llm::random_weights(llm::find_preset("
 
 // The tiny preset's random weights never generate the end token on the
 // trace; scaling its embedding row (the shared classifier's row) by 3 makes
-// it the argmax now and then, so about a quarter of the requests stop early.
+// it the argmax now and then, so about a third of the requests stop early.
 llm::ModelWeights tiny_weights_that_stop() {
   llm::ModelWeights weights = tiny_weights();
   const auto dim = static_cast<std::size_t>(weights.config.dim);
   for (std::size_t i = 0; i < dim; ++i) weights.token_embedding[kEndToken * dim + i] *= 3.0f;
   return weights;
+}
+
+// The policy of that name in the table (a renamed policy fails here, loudly).
+const ServingPolicy& policy_named(const std::string& name) {
+  for (const auto& policy : policies())
+    if (policy.name == name) return policy.fn;
+  throw std::logic_error("no serving policy named " + name);
 }
 
 // Every request's record, by id (finishing order is the engine's business).
@@ -70,8 +77,8 @@ TEST(Step07Engine, EveryPolicyMatchesSoloOnTinyPreset) {
   expect_every_policy_exact(*model, requests, solo_outputs(*model, requests), tight_limits(weights.config), true);
 }
 
-// Requests arrive as a Poisson process while others run: the batch changes
-// at every iteration, the outputs do not.
+// Requests arrive as a Poisson process (on the serving clock) and join the
+// batch while others run: the outputs do not change.
 TEST(Step07Engine, EveryPolicyMatchesSoloWithPoissonArrivals) {
   const llm::ModelWeights weights = tiny_weights();
   auto model = step05::make_paged_model_on("cpu", weights);
@@ -113,20 +120,17 @@ TEST(Step07Engine, SampledTokensDoNotDependOnTheBatch) {
   std::vector<Request> requests = small_workload(weights.config, 24, 23);
   for (Request& request : requests) request.sampling = {0.9f, 0.9f, 1000u + static_cast<std::uint64_t>(request.id)};
   const ServingLimits limits = tight_limits(weights.config);
-  const auto& table = policies();
-  const auto policy = [&](const char* name) {
-    return std::find_if(table.begin(), table.end(), [&](const auto& p) { return p.name == name; })->fn;
-  };
   const auto tokens_of = [](const ReplayResult& run) {
     std::vector<std::vector<int>> tokens;
     for (const RequestRecord& record : run.records) tokens.push_back(record.generated);
     return tokens;
   };
   const int context = weights.config.seq_len;
-  const auto alone = tokens_of(replay(*model, requests, engine_options_for(policy("one_at_a_time"), limits, context)));
+  const auto alone =
+      tokens_of(replay(*model, requests, engine_options_for(policy_named("one_at_a_time"), limits, context)));
   long long preemptions = 0;
   for (const char* busy : {"continuous", "continuous_chunked"}) {
-    const ReplayResult run = replay(*model, requests, engine_options_for(policy(busy), limits, context));
+    const ReplayResult run = replay(*model, requests, engine_options_for(policy_named(busy), limits, context));
     EXPECT_EQ(tokens_of(run), alone) << busy;
     preemptions += run.metrics.preemptions;
   }
@@ -135,7 +139,7 @@ TEST(Step07Engine, SampledTokensDoNotDependOnTheBatch) {
   // Not greedy, and the seed matters.
   EXPECT_NE(alone, solo_outputs(*model, requests)) << "temperature 0.9 sampled the greedy tokens";
   for (Request& request : requests) request.sampling.seed += 7;
-  EXPECT_NE(tokens_of(replay(*model, requests, engine_options_for(policy("continuous"), limits, context))), alone)
+  EXPECT_NE(tokens_of(replay(*model, requests, engine_options_for(policy_named("continuous"), limits, context))), alone)
       << "other seeds sampled the same tokens";
 }
 
@@ -179,132 +183,120 @@ DrivenRun drive(llm::Model& model, const std::vector<Request>& requests, const E
   return run;
 }
 
-// One driven run per policy, shared by the tests below: weights whose end
-// token comes up now and then (so both finish reasons occur), 32 requests,
-// a pool of one full context for 8 slots.
-class Step07EngineRuns : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    weights_ = new llm::ModelWeights(tiny_weights_that_stop());
-    model_ = step05::make_paged_model_on("cpu", *weights_).release();
-    requests_ = new std::vector<Request>(small_workload(weights_->config, 32, 29));
-    solo_ = new std::vector<std::vector<int>>(solo_outputs(*model_, *requests_));
-    runs_ = new std::map<std::string, DrivenRun>;
-    for (const auto& policy : policies()) {
-      const auto options = engine_options_for(policy.fn, tight_limits(weights_->config), weights_->config.seq_len);
-      (*runs_)[policy.name] = drive(*model_, *requests_, options, 3);
-    }
-  }
-  static void TearDownTestSuite() {
-    delete runs_;
-    delete solo_;
-    delete requests_;
-    delete model_;
-    delete weights_;
-  }
-
-  static const std::vector<Request>& requests() { return *requests_; }
-  static const std::vector<std::vector<int>>& solo() { return *solo_; }
-  static const std::map<std::string, DrivenRun>& runs() { return *runs_; }
-
- private:
-  static inline llm::ModelWeights* weights_ = nullptr;
-  static inline llm::Model* model_ = nullptr;
-  static inline std::vector<Request>* requests_ = nullptr;
-  static inline std::vector<std::vector<int>>* solo_ = nullptr;
-  static inline std::map<std::string, DrivenRun>* runs_ = nullptr;
-};
-
-// Joining mid-run changes no output (and the squeeze preempted somewhere).
-TEST_F(Step07EngineRuns, OutputsMatchSolo) {
-  long long preemptions = 0;
-  for (const auto& [policy, run] : runs()) {
-    const OutputCheck check = check_outputs(run.records, solo());
-    EXPECT_TRUE(check.ok()) << policy << ": " << check.first_difference;
-    preemptions += run.preemptions;
-  }
-  EXPECT_GT(preemptions, 0);
+// Joining mid-run changes no output.
+void expect_outputs_match_solo(const DrivenRun& run, const std::vector<std::vector<int>>& solo) {
+  const OutputCheck check = check_outputs(run.records, solo);
+  EXPECT_TRUE(check.ok()) << check.first_difference;
 }
 
 // Every block comes back: none held at the end, and never more than the pool.
-TEST_F(Step07EngineRuns, NoBlocksLeak) {
-  for (const auto& [policy, run] : runs()) {
-    EXPECT_EQ(run.blocks_used, 0) << policy;
-    EXPECT_EQ(run.running, 0) << policy;
-    EXPECT_EQ(run.waiting, 0) << policy;
-    int peak = 0;
-    for (const IterationRecord& iteration : run.iterations) peak = std::max(peak, iteration.blocks_used);
-    EXPECT_LE(peak, run.pool_blocks) << policy;
-    EXPECT_GT(peak, 0) << policy;
-  }
+void expect_no_block_leak(const DrivenRun& run) {
+  EXPECT_EQ(run.blocks_used, 0) << "blocks held after the last request finished";
+  EXPECT_EQ(run.running, 0);
+  EXPECT_EQ(run.waiting, 0);
+  int peak = 0;
+  for (const IterationRecord& iteration : run.iterations) peak = std::max(peak, iteration.blocks_used);
+  EXPECT_LE(peak, run.pool_blocks);
+  EXPECT_GT(peak, 0);
 }
 
 // Each request finishes exactly once, with a consistent record: a time per
 // token, never decreasing; TTFT >= 0; Stop exactly when the last token is
 // the end token (and no earlier token is), Length exactly when max_tokens
-// came out without it.
-TEST_F(Step07EngineRuns, RecordsAreConsistent) {
+// came out without it; the preemptions add up to the engine's.
+void expect_records_consistent(const DrivenRun& run, const std::vector<Request>& requests) {
+  ASSERT_EQ(run.records.size(), requests.size()) << "a request finished twice or never";
   int stops = 0;
   int lengths = 0;
-  for (const auto& [policy, run] : runs()) {
-    SCOPED_TRACE(policy);
-    ASSERT_EQ(run.records.size(), requests().size()) << "a request finished twice or never";
-    long long preemptions = 0;
-    for (std::size_t i = 0; i < run.records.size(); ++i) {
-      const RequestRecord& record = run.records[i];
-      const Request& request = requests()[i];
-      ASSERT_EQ(record.id, request.id) << "request ids finished: not each exactly once";
-      SCOPED_TRACE("request " + std::to_string(record.id));
-      EXPECT_EQ(record.prompt_length, static_cast<int>(request.prompt.size()));
-      ASSERT_FALSE(record.generated.empty());
-      ASSERT_EQ(record.token_ms.size(), record.generated.size());
-      EXPECT_TRUE(std::is_sorted(record.token_ms.begin(), record.token_ms.end()));
-      EXPECT_GE(record.ttft_ms(), 0.0);
-      EXPECT_GE(record.first_scheduled_ms, record.arrival_ms);
-      EXPECT_LE(record.first_scheduled_ms, record.token_ms.front());
-      EXPECT_GE(record.finish_ms, record.token_ms.back());
-      EXPECT_GE(record.tpot_ms(), 0.0);
-      EXPECT_LE(static_cast<int>(record.generated.size()), request.max_tokens);
-      const bool ended = record.generated.back() == kEndToken;
-      EXPECT_EQ(std::count(record.generated.begin(), record.generated.end(), kEndToken), ended ? 1 : 0)
-          << "tokens came after the end token";
-      if (ended) {
-        EXPECT_EQ(record.finish, FinishReason::Stop);
-        ++stops;
-      } else {
-        EXPECT_EQ(record.finish, FinishReason::Length);
-        EXPECT_EQ(static_cast<int>(record.generated.size()), request.max_tokens);
-        ++lengths;
-      }
-      preemptions += record.preemptions;
+  long long preemptions = 0;
+  for (std::size_t i = 0; i < run.records.size(); ++i) {
+    const RequestRecord& record = run.records[i];
+    const Request& request = requests[i];
+    ASSERT_EQ(record.id, request.id) << "the finished ids are not each submitted id once";
+    SCOPED_TRACE("request " + std::to_string(record.id));
+    EXPECT_EQ(record.prompt_length, static_cast<int>(request.prompt.size()));
+    ASSERT_FALSE(record.generated.empty());
+    ASSERT_EQ(record.token_ms.size(), record.generated.size());
+    EXPECT_TRUE(std::is_sorted(record.token_ms.begin(), record.token_ms.end()));
+    EXPECT_GE(record.ttft_ms(), 0.0);
+    EXPECT_GE(record.first_scheduled_ms, record.arrival_ms);
+    EXPECT_LE(record.first_scheduled_ms, record.token_ms.front());
+    EXPECT_GE(record.finish_ms, record.token_ms.back());
+    EXPECT_GE(record.tpot_ms(), 0.0);
+    EXPECT_LE(static_cast<int>(record.generated.size()), request.max_tokens);
+    const bool ended = record.generated.back() == kEndToken;
+    EXPECT_EQ(std::count(record.generated.begin(), record.generated.end(), kEndToken), ended ? 1 : 0)
+        << "tokens came after the end token";
+    if (ended) {
+      EXPECT_EQ(record.finish, FinishReason::Stop);
+      ++stops;
+    } else {
+      EXPECT_EQ(record.finish, FinishReason::Length);
+      EXPECT_EQ(static_cast<int>(record.generated.size()), request.max_tokens);
+      ++lengths;
     }
-    EXPECT_EQ(preemptions, run.preemptions);
+    preemptions += record.preemptions;
   }
+  EXPECT_EQ(preemptions, run.preemptions);
   EXPECT_GT(stops, 0) << "no request generated the end token: Stop went untested";
   EXPECT_GT(lengths, 0);
 }
 
 // The listener sees each record's tokens, in order, indexed from 0, with
 // the record's times, and the finish reason on the last token only.
-TEST_F(Step07EngineRuns, ListenerSeesEveryToken) {
-  for (const auto& [policy, run] : runs()) {
-    SCOPED_TRACE(policy);
-    std::map<int, std::vector<TokenEvent>> streams;  // request id -> its events, in order
-    for (const TokenEvent& event : run.events) streams[event.request_id].push_back(event);
-    ASSERT_EQ(streams.size(), run.records.size());
-    for (const RequestRecord& record : run.records) {
-      const std::vector<TokenEvent>& stream = streams[record.id];
-      ASSERT_EQ(stream.size(), record.generated.size()) << "request " << record.id;
-      for (std::size_t i = 0; i < stream.size(); ++i) {
-        EXPECT_EQ(stream[i].token, record.generated[i]) << "request " << record.id << " token " << i;
-        EXPECT_EQ(stream[i].index, static_cast<int>(i)) << "request " << record.id;
-        EXPECT_EQ(stream[i].time_ms, record.token_ms[i]) << "request " << record.id;
-        const FinishReason expected = i + 1 == stream.size() ? record.finish : FinishReason::None;
-        EXPECT_EQ(stream[i].finish, expected) << "request " << record.id << " token " << i;
-      }
+void expect_listener_saw_every_token(const DrivenRun& run) {
+  std::map<int, std::vector<TokenEvent>> streams;  // request id -> its events, in order
+  for (const TokenEvent& event : run.events) streams[event.request_id].push_back(event);
+  ASSERT_EQ(streams.size(), run.records.size());
+  for (const RequestRecord& record : run.records) {
+    const std::vector<TokenEvent>& stream = streams[record.id];
+    ASSERT_EQ(stream.size(), record.generated.size()) << "request " << record.id;
+    for (std::size_t i = 0; i < stream.size(); ++i) {
+      EXPECT_EQ(stream[i].token, record.generated[i]) << "request " << record.id << " token " << i;
+      EXPECT_EQ(stream[i].index, static_cast<int>(i)) << "request " << record.id;
+      EXPECT_EQ(stream[i].time_ms, record.token_ms[i]) << "request " << record.id;
+      const FinishReason expected = i + 1 == stream.size() ? record.finish : FinishReason::None;
+      EXPECT_EQ(stream[i].finish, expected) << "request " << record.id << " token " << i;
     }
   }
 }
+
+// One driven run per policy: weights whose end token comes up now and then
+// (so both finish reasons occur), 32 requests submitted 3 per iteration, a
+// pool of one full context for 8 slots (every policy but one at a time
+// preempts). The run's books balance: outputs, blocks, records, stream.
+class Step07EngineRun : public ::testing::TestWithParam<int> {};
+
+TEST_P(Step07EngineRun, KeepsItsBooks) {
+  const auto& policy = policies()[static_cast<std::size_t>(GetParam())];
+  const llm::ModelWeights weights = tiny_weights_that_stop();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  const auto requests = small_workload(weights.config, 32, 29);
+  const auto options = engine_options_for(policy.fn, tight_limits(weights.config), weights.config.seq_len);
+  const DrivenRun run = drive(*model, requests, options, 3);
+  if (options.scheduler.max_sequences > 1) EXPECT_GT(run.preemptions, 0) << "the pool never ran out";
+  {
+    SCOPED_TRACE("outputs equal the solo outputs");
+    expect_outputs_match_solo(run, solo_outputs(*model, requests));
+  }
+  {
+    SCOPED_TRACE("no block leaks");
+    expect_no_block_leak(run);
+  }
+  {
+    SCOPED_TRACE("records");
+    expect_records_consistent(run, requests);
+  }
+  {
+    SCOPED_TRACE("token listener");
+    expect_listener_saw_every_token(run);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, Step07EngineRun, ::testing::Range(0, static_cast<int>(policies().size())),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return policies()[static_cast<std::size_t>(info.param)].name;
+                         });
 
 // ---------------------------------------------------------------------------
 // Errors and cancellation.
@@ -322,7 +314,7 @@ Request request_of(int id, int length, int max_tokens) {
 EngineOptions continuous_options(const llm::ModelConfig& config, int max_sequences) {
   ServingLimits limits;
   limits.max_sequences = max_sequences;
-  return engine_options_for(policies()[2].fn, limits, config.seq_len);
+  return engine_options_for(policy_named("continuous"), limits, config.seq_len);
 }
 
 // Each bad request is an InputError that leaves the engine as it was: the
