@@ -361,9 +361,12 @@ class SimulatedEngine {
 
     // Admission stops only for a reason: no slot, no budget, static with a
     // batch running, or the front of the queue does not fit (rows or blocks).
+    // After a preemption either way is right (vLLM admits nothing then; this
+    // scheduler may admit, even the preempted request itself).
     const int free_left = free_before + freed - blocks_needed;
     const bool may_admit = options.admission == Admission::EveryIteration || kept.empty();
-    if (may_admit && !waiting_.empty() && static_cast<int>(running_.size()) < options.max_sequences && budget > 0) {
+    if (may_admit && n_preempted == 0 && !waiting_.empty() &&
+        static_cast<int>(running_.size()) < options.max_sequences && budget > 0) {
       const RequestState* front = waiting_.front();
       const int pending = static_cast<int>(front->tokens.size());
       const bool rows_fit = pending <= budget || options.chunked_prefill;
