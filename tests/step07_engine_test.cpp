@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -152,6 +153,7 @@ struct DrivenRun {
   std::vector<TokenEvent> events;      // in the order the listener saw them
   std::vector<IterationRecord> iterations;
   long long preemptions = 0;
+  long long rows = 0;   // step()'s return values, summed
   int blocks_used = 0;  // after the last step
   int pool_blocks = 0;
   int running = 0;  // after the last step
@@ -171,7 +173,7 @@ DrivenRun drive(llm::Model& model, const std::vector<Request>& requests, const E
       request.arrival_ms = clock.now_ms();
       engine.submit(std::move(request));
     }
-    engine.step();
+    run.rows += engine.step();
   }
   run.records = by_id(engine.take_finished());
   run.iterations = engine.iterations();
@@ -198,6 +200,29 @@ void expect_no_block_leak(const DrivenRun& run) {
   for (const IterationRecord& iteration : run.iterations) peak = std::max(peak, iteration.blocks_used);
   EXPECT_LE(peak, run.pool_blocks);
   EXPECT_GT(peak, 0);
+}
+
+// The occupancy timeline adds up: each iteration's decode and prefill rows
+// are the rows it ran, and every token comes out of a decode row except the
+// first of each request and the first after each recompute (a prompt's last
+// chunk of one row counts as a decode row, so those bound it from below).
+void expect_iterations_consistent(const DrivenRun& run) {
+  long long decode = 0;
+  long long prefill = 0;
+  for (const IterationRecord& iteration : run.iterations) {
+    EXPECT_GE(iteration.decode_rows, 0);
+    EXPECT_LE(iteration.decode_rows, iteration.sequences);
+    decode += iteration.decode_rows;
+    prefill += iteration.prefill_rows;
+  }
+  EXPECT_EQ(decode + prefill, run.rows);
+  long long tokens = 0;
+  for (const RequestRecord& record : run.records) tokens += static_cast<long long>(record.generated.size());
+  const auto requests = static_cast<long long>(run.records.size());
+  EXPECT_LE(decode, tokens);
+  EXPECT_GE(decode, tokens - requests - run.preemptions)
+      << "decode rows counted as prefill rows (" << decode << " decode, " << prefill << " prefill rows for " << tokens
+      << " tokens)";
 }
 
 // Each request finishes exactly once, with a consistent record: a time per
@@ -264,7 +289,8 @@ void expect_listener_saw_every_token(const DrivenRun& run) {
 // One driven run per policy: weights whose end token comes up now and then
 // (so both finish reasons occur), 32 requests submitted 3 per iteration, a
 // pool of one full context for 8 slots (every policy but one at a time
-// preempts). The run's books balance: outputs, blocks, records, stream.
+// preempts). The run's books balance: outputs, blocks, records, stream,
+// iterations.
 class Step07EngineRun : public ::testing::TestWithParam<int> {};
 
 TEST_P(Step07EngineRun, KeepsItsBooks) {
@@ -290,6 +316,10 @@ TEST_P(Step07EngineRun, KeepsItsBooks) {
   {
     SCOPED_TRACE("token listener");
     expect_listener_saw_every_token(run);
+  }
+  {
+    SCOPED_TRACE("iteration records");
+    expect_iterations_consistent(run);
   }
 }
 
@@ -319,8 +349,9 @@ EngineOptions continuous_options(const llm::ModelConfig& config, int max_sequenc
 
 // Each bad request is an InputError that leaves the engine as it was: the
 // queues hold the same requests, which then finish with their solo tokens.
-// The controls: the longest request that fits the context is accepted, and a
-// finished request's id may be used again.
+// The controls: requests that end exactly at the context (a long output, and
+// a prompt of the whole context) are accepted and served, and a finished
+// request's id may be used again.
 TEST(Step07Engine, BadRequestsAreInputErrorsThatChangeNothing) {
   const llm::ModelWeights weights = tiny_weights();
   auto model = step05::make_paged_model_on("cpu", weights);
@@ -328,14 +359,13 @@ TEST(Step07Engine, BadRequestsAreInputErrorsThatChangeNothing) {
   const int vocab = weights.config.vocab_size;
   ServingClock clock;
   Engine engine(*model, continuous_options(weights.config, 1), clock);
-  const std::vector<Request> good = {request_of(0, 12, 20), request_of(1, 9, 15),
-                                     request_of(2, 10, context - 10 + 1)};  // ends exactly at the context
+  const std::vector<Request> good = {request_of(0, 12, 20), request_of(1, 9, 15), request_of(2, 10, context - 10 + 1),
+                                     request_of(3, context, 1)};
   engine.submit(good[0]);
-  engine.step();  // 0 runs (one slot)
-  engine.submit(good[1]);
-  engine.submit(good[2]);  // 1 and 2 wait
+  engine.step();                                                         // 0 runs (one slot)
+  for (std::size_t i = 1; i < good.size(); ++i) engine.submit(good[i]);  // 1, 2 and 3 wait
   ASSERT_EQ(engine.running(), 1);
-  ASSERT_EQ(engine.waiting(), 2);
+  ASSERT_EQ(engine.waiting(), 3);
 
   std::vector<std::pair<std::string, Request>> bad;
   bad.emplace_back("empty prompt", request_of(10, 1, 5));
@@ -347,6 +377,7 @@ TEST(Step07Engine, BadRequestsAreInputErrorsThatChangeNothing) {
   bad.emplace_back("max_tokens 0", request_of(13, 6, 0));
   bad.emplace_back("max_tokens < 0", request_of(14, 6, -4));
   bad.emplace_back("one position past the context", request_of(15, 10, context - 10 + 2));
+  bad.emplace_back("max_tokens INT_MAX", request_of(19, 10, std::numeric_limits<int>::max()));
   bad.emplace_back("prompt longer than the context", request_of(16, context + 1, 1));
   bad.emplace_back("running id", request_of(0, 5, 5));
   bad.emplace_back("waiting id", request_of(2, 5, 5));
@@ -357,11 +388,11 @@ TEST(Step07Engine, BadRequestsAreInputErrorsThatChangeNothing) {
   for (const auto& [what, request] : bad) {
     EXPECT_THROW(engine.submit(request), llm::InputError) << what;
     EXPECT_EQ(engine.running(), 1) << what;
-    EXPECT_EQ(engine.waiting(), 2) << what;
+    EXPECT_EQ(engine.waiting(), 3) << what;
     EXPECT_TRUE(engine.finished().empty()) << what;
   }
   EXPECT_FALSE(engine.cancel(99)) << "cancel of an id never submitted";
-  EXPECT_EQ(engine.waiting(), 2);
+  EXPECT_EQ(engine.waiting(), 3);
 
   engine.run_until_idle();
   const auto records = by_id(engine.take_finished());
@@ -398,6 +429,30 @@ TEST(Step07Engine, ConstructorRejectsBadOptions) {
   EngineOptions no_block_size = continuous_options(weights.config, 4);
   no_block_size.block_size = 0;
   EXPECT_THROW(Engine(*model, no_block_size, clock), llm::InputError);
+}
+
+// The occupancy timeline by hand: a prompt of 5 tokens and 4 tokens out is
+// one iteration of 5 prefill rows, then 3 of one decode row each.
+TEST(Step07Engine, IterationRecordsCountDecodeAndPrefillRows) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  ServingClock clock;
+  Engine engine(*model, continuous_options(weights.config, 2), clock);
+  engine.submit(request_of(0, 5, 4));
+  engine.run_until_idle();
+  ASSERT_EQ(engine.finished().size(), 1u);
+  ASSERT_EQ(engine.finished()[0].generated.size(), 4u);
+  const auto& iterations = engine.iterations();
+  ASSERT_EQ(iterations.size(), 4u);
+  for (std::size_t i = 0; i < iterations.size(); ++i) {
+    SCOPED_TRACE("iteration " + std::to_string(i));
+    EXPECT_EQ(iterations[i].sequences, 1);
+    EXPECT_EQ(iterations[i].decode_rows, i == 0 ? 0 : 1);
+    EXPECT_EQ(iterations[i].prefill_rows, i == 0 ? 5 : 0);
+    EXPECT_EQ(iterations[i].waiting, 0);
+    EXPECT_EQ(iterations[i].preempted, 0);
+    EXPECT_EQ(iterations[i].blocks_used, i + 1 == iterations.size() ? 0 : 1);  // the last one finished it
+  }
 }
 
 // Cancel mid-run, one waiting request and one running: true once (false
