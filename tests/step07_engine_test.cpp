@@ -5,8 +5,9 @@
 //     stories260K with the tokenizer's prompts. Sampled tokens (temperature
 //     > 0, a seed per request) do not depend on the batch either.
 //   Runs the test drives itself (requests joining mid-run, a pool of one
-//     full context): no block leaks, every request finishes once, records
-//     and finish reasons are right, the token listener sees every token.
+//     full context), one per policy: no block leaks, every request finishes
+//     once, records and finish reasons are right, the token listener sees
+//     every token, the iteration records count decode and prefill rows.
 //   Errors: each bad request or option is an InputError that changes
 //     nothing; cancel frees a waiting or running request's blocks.
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "llm/checkpoint.hpp"
@@ -361,9 +363,10 @@ TEST(Step07Engine, BadRequestsAreInputErrorsThatChangeNothing) {
   Engine engine(*model, continuous_options(weights.config, 1), clock);
   const std::vector<Request> good = {request_of(0, 12, 20), request_of(1, 9, 15), request_of(2, 10, context - 10 + 1),
                                      request_of(3, context, 1)};
+  // 0 runs (the one slot); 1, 2 and 3 wait.
   engine.submit(good[0]);
-  engine.step();                                                         // 0 runs (one slot)
-  for (std::size_t i = 1; i < good.size(); ++i) engine.submit(good[i]);  // 1, 2 and 3 wait
+  engine.step();
+  for (std::size_t i = 1; i < good.size(); ++i) engine.submit(good[i]);
   ASSERT_EQ(engine.running(), 1);
   ASSERT_EQ(engine.waiting(), 3);
 
