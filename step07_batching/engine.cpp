@@ -84,14 +84,17 @@ int Engine::step() {
   // request always fits: an empty batch here would be a scheduler bug.
   if (schedule.rows.empty()) throw std::logic_error("the scheduler picked no rows while requests wait");
 
+  // Counted before sampling: sampling grows each sequence's tokens, and a
+  // request that finishes is gone (its RequestState freed) by the end of it.
+  iteration.sequences = static_cast<int>(schedule.rows.size());
+  iteration.decode_rows = schedule.decode_rows();
+  iteration.prefill_rows = schedule.prefill_rows();
+
   const llm::TokenBatch batch = build_batch(schedule);
   const std::span<const float> logits = model_.forward(batch, *cache_);  // one row per scheduled request
   sample_and_finish(schedule, logits);
 
   iteration.end_ms = clock_.now_ms();
-  iteration.sequences = static_cast<int>(schedule.rows.size());
-  iteration.decode_rows = schedule.decode_rows();
-  iteration.prefill_rows = schedule.prefill_rows();
   iteration.waiting = static_cast<int>(waiting_.size());
   iteration.preempted = static_cast<int>(schedule.preempted.size());
   iteration.blocks_used = cache_->blocks().used_blocks();
