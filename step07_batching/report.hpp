@@ -5,7 +5,9 @@
 
 #include "llm/harness/results.hpp"
 #include "step05_paged_attention/request_trace.hpp"
+#include "step07_batching/chunked_prefill.hpp"
 #include "step07_batching/policy_comparison.hpp"
+#include "step07_batching/rate_sweep.hpp"
 #include "step07_batching/serving_metrics.hpp"
 
 namespace step07 {
@@ -26,5 +28,18 @@ void print_trace(const step05::LengthSummary& lengths);
 // the JSON table "timeline" (at most `timeline_points` iterations per run).
 void add_policy_rows(llm::Results& results, const std::vector<PolicyRun>& runs, int timeline_points = 1500);
 void print_policies(const std::vector<PolicyRun>& runs);
+
+// 3. The rate sweep: the JSON table "rate_sweep" (one row per device,
+// policy and load, with the latency columns and keeps_up) and the printed
+// latency-throughput table; a sweep point whose tokens differ from solo
+// fails the run.
+void add_rate_sweep(llm::Results& results, const std::vector<RateSweepPoint>& points);
+void print_rate_sweep(const std::vector<RateSweepPoint>& points);
+
+// 4. Chunked prefill: results rows (kind "chunked_prefill"; time = p99 ITL,
+// speedup = p99 ITL without chunks / with them) and the JSON table
+// "chunked_prefill".
+void add_chunked_prefill(llm::Results& results, const std::vector<ChunkedPrefillRow>& rows);
+void print_chunked_prefill(const std::vector<ChunkedPrefillRow>& rows, const ChunkedPrefillOptions& options);
 
 }  // namespace step07
