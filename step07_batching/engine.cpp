@@ -1,0 +1,173 @@
+#include "step07_batching/engine.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+#include <utility>
+
+#include "llm/errors.hpp"
+#include "llm/tokenizer.hpp"
+
+namespace step07 {
+
+namespace {
+
+// The KV budget in blocks: the option, or a full context for every slot.
+step05::PagedKvCacheOptions cache_options(const llm::ModelConfig& config, const EngineOptions& options) {
+  step05::PagedKvCacheOptions cache;
+  cache.num_sequences = options.scheduler.max_sequences;
+  cache.block_size = options.block_size;
+  const int full_context = step05::blocks_for_sequences(1, config.seq_len, options.block_size);
+  cache.n_blocks = options.n_blocks > 0 ? options.n_blocks : full_context * options.scheduler.max_sequences;
+  // Any request fits the context, so a pool of one full context can always
+  // run the oldest request alone: the scheduler can never deadlock.
+  if (cache.n_blocks < full_context)
+    throw llm::InputError(fmt::format("a KV pool of {} blocks of {} cannot hold one full context ({} blocks)",
+                                      cache.n_blocks, options.block_size, full_context));
+  return cache;
+}
+
+}  // namespace
+
+Engine::Engine(llm::Model& model, const EngineOptions& options, const ServingClock& clock)
+    : model_(model),
+      clock_(clock),
+      scheduler_(options.scheduler, options.block_size),
+      cache_(step05::make_paged_kv_cache(model.device_name(), model.config(), cache_options(model.config(), options))) {
+  // Slots handed out from the back: slot 0 first.
+  free_slots_.resize(static_cast<std::size_t>(options.scheduler.max_sequences));
+  std::iota(free_slots_.rbegin(), free_slots_.rend(), 0);
+}
+
+void Engine::submit(Request request) {
+  const llm::ModelConfig& config = model_.config();
+  const int prompt_length = static_cast<int>(request.prompt.size());
+  if (request.max_tokens < 1)
+    throw llm::InputError(fmt::format("request {}: max_tokens must be at least 1 (got {})", request.id,
+                                      request.max_tokens));
+  // The last token is never fed back, so a request holds prompt + max_tokens - 1 positions at most.
+  llm::validate_generation(config, request.prompt, prompt_length + request.max_tokens - 1);
+  for (const int token : request.prompt)
+    if (token < 0 || token >= config.vocab_size)
+      throw llm::InputError(fmt::format("request {}: token id {} is outside the vocabulary [0, {})", request.id,
+                                        token, config.vocab_size));
+  if (!(request.sampling.temperature >= 0.0f))
+    throw llm::InputError(fmt::format("request {}: temperature must be >= 0", request.id));
+  for (const auto& live : live_)
+    if (live->request.id == request.id)
+      throw llm::InputError(fmt::format("request id {} is already being served", request.id));
+  live_.push_back(std::make_unique<RequestState>(std::move(request), config.vocab_size));
+  waiting_.push_back(live_.back().get());
+}
+
+bool Engine::cancel(int request_id) {
+  for (const auto& live : live_) {
+    if (live->request.id != request_id) continue;
+    const auto queued = std::find(waiting_.begin(), waiting_.end(), live.get());
+    if (queued != waiting_.end()) waiting_.erase(queued);
+    finish(*live, FinishReason::Cancelled);
+    return true;
+  }
+  return false;
+}
+
+int Engine::step() {
+  if (!has_work()) return 0;
+  IterationRecord iteration;
+  iteration.start_ms = clock_.now_ms();
+
+  const Schedule schedule = scheduler_.schedule(waiting_, running_, cache_->blocks().available_blocks());
+  apply(schedule);
+  // With work queued and a pool of at least one full context, the oldest
+  // request always fits: an empty batch here would be a scheduler bug.
+  if (schedule.rows.empty()) throw std::logic_error("the scheduler picked no rows while requests wait");
+
+  const llm::TokenBatch batch = build_batch(schedule);
+  const std::span<const float> logits = model_.forward(batch, *cache_);  // one row per scheduled request
+  sample_and_finish(schedule, logits);
+
+  iteration.end_ms = clock_.now_ms();
+  iteration.sequences = static_cast<int>(schedule.rows.size());
+  iteration.decode_rows = schedule.decode_rows();
+  iteration.prefill_rows = schedule.prefill_rows();
+  iteration.waiting = static_cast<int>(waiting_.size());
+  iteration.preempted = static_cast<int>(schedule.preempted.size());
+  iteration.blocks_used = cache_->blocks().used_blocks();
+  iterations_.push_back(iteration);
+  return batch.size();
+}
+
+void Engine::run_until_idle() {
+  while (has_work()) step();
+}
+
+// Preempted requests give back their slot and blocks (the scheduler has
+// already put them back at the front of the queue with computed = 0);
+// admitted ones take a slot.
+void Engine::apply(const Schedule& schedule) {
+  for (RequestState* request : schedule.preempted) {
+    cache_->truncate(request->slot, 0);
+    free_slots_.push_back(request->slot);
+    request->slot = -1;
+    ++request->record.preemptions;
+    ++preemptions_;
+  }
+  const double now = clock_.now_ms();
+  for (RequestState* request : schedule.admitted) {
+    request->slot = free_slots_.back();
+    free_slots_.pop_back();
+    if (request->record.first_scheduled_ms < 0) request->record.first_scheduled_ms = now;
+  }
+}
+
+// rows: tokens[first .. first + n) of each scheduled request, at positions
+// first .. first + n - 1 of its slot. Each request's rows are contiguous, so
+// the forward returns one logits row per request, in this order.
+llm::TokenBatch Engine::build_batch(const Schedule& schedule) const {
+  llm::TokenBatch batch;
+  for (const ScheduledRows& entry : schedule.rows)
+    for (int position = entry.first_position; position < entry.first_position + entry.n_rows; ++position)
+      batch.add(entry.request->tokens[static_cast<std::size_t>(position)], position, entry.request->slot);
+  return batch;
+}
+
+void Engine::sample_and_finish(const Schedule& schedule, std::span<const float> logits) {
+  const auto vocab = static_cast<std::size_t>(model_.config().vocab_size);
+  const double now = clock_.now_ms();
+  for (std::size_t i = 0; i < schedule.rows.size(); ++i) {
+    const ScheduledRows& entry = schedule.rows[i];
+    RequestState& request = *entry.request;
+    const bool samples = entry.samples_token();  // before computed moves: the rows reached the last token
+    request.computed += entry.n_rows;
+    if (!samples) continue;  // a prompt chunk short of the end, or a recompute: its logits are not needed
+    const int token = request.sampler.sample(logits.subspan(i * vocab, vocab));
+    request.tokens.push_back(token);
+    request.record.generated.push_back(token);
+    request.record.token_ms.push_back(now);
+    FinishReason reason = FinishReason::None;
+    if (token == llm::Tokenizer::kBos) reason = FinishReason::Stop;
+    else if (request.generated() == request.request.max_tokens) reason = FinishReason::Length;
+    if (listener_) listener_({request.request.id, token, request.generated() - 1, reason, now});
+    if (reason != FinishReason::None) finish(request, reason);
+  }
+}
+
+// The request leaves: its slot and blocks go back, its record joins finished_.
+void Engine::finish(RequestState& request, FinishReason reason) {
+  if (request.slot >= 0) {
+    cache_->truncate(request.slot, 0);
+    free_slots_.push_back(request.slot);
+    running_.erase(std::find(running_.begin(), running_.end(), &request));
+  }
+  request.record.finish = reason;
+  request.record.finish_ms = clock_.now_ms();
+  finished_.push_back(std::move(request.record));
+  const auto owner = std::find_if(live_.begin(), live_.end(), [&](const auto& live) { return live.get() == &request; });
+  live_.erase(owner);
+}
+
+std::vector<RequestRecord> Engine::take_finished() { return std::exchange(finished_, {}); }
+
+}  // namespace step07

@@ -1,0 +1,30 @@
+#pragma once
+// The step's parts as results rows (the JSON, which the docs and the plot
+// script read) and as their own printed tables.
+#include <vector>
+
+#include "llm/harness/results.hpp"
+#include "step05_paged_attention/request_trace.hpp"
+#include "step07_batching/policy_comparison.hpp"
+#include "step07_batching/serving_metrics.hpp"
+
+namespace step07 {
+
+// The latency table's columns as JSON keys ("ttft_p99_ms", ...), shared by
+// every part's rows so the plot script reads one schema.
+void add_metrics(llm::JsonObject& object, const ServingMetrics& metrics);
+void add_metrics(std::map<std::string, llm::JsonScalar>& extra, const ServingMetrics& metrics);
+
+// The trace's lengths (step 05's summary) as a JSON table and a printed line.
+void add_trace_table(llm::Results& results, const step05::LengthSummary& lengths, int n_requests);
+void print_trace(const step05::LengthSummary& lengths);
+
+// 2. Policies: one row per (device, policy); time = the run's duration,
+// throughput = output tokens/s, speedup = tokens/s over static batching's on
+// the same device (the comparison the step is about), ok = every request's
+// tokens equal its solo tokens. The occupancy timeline of each run goes in
+// the JSON table "timeline" (at most `timeline_points` iterations per run).
+void add_policy_rows(llm::Results& results, const std::vector<PolicyRun>& runs, int timeline_points = 1500);
+void print_policies(const std::vector<PolicyRun>& runs);
+
+}  // namespace step07
