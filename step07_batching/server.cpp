@@ -132,6 +132,52 @@ class CompletionServer::TokenChannel {
   std::deque<ChannelItem> items_;  // pushed, not yet popped (mutex_)
 };
 
+// What a streamed answer needs between the content provider's calls (httplib
+// copies the provider, so it lives behind a shared pointer). It counts as an
+// open stream for as long as it exists: from before its request is posted
+// until httplib has released the response, or the handler has answered an
+// error instead, whichever way that happens.
+class CompletionServer::OpenStream {
+ public:
+  OpenStream(std::atomic<int>& open_streams, const CompletionId& id, std::shared_ptr<TokenChannel> channel,
+             TextPieces pieces)
+      : open_streams_(open_streams), id_(id), channel_(std::move(channel)), pieces_(std::move(pieces)) {
+    ++open_streams_;
+  }
+  ~OpenStream() {
+    if (--open_streams_ == 0) open_streams_.notify_all();
+  }
+  OpenStream(const OpenStream&) = delete;
+  OpenStream& operator=(const OpenStream&) = delete;
+
+  const CompletionId& id() const { return id_; }
+  TokenChannel& channel() { return *channel_; }
+  // The events an item becomes: a token's, or an error's; after the last one, the end of the stream.
+  std::string events_for(const ChannelItem& item, const ServedModel& model) {
+    std::string events;
+    if (item.kind == ChannelItem::Kind::Failed) {
+      events = error_event(item.failure);
+    } else {
+      std::string text = pieces_.next(item.token);
+      if (item.ends_request()) text += pieces_.flush();
+      events = token_event(model, id_, item.token, text, item.finish);
+    }
+    if (item.ends_request()) {
+      ended_ = true;
+      events += kDoneEvent;
+    }
+    return events;
+  }
+  bool ended() const { return ended_; }  // the last event has been made
+
+ private:
+  std::atomic<int>& open_streams_;
+  CompletionId id_;
+  std::shared_ptr<TokenChannel> channel_;  // shared with the engine thread
+  TextPieces pieces_;
+  bool ended_ = false;
+};
+
 CompletionServer::CompletionServer(llm::Model& model, std::string model_name, const llm::Tokenizer* tokenizer,
                                    const ServerOptions& options)
     : served_(make_served_model(model.config(), std::move(model_name), tokenizer)),
@@ -179,6 +225,12 @@ void CompletionServer::handle_completion(const httplib::Request& http_request, h
   if (const auto* error = std::get_if<ApiError>(&parsed)) return answer_error(response, *error);
   const CompletionRequest& completion = std::get<CompletionRequest>(parsed);
   const CompletionId id{next_request_id_++, unix_time_s()};
+  auto channel = std::make_shared<TokenChannel>();
+  // A stream counts as open before its request can reach the engine, so
+  // stop() never misses one.
+  std::shared_ptr<OpenStream> stream;
+  if (completion.stream)
+    stream = std::make_shared<OpenStream>(open_streams_, id, channel, TextPieces(served_, completion.prompt.back()));
 
   Request request;
   request.id = id.request_id;
@@ -186,20 +238,19 @@ void CompletionServer::handle_completion(const httplib::Request& http_request, h
   request.max_tokens = completion.max_tokens;
   request.sampling = completion.sampling;
   request.arrival_ms = clock_.now_ms();
-  std::shared_ptr<TokenChannel> channel = post_submission(std::move(request));
+  post_submission(std::move(request), channel);
 
   // The engine's answer to the submission comes first: a request it rejects
   // (InputError) gets its 400 here, before any 200 or stream has started.
   const ChannelItem answer = channel->pop();
   if (answer.kind == ChannelItem::Kind::Failed) return answer_error(response, answer.failure);
-  if (completion.stream)
-    answer_as_stream(response, id, completion, std::move(channel));
+  if (stream)
+    answer_as_stream(response, std::move(stream));
   else
     answer_when_finished(response, id, completion, *channel);
 }
 
-std::shared_ptr<CompletionServer::TokenChannel> CompletionServer::post_submission(Request request) {
-  auto channel = std::make_shared<TokenChannel>();
+void CompletionServer::post_submission(Request request, std::shared_ptr<TokenChannel> channel) {
   bool refused = false;
   {
     std::lock_guard lock(inbox_mutex_);
@@ -211,7 +262,6 @@ std::shared_ptr<CompletionServer::TokenChannel> CompletionServer::post_submissio
     channel->push(ChannelItem::failed(kShuttingDown));
   else
     inbox_ready_.notify_one();
-  return channel;
 }
 
 void CompletionServer::post_cancellation(int request_id) {
@@ -240,44 +290,23 @@ void CompletionServer::answer_when_finished(httplib::Response& response, const C
   response.set_content(completion_json(served_, id, completion), kJsonType);
 }
 
-void CompletionServer::answer_as_stream(httplib::Response& response, const CompletionId& id,
-                                        const CompletionRequest& request, std::shared_ptr<TokenChannel> channel) {
-  // What the content provider needs between its calls (httplib copies the
-  // provider, so the state lives behind a shared pointer).
-  struct Stream {
-    std::shared_ptr<TokenChannel> channel;
-    TextPieces pieces;
-    bool ended = false;  // the last token or an error event has been written
-  };
-  auto stream = std::make_shared<Stream>(Stream{std::move(channel), TextPieces(served_, request.prompt.back())});
+void CompletionServer::answer_as_stream(httplib::Response& response, std::shared_ptr<OpenStream> stream) {
   const auto keep_alive = std::chrono::milliseconds(options_.keep_alive_ms);
-
   // httplib calls this again and again until sink.done(); false ends the
   // response (the client has gone: the write failed).
-  auto provide = [this, id, stream, keep_alive](std::size_t, httplib::DataSink& sink) {
-    const std::optional<ChannelItem> item = stream->channel->pop_for(keep_alive);
+  auto provide = [this, stream, keep_alive](std::size_t, httplib::DataSink& sink) {
+    const std::optional<ChannelItem> item = stream->channel().pop_for(keep_alive);
     if (!item) return sink.write(kKeepAliveEvent.data(), kKeepAliveEvent.size());
-    std::string events;  // this item's event, and the end of the stream after the last
-    if (item->kind == ChannelItem::Kind::Failed) {
-      events = error_event(item->failure);
-    } else {
-      std::string text = stream->pieces.next(item->token);
-      if (item->ends_request()) text += stream->pieces.flush();
-      events = token_event(served_, id, item->token, text, item->finish);
-    }
-    if (item->ends_request()) {
-      stream->ended = true;
-      events += kDoneEvent;
-    }
+    const std::string events = stream->events_for(*item, served_);
     if (!sink.write(events.data(), events.size())) return false;
-    if (stream->ended) sink.done();
+    if (stream->ended()) sink.done();
     return true;
   };
   // Runs when httplib is done with the response, however it ended. A stream
-  // that did not reach its end lost its client (or the server is stopping):
-  // the engine drops the request and frees its blocks.
-  auto release = [this, id, stream](bool) {
-    if (!stream->ended) post_cancellation(id.request_id);
+  // short of its end lost its client: the engine drops the request and frees
+  // its blocks.
+  auto release = [this, stream](bool) {
+    if (!stream->ended()) post_cancellation(stream->id().request_id);
   };
   response.set_header("Cache-Control", "no-cache");
   response.set_chunked_content_provider(kEventStreamType, std::move(provide), std::move(release));
@@ -441,9 +470,11 @@ void CompletionServer::stop() {
   }
   inbox_ready_.notify_one();
   // First the engine: it fails every request still in it, so each handler
-  // waiting on a channel answers and returns; then the HTTP server, whose
-  // stop joins its handler threads.
+  // waiting on a channel answers. Then the streams write their last event
+  // (a write to a client that reads nothing fails at httplib's write
+  // timeout), and only then httplib stops, joining its handler threads.
   engine_thread_.join();
+  for (int open = open_streams_.load(); open > 0; open = open_streams_.load()) open_streams_.wait(open);
   http_->stop();
   listening_thread_.join();
 }

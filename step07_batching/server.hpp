@@ -97,6 +97,7 @@ class CompletionServer {
 
  private:
   class TokenChannel;  // one request's items, from the engine thread to its handler (server.cpp)
+  class OpenStream;    // a streamed answer, from before its request reaches the engine to its last write
 
   // A checked request on its way to the engine.
   struct Submission {
@@ -113,12 +114,11 @@ class CompletionServer {
   // HTTP handler threads.
   void add_routes();
   void handle_completion(const httplib::Request& http_request, httplib::Response& response);
-  std::shared_ptr<TokenChannel> post_submission(Request request);
+  void post_submission(Request request, std::shared_ptr<TokenChannel> channel);
   void post_cancellation(int request_id);
   void answer_when_finished(httplib::Response& response, const CompletionId& id, const CompletionRequest& request,
                             TokenChannel& channel);
-  void answer_as_stream(httplib::Response& response, const CompletionId& id, const CompletionRequest& request,
-                        std::shared_ptr<TokenChannel> channel);
+  void answer_as_stream(httplib::Response& response, std::shared_ptr<OpenStream> stream);
 
   // The engine thread.
   void run_engine();
@@ -139,6 +139,10 @@ class CompletionServer {
   int listening_socket_ = -1;       // the bound socket (its backlog is raised after bind)
   int port_ = 0;
   std::atomic<int> next_request_id_{0};  // ids are the server's: clients cannot collide
+  // Streamed answers not yet fully written. httplib's chunked writer checks
+  // for shutdown between writes and would cut a stream short of its last
+  // event, so stop() waits for this to reach 0 before stopping httplib.
+  std::atomic<int> open_streams_{0};
   std::thread engine_thread_;
   std::thread listening_thread_;
   bool started_ = false;  // start() and stop() run on the owner's thread: no lock
