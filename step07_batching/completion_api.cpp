@@ -27,7 +27,8 @@ std::string wire(const Json& json) { return json.dump(-1, ' ', false, Json::erro
 // the int64 range (nlohmann keeps them unsigned) saturate: they are rejected
 // by the range checks that follow anyway.
 std::optional<long long> integer_of(const Json& value) {
-  if (value.is_number_unsigned()) return static_cast<long long>(std::min<std::uint64_t>(value.get<std::uint64_t>(), LLONG_MAX));
+  if (value.is_number_unsigned())
+    return static_cast<long long>(std::min<std::uint64_t>(value.get<std::uint64_t>(), LLONG_MAX));
   if (value.is_number_integer()) return value.get<std::int64_t>();
   return std::nullopt;
 }

@@ -21,8 +21,8 @@ struct LoadTarget {
   std::string host;
   int port = 0;
   bool stream = true;
-  double deadline_ms = 0.0;     // max_seconds on the clock
-  const ServingClock* clock;   // the client's: 0 = the load's start
+  double deadline_ms = 0.0;              // max_seconds, on the clock
+  const ServingClock* clock = nullptr;  // the client's: 0 = the load's start
 };
 
 enum class Outcome {
@@ -39,8 +39,8 @@ class Trip {
   Trip(const Request& request, const LoadTarget& target) : request_(request), target_(target) {
     record_.id = request.id;
     record_.prompt_length = static_cast<int>(request.prompt.size());
-    // The arrival the workload asked for, not the moment the thread woke:
-    // a late send is latency the client really added.
+    // The arrival the workload asked for, not the moment the thread woke: a
+    // send that starts late counts as waiting, as it would for a user.
     record_.arrival_ms = request.arrival_ms;
   }
 
@@ -116,7 +116,8 @@ class Trip {
   }
 
   void conclude(httplib::Error error) {
-    if (status_ == 200 && !target_.stream && !body_.empty()) take_completion(parse_completion_json(body_), target_.clock->now_ms());
+    if (status_ == 200 && !target_.stream && !body_.empty())
+      take_completion(parse_completion_json(body_), target_.clock->now_ms());
     if (status_ != 200 && status_ != 0) {
       const ReceivedCompletion answer = parse_completion_json(body_);
       failure_ = fmt::format("HTTP {}: {}", status_, answer.error.value_or(body_));
@@ -153,7 +154,8 @@ LoadResult tally(const std::vector<Trip>& trips) {
       case Outcome::Unfinished: ++result.unfinished; break;
       case Outcome::Failed:
         ++result.failed;
-        if (result.first_failure.empty()) result.first_failure = fmt::format("request {}: {}", trip.record().id, trip.failure());
+        if (result.first_failure.empty())
+          result.first_failure = fmt::format("request {}: {}", trip.record().id, trip.failure());
         break;
     }
     ++result.sent;

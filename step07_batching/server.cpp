@@ -144,6 +144,8 @@ class CompletionServer::OpenStream {
       : open_streams_(open_streams), id_(id), channel_(std::move(channel)), pieces_(std::move(pieces)) {
     ++open_streams_;
   }
+  // Runs on an httplib thread (the handler's, or the one releasing the
+  // response), which stop() joins: the counter outlives this.
   ~OpenStream() {
     if (--open_streams_ == 0) open_streams_.notify_all();
   }

@@ -101,6 +101,28 @@ std::vector<int> streamed_tokens(const std::string& body, std::string* finish_re
   return tokens;
 }
 
+TEST(Step07CompletionApi, SseDecoderReassemblesEventsCutAnywhere) {
+  const std::string stream = "data: {\"a\": 1}\n\n: waiting\n\ndata: one\r\ndata: two\r\n\r\ndata: [DONE]\n\n";
+  step07::SseDecoder decoder;
+  std::vector<std::string> events;
+  for (const char byte : stream)  // one byte per read: every cut there is
+    for (std::string& data : decoder.feed(std::string_view(&byte, 1))) events.push_back(std::move(data));
+  EXPECT_EQ(events, (std::vector<std::string>{"{\"a\": 1}", "one\ntwo", "[DONE]"}));
+}
+
+TEST(Step07CompletionApi, TextPiecesHoldBackAnUnfinishedCharacter) {
+  const llm::Tokenizer bytes = llm::Tokenizer::byte_level(512);  // id 3 + b is the byte b
+  step07::ServedModel model;
+  model.tokenizer = &bytes;
+  step07::TextPieces pieces(model, llm::Tokenizer::kBos);
+  EXPECT_EQ(pieces.next(3 + 'a'), "a");
+  EXPECT_EQ(pieces.next(3 + 0xC3), "");  // the first byte of "é" (C3 A9)...
+  EXPECT_EQ(pieces.next(3 + 0xA9), "\xC3\xA9");  // ...comes out with its second
+  EXPECT_EQ(pieces.next(3 + 0xE2), "");  // a 3-byte character cut short by the end
+  EXPECT_EQ(pieces.next(llm::Tokenizer::kBos), "");  // the end token adds no text
+  EXPECT_EQ(pieces.flush(), "\xE2");
+}
+
 class Step07Server : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -120,7 +142,8 @@ class Step07Server : public ::testing::Test {
   }
   void SetUp() override { start(*paged_model_); }
   void TearDown() override { server_->stop(); }
-  // Another model for this test's server (it must outlive the server: declared before it).
+  // Restarts the server on `model`, which the fixture keeps: own_model_ is
+  // declared before server_, so it outlives the server.
   void restart_with(std::unique_ptr<llm::Model> model, const std::string& name = "preset tiny",
                     const llm::Tokenizer* tokenizer = nullptr) {
     server_->stop();
