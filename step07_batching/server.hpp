@@ -13,8 +13,11 @@
 //       Engine::submit / cancel / step, and its token listener pushes every
 //       token into its request's channel; it sleeps when nothing is to run;
 //   the listening thread  httplib's accept loop.
-// A streaming client that goes away makes its handler post a cancellation,
-// and the engine frees the request's KV blocks at its next iteration.
+// A streaming client that goes away makes its handler post a cancellation
+// (the next write fails: a token's, or a keep-alive comment's while the
+// request waits), and the engine frees the request's KV blocks at its next
+// iteration. A client of a whole answer that leaves is only noticed when the
+// answer is written: its request runs to its end, which max_tokens bounds.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
