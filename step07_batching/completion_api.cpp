@@ -154,7 +154,7 @@ std::size_t utf8_length(unsigned char lead) {
 
 // Where an unfinished UTF-8 character at the end of `text` starts (text.size() when there is none).
 std::size_t unfinished_character_start(const std::string& text) {
-  const std::size_t lookback = std::min<std::size_t>(text.size(), 3);  // a 4-byte character misses 1 byte at least
+  const std::size_t lookback = std::min<std::size_t>(text.size(), 3);  // an unfinished character has 3 bytes at most
   for (std::size_t back = 1; back <= lookback; ++back) {
     const auto byte = static_cast<unsigned char>(text[text.size() - back]);
     if ((byte & 0xC0) == 0x80) continue;  // a continuation byte: the lead is further back
