@@ -18,6 +18,7 @@
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
 #include "step05_paged_attention/paged_generation.hpp"
+#include "step07_batching/batch_scaling.hpp"
 #include "step07_batching/policy_comparison.hpp"
 #include "step07_batching/report.hpp"
 #include "step07_batching/workload.hpp"
@@ -30,6 +31,7 @@ struct Step07Options {
   step07::ServingLimits limits;  // --max-batch, --block-size, --chunk-tokens (and --kv-contexts)
   int kv_contexts = 6;          // --kv-contexts: the KV budget, in full contexts
   int repeats = 3;              // --repeats: runs per policy (the median kept)
+  step07::BatchScalingOptions scaling;  // part 1: --scaling-rows, --scaling-context
 };
 
 std::optional<int> parse_options(int argc, char** argv, Step07Options& options) {
@@ -50,6 +52,7 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
             ->check(CLI::Range(1, 1 << 20))->capture_default_str();
         app.add_option("--repeats", options.repeats, "runs per policy (the median run is reported)")
             ->check(CLI::Range(1, 100))->capture_default_str();
+        step07::add_batch_scaling_flags(app, options.scaling);
       },
       [] { llm::print_variant_list(step07::policies(), 20); });
 }
@@ -59,6 +62,7 @@ void apply_quick(Step07Options& options) {
   if (!options.common.quick) return;
   options.requests = std::min(options.requests, 48);
   options.repeats = 1;
+  step07::apply_quick(options.scaling);
 }
 
 // The trace, with prompts from the tokenizer when a model file came with one.
@@ -111,10 +115,13 @@ int run_step07(int argc, char** argv) {
       llm::parse_variant_selection(options.common.variant, llm::variant_ids(step07::policies()));
   const std::vector<step07::Request> requests = make_trace(options, loaded);
 
+  options.scaling.seed = options.common.seed;
+  std::vector<step07::BatchScaling> scaling;
   std::vector<step07::PolicyRun> runs;
   for (const std::string& device : llm::selected_device_names(devices)) {
     const auto baseline = llm::make_model_on(device, loaded.weights);  // contiguous cache: the solo reference
     const auto model = step05::make_paged_model_on(device, loaded.weights);
+    scaling.push_back(step07::measure_batch_scaling(device, *model, options.scaling));  // part 1
     const auto solo = step07::solo_outputs(*baseline, requests);
     const auto device_runs = step07::compare_policies(device, *model, requests, solo, options.limits, policy_ids,
                                                       options.repeats);
@@ -123,9 +130,11 @@ int run_step07(int argc, char** argv) {
 
   llm::Results results = make_results(options, loaded, devices);
   const step05::LengthSummary lengths = lengths_of(requests, context);
+  step07::add_batch_scaling_rows(results, scaling);
   step07::add_trace_table(results, lengths, options.requests);
   step07::add_policy_rows(results, runs);
   fmt::print("{}\n", results.format_table());
+  step07::print_batch_scaling(scaling);
   step07::print_trace(lengths);
   step07::print_policies(runs);
   return llm::finish_run(results, options.common, devices);
