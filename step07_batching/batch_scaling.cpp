@@ -339,7 +339,9 @@ llm::JsonObject point_json(const BatchScaling& run, const BatchScalingPoint& p) 
   for (auto& entry : roofline_json(p.roofline)) o.push_back(std::move(entry));
   o.emplace_back("measured_over_predicted", p.forward.median_ms / p.roofline.predicted_ms());
   o.emplace_back("bandwidth_gb_per_s", run.ceilings.bandwidth_gb_per_s);
+  o.emplace_back("bandwidth_measured_by", run.ceilings.bandwidth_measured_by);
   o.emplace_back("compute_gflop_per_s", run.ceilings.compute_gflop_per_s);
+  o.emplace_back("compute_measured_by", run.ceilings.compute_measured_by);
   o.emplace_back("prefill_gflop_per_s", run.prefill_gflop_per_s);
   o.emplace_back("max_rel_err", p.logits.max_rel_err);
   o.emplace_back("ok", p.logits.ok);
@@ -388,8 +390,6 @@ void add_batch_scaling_rows(llm::Results& results, const std::vector<BatchScalin
       results.add_row(point_row(run, p, baseline));
       measured.rows.push_back(point_json(run, p));
     }
-    results.set_config("scaling_bandwidth_" + run.device, run.ceilings.bandwidth_measured_by);
-    results.set_config("scaling_compute_" + run.device, run.ceilings.compute_measured_by);
   }
   results.set_config("scaling_context", static_cast<long long>(runs.front().context));
   results.add_table(std::move(measured));
