@@ -32,6 +32,7 @@ void put_metrics(Sink&& put, const ServingMetrics& m) {
     put(fmt::format("{}_p90_ms", name), p->p90);
     put(fmt::format("{}_p99_ms", name), p->p99);
     put(fmt::format("{}_mean_ms", name), p->mean);
+    put(fmt::format("{}_max_ms", name), p->max);
   }
   put("preemptions", m.preemptions);
   put("iterations", static_cast<long long>(m.iterations));
@@ -209,13 +210,77 @@ void print_chunked_prefill(const std::vector<ChunkedPrefillRow>& rows, const Chu
   if (rows.empty()) return;
   fmt::print("\nchunked prefill: every {}th prompt is {:.0f}% of the context, arrivals at load {:.2f}:\n",
              options.long_prompt_every, 100.0 * options.long_prompt_fraction, options.load_factor);
-  fmt::print("{:<6} {:>7} {:>9} {:>20} {:>20} {:>22} {:>6}\n", "device", "chunk", "tok/s", "ITL p50/p99 ms",
-             "TPOT p50/p99 ms", "TTFT p50/p99 ms", "tokens");
+  fmt::print("{:<6} {:>7} {:>9} {:>29} {:>20} {:>22} {:>8} {:>6}\n", "device", "chunk", "tok/s",
+             "ITL p50/p99/max ms", "TPOT p50/p99 ms", "TTFT p50/p99 ms", "preempt", "tokens");
   for (const ChunkedPrefillRow& r : rows)
-    fmt::print("{:<6} {:>7} {:>9.0f} {:>9.3f} / {:>8.3f} {:>9.3f} / {:>8.3f} {:>10.2f} / {:>9.2f} {:>6}\n", r.device,
-               r.chunk_tokens == 0 ? std::string("off") : std::to_string(r.chunk_tokens),
-               r.metrics.output_tokens_per_s, r.metrics.itl_ms.p50, r.metrics.itl_ms.p99, r.metrics.tpot_ms.p50,
-               r.metrics.tpot_ms.p99, r.metrics.ttft_ms.p50, r.metrics.ttft_ms.p99, r.check.ok() ? "same" : "DIFFER");
+    fmt::print("{:<6} {:>7} {:>9.0f} {:>8.3f} / {:>8.3f} / {:>7.2f} {:>9.3f} / {:>8.3f} {:>10.2f} / {:>9.2f} {:>8} {:>6}\n",
+               r.device, r.chunk_tokens == 0 ? std::string("off") : std::to_string(r.chunk_tokens),
+               r.metrics.output_tokens_per_s, r.metrics.itl_ms.p50, r.metrics.itl_ms.p99, r.metrics.itl_ms.max,
+               r.metrics.tpot_ms.p50, r.metrics.tpot_ms.p99, r.metrics.ttft_ms.p50, r.metrics.ttft_ms.p99,
+               r.metrics.preemptions, r.check.ok() ? "same" : "DIFFER");
+  fmt::print("ITL: every gap between two tokens of a request (a stall shows here); TPOT: each request's mean gap.\n");
+}
+
+void add_loopback_rows(llm::Results& results, const std::vector<LoopbackRun>& runs) {
+  llm::JsonTable table{"loopback", {}};
+  for (const LoopbackRun& run : runs) {
+    const bool ok = run.check.ok() && run.load.failed == 0 && run.load.unfinished == 0;
+    llm::ResultRow row;
+    row.device = run.device;
+    row.id = 2;
+    row.variant = "continuous over HTTP";
+    row.time_ms = run.served.duration_ms;
+    row.speedup = run.ratio;
+    row.ok = ok;
+    row.throughput_key = "tokens_per_s";
+    row.throughput = run.served.output_tokens_per_s;
+    row.extra["kind"] = std::string("served");
+    row.extra["speedup_over"] = std::string("the in-process continuous run's output tokens/s");
+    add_metrics(row.extra, run.served);
+    if (!ok)
+      llm::report_failed_check(run.device + " served over loopback",
+                               run.load.failed > 0 ? run.load.first_failure : run.check.first_difference);
+    results.add_row(std::move(row));
+
+    llm::JsonObject object = {{"device", run.device},
+                              {"in_process_tokens_per_s", run.in_process_tokens_per_s},
+                              {"served_over_in_process", run.ratio},
+                              {"sent", static_cast<long long>(run.load.sent)},
+                              {"unfinished", static_cast<long long>(run.load.unfinished)},
+                              {"failed", static_cast<long long>(run.load.failed)},
+                              {"identical_tokens", run.check.ok()}};
+    add_metrics(object, run.served);
+    table.rows.push_back(std::move(object));
+  }
+  results.add_table(std::move(table));
+}
+
+void print_loopback(const std::vector<LoopbackRun>& runs) {
+  if (runs.empty()) return;
+  fmt::print("\nthe same trace served over HTTP on loopback (continuous batching; every token streamed as an event, "
+             "timed by the client):\n");
+  fmt::print("{:<6} {:>10} {:>12} {:>8} {:>22} {:>20} {:>5} {:>6} {:>6}\n", "device", "tok/s", "in-process", "ratio",
+             "TTFT p50/p99 ms", "TPOT p50/p99 ms", "sent", "failed", "tokens");
+  for (const LoopbackRun& run : runs)
+    fmt::print("{:<6} {:>10.0f} {:>12.0f} {:>7.2f}x {:>10.2f} / {:>9.2f} {:>9.3f} / {:>8.3f} {:>5} {:>6} {:>6}\n",
+               run.device, run.served.output_tokens_per_s, run.in_process_tokens_per_s, run.ratio,
+               run.served.ttft_ms.p50, run.served.ttft_ms.p99, run.served.tpot_ms.p50, run.served.tpot_ms.p99,
+               run.load.sent, run.load.failed, run.check.ok() ? "same" : "DIFFER");
+  fmt::print("target: served throughput within 15% of in-process (ratio >= 0.85)\n");
+}
+
+bool print_load(const LoadResult& load, int max_sequences) {
+  fmt::print("sent {} requests ({} not sent before the deadline); {} finished, {} unfinished, {} failed\n", load.sent,
+             load.not_sent, load.records.size(), load.unfinished, load.failed);
+  if (!load.first_failure.empty()) fmt::print("first failure: {}\n", load.first_failure);
+  if (!load.records.empty()) {
+    const ServingMetrics m = summarize_serving(load.records, {}, max_sequences);
+    fmt::print("output {:.0f} tok/s, {:.2f} requests/s over {}\n", m.output_tokens_per_s, m.requests_per_s,
+               llm::format_ms(m.duration_ms));
+    fmt::print("TTFT {}\nTPOT {}\nITL  {}\nE2E  {}\n", format_percentiles(m.ttft_ms), format_percentiles(m.tpot_ms),
+               format_percentiles(m.itl_ms), format_percentiles(m.e2e_ms));
+  }
+  return load.failed == 0;
 }
 
 }  // namespace step07

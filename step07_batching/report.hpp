@@ -6,6 +6,8 @@
 #include "llm/harness/results.hpp"
 #include "step05_paged_attention/request_trace.hpp"
 #include "step07_batching/chunked_prefill.hpp"
+#include "step07_batching/load_client.hpp"
+#include "step07_batching/loopback_serving.hpp"
 #include "step07_batching/policy_comparison.hpp"
 #include "step07_batching/rate_sweep.hpp"
 #include "step07_batching/serving_metrics.hpp"
@@ -41,5 +43,15 @@ void print_rate_sweep(const std::vector<RateSweepPoint>& points);
 // "chunked_prefill".
 void add_chunked_prefill(llm::Results& results, const std::vector<ChunkedPrefillRow>& rows);
 void print_chunked_prefill(const std::vector<ChunkedPrefillRow>& rows, const ChunkedPrefillOptions& options);
+
+// 5. Served over loopback: one results row per device (kind "served"; time
+// = the run's duration, speedup = served / in-process output tokens/s, ok =
+// tokens identical to solo and no request failed) and the JSON table "loopback".
+void add_loopback_rows(llm::Results& results, const std::vector<LoopbackRun>& runs);
+void print_loopback(const std::vector<LoopbackRun>& runs);
+
+// --load: what was sent and how it went, then the latency table as the
+// client measured it. Returns false when any request failed.
+bool print_load(const LoadResult& load, int max_sequences);
 
 }  // namespace step07
