@@ -47,8 +47,14 @@ void Engine::submit(Request request) {
   if (request.max_tokens < 1)
     throw llm::InputError(fmt::format("request {}: max_tokens must be at least 1 (got {})", request.id,
                                       request.max_tokens));
-  // The last token is never fed back, so a request holds prompt + max_tokens - 1 positions at most.
-  llm::validate_generation(config, request.prompt, prompt_length + request.max_tokens - 1);
+  // The last token is never fed back, so a request holds prompt + max_tokens - 1 positions at most
+  // (compared in 64 bits: max_tokens may be anything a client sent).
+  const long long positions = static_cast<long long>(prompt_length) + request.max_tokens - 1;
+  if (positions > config.seq_len)
+    throw llm::InputError(fmt::format("request {}: a prompt of {} tokens + max_tokens {} needs {} positions; the "
+                                      "context is {}",
+                                      request.id, prompt_length, request.max_tokens, positions, config.seq_len));
+  llm::validate_generation(config, request.prompt, static_cast<int>(positions));
   for (const int token : request.prompt)
     if (token < 0 || token >= config.vocab_size)
       throw llm::InputError(fmt::format("request {}: token id {} is outside the vocabulary [0, {})", request.id,
@@ -84,14 +90,17 @@ int Engine::step() {
   // request always fits: an empty batch here would be a scheduler bug.
   if (schedule.rows.empty()) throw std::logic_error("the scheduler picked no rows while requests wait");
 
+  // Counted before sampling: sampling grows each sequence's tokens, and a
+  // request that finishes is gone (its RequestState freed) by the end of it.
+  iteration.sequences = static_cast<int>(schedule.rows.size());
+  iteration.decode_rows = schedule.decode_rows();
+  iteration.prefill_rows = schedule.prefill_rows();
+
   const llm::TokenBatch batch = build_batch(schedule);
   const std::span<const float> logits = model_.forward(batch, *cache_);  // one row per scheduled request
   sample_and_finish(schedule, logits);
 
   iteration.end_ms = clock_.now_ms();
-  iteration.sequences = static_cast<int>(schedule.rows.size());
-  iteration.decode_rows = schedule.decode_rows();
-  iteration.prefill_rows = schedule.prefill_rows();
   iteration.waiting = static_cast<int>(waiting_.size());
   iteration.preempted = static_cast<int>(schedule.preempted.size());
   iteration.blocks_used = cache_->blocks().used_blocks();

@@ -5,7 +5,18 @@
 // batching, continuous batching, continuous batching with chunked prefill.
 // Same model, same paged KV budget, same largest batch: only the scheduler's
 // decisions differ. Every request's greedy tokens, under every policy, are
-// checked against the same request run alone.
+// checked against the same request run alone. Per device:
+//   1. why batching pays: one forward of n decode rows, n = 1..64, beside its
+//      roofline (the weights are read once for the whole batch);
+//   2. the trace, all arriving at once, under every policy (throughput);
+//   3. the trace arriving as a Poisson stream at a sweep of loads
+//      (latency vs throughput, static vs continuous);
+//   4. long prompts arriving while others decode, without and with chunked
+//      prefill (the decoders' stalls);
+//   5. the engine behind the HTTP server on loopback, loaded by the streaming
+//      client with part 2's trace (what serving over HTTP costs).
+// Two more modes use the same engine: --serve PORT (an OpenAI-style
+// completions server on localhost) and --load PORT (the trace against it).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -18,8 +29,13 @@
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
 #include "step05_paged_attention/paged_generation.hpp"
+#include "step07_batching/batch_scaling.hpp"
+#include "step07_batching/chunked_prefill.hpp"
+#include "step07_batching/loopback_serving.hpp"
 #include "step07_batching/policy_comparison.hpp"
+#include "step07_batching/rate_sweep.hpp"
 #include "step07_batching/report.hpp"
+#include "step07_batching/server.hpp"
 #include "step07_batching/workload.hpp"
 
 namespace {
@@ -30,6 +46,15 @@ struct Step07Options {
   step07::ServingLimits limits;  // --max-batch, --block-size, --chunk-tokens (and --kv-contexts)
   int kv_contexts = 6;          // --kv-contexts: the KV budget, in full contexts
   int repeats = 3;              // --repeats: runs per policy (the median kept)
+  step07::RateSweepOptions sweep;          // --loads
+  step07::ChunkedPrefillOptions chunking;  // --chunk-sizes, --long-prompt-every, --long-prompt-fraction, --chunk-load
+  step07::BatchScalingOptions scaling;     // part 1: --scaling-rows, --scaling-context
+  bool loopback = true;                    // part 5 (--no-loopback skips it)
+  // The serving modes.
+  int serve_port = -1;           // --serve PORT: run the server until Ctrl-C
+  int load_port = -1;            // --load PORT: replay the trace against a running server
+  double load_rate = 0.0;        // --load-rate: requests/s (0: all at once)
+  double load_seconds = 60.0;    // --load-seconds: the load's wall-time bound
 };
 
 std::optional<int> parse_options(int argc, char** argv, Step07Options& options) {
@@ -50,6 +75,31 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
             ->check(CLI::Range(1, 1 << 20))->capture_default_str();
         app.add_option("--repeats", options.repeats, "runs per policy (the median run is reported)")
             ->check(CLI::Range(1, 100))->capture_default_str();
+        app.add_option("--loads", options.sweep.load_factors,
+                       "rate sweep: arrival rates as fractions of continuous batching's offline requests/s")
+            ->delimiter(',')->check(CLI::Range(0.001, 100.0))->capture_default_str();
+        app.add_option("--chunk-sizes", options.chunking.chunk_tokens,
+                       "chunked prefill part: rows per forward to compare (each at least --max-batch)")
+            ->delimiter(',')->check(CLI::Range(1, 1 << 20))->capture_default_str();
+        app.add_option("--long-prompt-every", options.chunking.long_prompt_every,
+                       "chunked prefill part: every k-th request has a long prompt")
+            ->check(CLI::Range(1, 100000))->capture_default_str();
+        app.add_option("--long-prompt-fraction", options.chunking.long_prompt_fraction,
+                       "chunked prefill part: the long prompt's length, as a fraction of the context")
+            ->check(CLI::Range(0.01, 0.99))->capture_default_str();
+        app.add_option("--chunk-load", options.chunking.load_factor,
+                       "chunked prefill part: arrival rate, as a fraction of continuous batching's offline requests/s")
+            ->check(CLI::Range(0.001, 100.0))->capture_default_str();
+        step07::add_batch_scaling_flags(app, options.scaling);
+        app.add_flag("!--no-loopback", options.loopback, "skip part 5 (the HTTP server on loopback)");
+        app.add_option("--serve", options.serve_port, "serve POST /v1/completions on 127.0.0.1:PORT until Ctrl-C")
+            ->check(CLI::Range(0, 65535));
+        app.add_option("--load", options.load_port, "replay the trace against a server on 127.0.0.1:PORT")
+            ->check(CLI::Range(1, 65535));
+        app.add_option("--load-rate", options.load_rate, "--load: arrivals per second (0: all at once)")
+            ->check(CLI::NonNegativeNumber)->capture_default_str();
+        app.add_option("--load-seconds", options.load_seconds, "--load: stop sending and waiting after this long")
+            ->check(CLI::PositiveNumber)->capture_default_str();
       },
       [] { llm::print_variant_list(step07::policies(), 20); });
 }
@@ -59,17 +109,26 @@ void apply_quick(Step07Options& options) {
   if (!options.common.quick) return;
   options.requests = std::min(options.requests, 48);
   options.repeats = 1;
+  options.sweep.load_factors = {0.5, 1.0};
+  options.chunking.chunk_tokens = {std::max(32, options.limits.max_sequences)};
+  step07::apply_quick(options.scaling);
 }
 
-// The trace, with prompts from the tokenizer when a model file came with one.
-std::vector<step07::Request> make_trace(const Step07Options& options, const llm::LoadedModel& loaded) {
+// Prompts from the tokenizer when a model file came with one (a trained
+// model continues text it has seen the like of), else seeded random ids.
+step07::PromptSource prompt_source(const Step07Options& options, const llm::LoadedModel& loaded) {
+  const bool from_file = !options.common.model_path.empty();
+  return step07::PromptSource(from_file ? &loaded.tokenizer : nullptr, loaded.weights.config.vocab_size,
+                              options.common.seed);
+}
+
+// The trace, all arriving at t = 0 (parts 3 and 4 give it arrival times).
+std::vector<step07::Request> make_trace(const Step07Options& options, const llm::LoadedModel& loaded,
+                                        const step07::PromptSource& prompts) {
   step07::WorkloadOptions workload;
   workload.lengths.n_requests = options.requests;
   workload.lengths.context = loaded.weights.config.seq_len;
   workload.lengths.seed = options.common.seed;
-  const bool from_file = !options.common.model_path.empty();
-  const step07::PromptSource prompts(from_file ? &loaded.tokenizer : nullptr, loaded.weights.config.vocab_size,
-                                     options.common.seed);
   return step07::make_workload(workload, prompts);
 }
 
@@ -99,6 +158,107 @@ llm::Results make_results(const Step07Options& options, const llm::LoadedModel& 
   return results;
 }
 
+// Parts 1-5 on one device. Every run's tokens are checked against the
+// requests run alone on the baseline model (contiguous cache).
+struct DeviceParts {
+  step07::BatchScaling scaling;
+  std::vector<step07::PolicyRun> policies;
+  std::vector<step07::RateSweepPoint> sweep;
+  std::vector<step07::ChunkedPrefillRow> chunked;
+  std::optional<step07::LoopbackRun> loopback;
+};
+DeviceParts run_device(const std::string& device, const Step07Options& options, const llm::LoadedModel& loaded,
+                       const std::vector<step07::Request>& trace, const std::vector<step07::Request>& long_prompts,
+                       const std::vector<int>& policy_ids) {
+  const auto baseline = llm::make_model_on(device, loaded.weights);
+  const auto model = step05::make_paged_model_on(device, loaded.weights);
+  const auto solo = step07::solo_outputs(*baseline, trace);
+  DeviceParts parts;
+  parts.scaling = step07::measure_batch_scaling(device, *model, options.scaling);
+  parts.policies = step07::compare_policies(device, *model, trace, solo, options.limits, policy_ids, options.repeats);
+  // Loads are fractions of what continuous batching sustains offline, here.
+  const step07::PolicyRun* continuous = step07::find_policy_run(parts.policies, 2);
+  const step07::ServingMetrics offline =
+      continuous != nullptr ? continuous->replay.metrics
+                            : step07::replay(*model, trace, step07::engine_options_for(step07::policies().at(2).fn,
+                                                                                       options.limits,
+                                                                                       loaded.weights.config.seq_len))
+                                  .metrics;
+  parts.sweep = step07::sweep_rates(device, *model, trace, solo, options.limits, offline.requests_per_s, options.sweep);
+  const auto scenario =
+      step07::with_arrivals(long_prompts, options.chunking.load_factor * offline.requests_per_s, options.chunking.seed);
+  parts.chunked = step07::compare_chunk_sizes(device, *model, scenario, step07::solo_outputs(*baseline, scenario),
+                                              options.limits, options.chunking);
+  if (options.loopback)
+    parts.loopback = step07::serve_over_loopback(device, *model, loaded.name, trace, solo, options.limits,
+                                                 offline.output_tokens_per_s);
+  return parts;
+}
+
+// The checks that live outside the results rows: sweep points, chunk sizes, the served run.
+bool other_checks_ok(const std::vector<DeviceParts>& devices) {
+  for (const DeviceParts& parts : devices) {
+    for (const auto& point : parts.sweep)
+      if (!point.check.ok()) return false;
+    for (const auto& row : parts.chunked)
+      if (!row.check.ok()) return false;
+    if (parts.loopback && (!parts.loopback->check.ok() || parts.loopback->load.failed > 0)) return false;
+  }
+  return true;
+}
+
+void report(llm::Results& results, const step05::LengthSummary& lengths, int n_requests,
+            const std::vector<DeviceParts>& devices, const step07::ChunkedPrefillOptions& chunking) {
+  std::vector<step07::BatchScaling> scaling;
+  std::vector<step07::PolicyRun> runs;
+  std::vector<step07::RateSweepPoint> sweep;
+  std::vector<step07::ChunkedPrefillRow> chunked;
+  std::vector<step07::LoopbackRun> loopback;
+  for (const DeviceParts& parts : devices) {
+    scaling.push_back(parts.scaling);
+    runs.insert(runs.end(), parts.policies.begin(), parts.policies.end());
+    sweep.insert(sweep.end(), parts.sweep.begin(), parts.sweep.end());
+    chunked.insert(chunked.end(), parts.chunked.begin(), parts.chunked.end());
+    if (parts.loopback) loopback.push_back(*parts.loopback);
+  }
+  step07::add_batch_scaling_rows(results, scaling);
+  step07::add_trace_table(results, lengths, n_requests);
+  step07::add_policy_rows(results, runs);
+  step07::add_rate_sweep(results, sweep);
+  step07::add_chunked_prefill(results, chunked);
+  step07::add_loopback_rows(results, loopback);
+  fmt::print("{}\n", results.format_table());
+  step07::print_batch_scaling(scaling);
+  step07::print_trace(lengths);
+  step07::print_policies(runs);
+  step07::print_rate_sweep(sweep);
+  step07::print_chunked_prefill(chunked, chunking);
+  step07::print_loopback(loopback);
+}
+
+// --serve PORT: continuous batching behind POST /v1/completions until Ctrl-C.
+int serve(const Step07Options& options, const llm::LoadedModel& loaded, const llm::DeviceSelection& devices) {
+  const auto model = step05::make_paged_model_on(devices.cuda ? "cuda" : "cpu", loaded.weights);
+  step07::ServerOptions server_options;
+  server_options.port = options.serve_port;
+  server_options.engine =
+      step07::engine_options_for(step07::policies().at(2).fn, options.limits, loaded.weights.config.seq_len);
+  const bool from_file = !options.common.model_path.empty();
+  step07::CompletionServer server(*model, loaded.name, from_file ? &loaded.tokenizer : nullptr, server_options);
+  step07::serve_until_signal(server);
+  return 0;
+}
+
+// --load PORT: the trace against a running server (started with the same
+// model and seed: prompts travel as token ids), timed by the client.
+int load(const Step07Options& options, const std::vector<step07::Request>& trace) {
+  const auto arriving = step07::with_arrivals(trace, options.load_rate, options.common.seed);
+  step07::LoadOptions load_options;
+  load_options.max_seconds = options.load_seconds;
+  const step07::LoadResult result = step07::run_load("127.0.0.1", options.load_port, arriving, load_options);
+  return step07::print_load(result, options.limits.max_sequences) ? 0 : 1;
+}
+
 int run_step07(int argc, char** argv) {
   Step07Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
@@ -107,28 +267,23 @@ int run_step07(int argc, char** argv) {
   const llm::LoadedModel loaded = llm::load_model(options.common);
   const int context = loaded.weights.config.seq_len;
   options.limits.kv_blocks = options.kv_contexts * step05::blocks_for_sequences(1, context, options.limits.block_size);
+  options.scaling.seed = options.common.seed;
   const std::vector<int> policy_ids =
       llm::parse_variant_selection(options.common.variant, llm::variant_ids(step07::policies()));
-  const std::vector<step07::Request> requests = make_trace(options, loaded);
+  const step07::PromptSource prompts = prompt_source(options, loaded);
+  const std::vector<step07::Request> trace = make_trace(options, loaded, prompts);
+  if (options.serve_port >= 0) return serve(options, loaded, devices);
+  if (options.load_port > 0) return load(options, trace);
+  const std::vector<step07::Request> long_prompts =
+      step07::with_long_prompts(trace, options.chunking, prompts, context, 0.0);
 
-  std::vector<step07::PolicyRun> runs;
-  for (const std::string& device : llm::selected_device_names(devices)) {
-    const auto baseline = llm::make_model_on(device, loaded.weights);  // contiguous cache: the solo reference
-    const auto model = step05::make_paged_model_on(device, loaded.weights);
-    const auto solo = step07::solo_outputs(*baseline, requests);
-    const auto device_runs = step07::compare_policies(device, *model, requests, solo, options.limits, policy_ids,
-                                                      options.repeats);
-    runs.insert(runs.end(), device_runs.begin(), device_runs.end());
-  }
+  std::vector<DeviceParts> parts;
+  for (const std::string& device : llm::selected_device_names(devices))
+    parts.push_back(run_device(device, options, loaded, trace, long_prompts, policy_ids));
 
   llm::Results results = make_results(options, loaded, devices);
-  const step05::LengthSummary lengths = lengths_of(requests, context);
-  step07::add_trace_table(results, lengths, options.requests);
-  step07::add_policy_rows(results, runs);
-  fmt::print("{}\n", results.format_table());
-  step07::print_trace(lengths);
-  step07::print_policies(runs);
-  return llm::finish_run(results, options.common, devices);
+  report(results, lengths_of(trace, context), options.requests, parts, options.chunking);
+  return llm::finish_run(results, options.common, devices, other_checks_ok(parts));
 }
 
 }  // namespace

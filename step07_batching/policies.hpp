@@ -29,7 +29,11 @@ struct ServingLimits {
   int max_sequences = 16;  // the largest batch (and the cache's slots)
   int block_size = 16;     // positions per KV block
   int kv_blocks = 0;       // the KV budget in blocks (0: a full context per slot)
-  int chunk_tokens = 64;   // chunked prefill: rows per forward, decode rows included
+  // Chunked prefill: rows per forward, decode rows included. Small, because
+  // on a CPU a forward's time grows with its rows (part 1): the smaller the
+  // chunk, the shorter the decoders' stall. A GPU, whose forward costs about
+  // the same up to hundreds of rows, takes chunks of 256-2048 (part 4 sweeps it).
+  int chunk_tokens = 32;
 };
 
 // The engine options of `policy` under `limits` for a model of `context`

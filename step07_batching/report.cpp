@@ -32,6 +32,7 @@ void put_metrics(Sink&& put, const ServingMetrics& m) {
     put(fmt::format("{}_p90_ms", name), p->p90);
     put(fmt::format("{}_p99_ms", name), p->p99);
     put(fmt::format("{}_mean_ms", name), p->mean);
+    put(fmt::format("{}_max_ms", name), p->max);
   }
   put("preemptions", m.preemptions);
   put("iterations", static_cast<long long>(m.iterations));
@@ -138,6 +139,148 @@ void print_policies(const std::vector<PolicyRun>& runs) {
   }
   fmt::print("occup.: sequences per forward / the largest batch, averaged over forwards. tokens: every request's "
              "tokens vs the same request run alone.\n");
+}
+
+void add_rate_sweep(llm::Results& results, const std::vector<RateSweepPoint>& points) {
+  llm::JsonTable table{"rate_sweep", {}};
+  for (const RateSweepPoint& point : points) {
+    llm::JsonObject row = {{"device", point.device},
+                           {"policy", point.policy_name},
+                           {"id", static_cast<long long>(point.policy_id)},
+                           {"load_factor", point.load_factor},
+                           {"rate_per_s", point.rate_per_s},
+                           {"keeps_up", point.keeps_up},
+                           {"identical_tokens", point.check.ok()}};
+    add_metrics(row, point.metrics);
+    table.rows.push_back(std::move(row));
+    if (!point.check.ok())
+      llm::report_failed_check(fmt::format("{} {} at load {:.2f}", point.device, point.policy_name, point.load_factor),
+                               point.check.first_difference);
+  }
+  results.add_table(std::move(table));
+}
+
+void print_rate_sweep(const std::vector<RateSweepPoint>& points) {
+  if (points.empty()) return;
+  fmt::print("\nlatency vs load (Poisson arrivals; load 1.0 = continuous batching's offline requests/s):\n");
+  fmt::print("{:<6} {:>5} {:>8} {:<20} {:>8} {:>9} {:>22} {:>20} {:>8} {:>6}\n", "device", "load", "req/s in",
+             "policy", "req/s", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "keeps up", "tokens");
+  for (const RateSweepPoint& p : points)
+    fmt::print("{:<6} {:>5.2f} {:>8.1f} {:<20} {:>8.1f} {:>9.0f} {:>10.2f} / {:>9.2f} {:>9.3f} / {:>8.3f} {:>8} {:>6}\n",
+               p.device, p.load_factor, p.rate_per_s, p.policy_name, p.metrics.requests_per_s,
+               p.metrics.output_tokens_per_s, p.metrics.ttft_ms.p50, p.metrics.ttft_ms.p99, p.metrics.tpot_ms.p50,
+               p.metrics.tpot_ms.p99, p.keeps_up ? "yes" : "no", p.check.ok() ? "same" : "DIFFER");
+  const std::string miss = continuous_beats_static_ttft(points);
+  fmt::print("target: continuous p99 TTFT below static's at every load static keeps up with: {}\n",
+             miss.empty() ? "met" : "missed (" + miss + ")");
+}
+
+void add_chunked_prefill(llm::Results& results, const std::vector<ChunkedPrefillRow>& rows) {
+  llm::JsonTable table{"chunked_prefill", {}};
+  for (const ChunkedPrefillRow& row : rows) {
+    const ChunkedPrefillRow* whole = nullptr;  // the same device without chunks
+    for (const ChunkedPrefillRow& candidate : rows)
+      if (candidate.device == row.device && candidate.chunk_tokens == 0) whole = &candidate;
+    llm::ResultRow result;
+    result.device = row.device;
+    result.id = row.chunk_tokens == 0 ? 2 : 3;
+    result.variant = row.chunk_tokens == 0 ? "prefill whole" : fmt::format("prefill chunks of {}", row.chunk_tokens);
+    result.time_ms = row.metrics.itl_ms.p99;
+    result.speedup = whole != nullptr && row.metrics.itl_ms.p99 > 0 ? whole->metrics.itl_ms.p99 / row.metrics.itl_ms.p99
+                                                                    : 1.0;
+    result.ok = row.check.ok();
+    result.throughput_key = "tokens_per_s";
+    result.throughput = row.metrics.output_tokens_per_s;
+    result.extra["kind"] = std::string("chunked_prefill");
+    result.extra["time_is"] = std::string("p99 inter-token latency");
+    result.extra["speedup_over"] = std::string("p99 inter-token latency without chunks");
+    result.extra["chunk_tokens"] = static_cast<long long>(row.chunk_tokens);
+    add_metrics(result.extra, row.metrics);
+    if (!row.check.ok()) llm::report_failed_check(row.device + " " + result.variant, row.check.first_difference);
+    results.add_row(std::move(result));
+
+    llm::JsonObject object = {{"device", row.device}, {"chunk_tokens", static_cast<long long>(row.chunk_tokens)}};
+    add_metrics(object, row.metrics);
+    table.rows.push_back(std::move(object));
+  }
+  results.add_table(std::move(table));
+}
+
+void print_chunked_prefill(const std::vector<ChunkedPrefillRow>& rows, const ChunkedPrefillOptions& options) {
+  if (rows.empty()) return;
+  fmt::print("\nchunked prefill: every {}th prompt is {:.0f}% of the context, arrivals at load {:.2f}:\n",
+             options.long_prompt_every, 100.0 * options.long_prompt_fraction, options.load_factor);
+  fmt::print("{:<6} {:>7} {:>9} {:>29} {:>20} {:>22} {:>8} {:>6}\n", "device", "chunk", "tok/s",
+             "ITL p50/p99/max ms", "TPOT p50/p99 ms", "TTFT p50/p99 ms", "preempt", "tokens");
+  for (const ChunkedPrefillRow& r : rows)
+    fmt::print("{:<6} {:>7} {:>9.0f} {:>8.3f} / {:>8.3f} / {:>7.2f} {:>9.3f} / {:>8.3f} {:>10.2f} / {:>9.2f} {:>8} {:>6}\n",
+               r.device, r.chunk_tokens == 0 ? std::string("off") : std::to_string(r.chunk_tokens),
+               r.metrics.output_tokens_per_s, r.metrics.itl_ms.p50, r.metrics.itl_ms.p99, r.metrics.itl_ms.max,
+               r.metrics.tpot_ms.p50, r.metrics.tpot_ms.p99, r.metrics.ttft_ms.p50, r.metrics.ttft_ms.p99,
+               r.metrics.preemptions, r.check.ok() ? "same" : "DIFFER");
+  fmt::print("ITL: every gap between two tokens of a request (a stall shows here); TPOT: each request's mean gap.\n");
+}
+
+void add_loopback_rows(llm::Results& results, const std::vector<LoopbackRun>& runs) {
+  llm::JsonTable table{"loopback", {}};
+  for (const LoopbackRun& run : runs) {
+    const bool ok = run.check.ok() && run.load.failed == 0 && run.load.unfinished == 0;
+    llm::ResultRow row;
+    row.device = run.device;
+    row.id = 2;
+    row.variant = "continuous over HTTP";
+    row.time_ms = run.served.duration_ms;
+    row.speedup = run.ratio;
+    row.ok = ok;
+    row.throughput_key = "tokens_per_s";
+    row.throughput = run.served.output_tokens_per_s;
+    row.extra["kind"] = std::string("served");
+    row.extra["speedup_over"] = std::string("the in-process continuous run's output tokens/s");
+    add_metrics(row.extra, run.served);
+    if (!ok)
+      llm::report_failed_check(run.device + " served over loopback",
+                               run.load.failed > 0 ? run.load.first_failure : run.check.first_difference);
+    results.add_row(std::move(row));
+
+    llm::JsonObject object = {{"device", run.device},
+                              {"in_process_tokens_per_s", run.in_process_tokens_per_s},
+                              {"served_over_in_process", run.ratio},
+                              {"sent", static_cast<long long>(run.load.sent)},
+                              {"unfinished", static_cast<long long>(run.load.unfinished)},
+                              {"failed", static_cast<long long>(run.load.failed)},
+                              {"identical_tokens", run.check.ok()}};
+    add_metrics(object, run.served);
+    table.rows.push_back(std::move(object));
+  }
+  results.add_table(std::move(table));
+}
+
+void print_loopback(const std::vector<LoopbackRun>& runs) {
+  if (runs.empty()) return;
+  fmt::print("\nthe same trace served over HTTP on loopback (continuous batching; every token streamed as an event, "
+             "timed by the client):\n");
+  fmt::print("{:<6} {:>10} {:>12} {:>8} {:>22} {:>20} {:>5} {:>6} {:>6}\n", "device", "tok/s", "in-process", "ratio",
+             "TTFT p50/p99 ms", "TPOT p50/p99 ms", "sent", "failed", "tokens");
+  for (const LoopbackRun& run : runs)
+    fmt::print("{:<6} {:>10.0f} {:>12.0f} {:>7.2f}x {:>10.2f} / {:>9.2f} {:>9.3f} / {:>8.3f} {:>5} {:>6} {:>6}\n",
+               run.device, run.served.output_tokens_per_s, run.in_process_tokens_per_s, run.ratio,
+               run.served.ttft_ms.p50, run.served.ttft_ms.p99, run.served.tpot_ms.p50, run.served.tpot_ms.p99,
+               run.load.sent, run.load.failed, run.check.ok() ? "same" : "DIFFER");
+  fmt::print("target: served throughput within 15% of in-process (ratio >= 0.85)\n");
+}
+
+bool print_load(const LoadResult& load, int max_sequences) {
+  fmt::print("sent {} requests ({} not sent before the deadline); {} finished, {} unfinished, {} failed\n", load.sent,
+             load.not_sent, load.records.size(), load.unfinished, load.failed);
+  if (!load.first_failure.empty()) fmt::print("first failure: {}\n", load.first_failure);
+  if (!load.records.empty()) {
+    const ServingMetrics m = summarize_serving(load.records, {}, max_sequences);
+    fmt::print("output {:.0f} tok/s, {:.2f} requests/s over {}\n", m.output_tokens_per_s, m.requests_per_s,
+               llm::format_ms(m.duration_ms));
+    fmt::print("TTFT {}\nTPOT {}\nITL  {}\nE2E  {}\n", format_percentiles(m.ttft_ms), format_percentiles(m.tpot_ms),
+               format_percentiles(m.itl_ms), format_percentiles(m.e2e_ms));
+  }
+  return load.failed == 0;
 }
 
 }  // namespace step07

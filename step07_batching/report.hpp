@@ -5,7 +5,11 @@
 
 #include "llm/harness/results.hpp"
 #include "step05_paged_attention/request_trace.hpp"
+#include "step07_batching/chunked_prefill.hpp"
+#include "step07_batching/load_client.hpp"
+#include "step07_batching/loopback_serving.hpp"
 #include "step07_batching/policy_comparison.hpp"
+#include "step07_batching/rate_sweep.hpp"
 #include "step07_batching/serving_metrics.hpp"
 
 namespace step07 {
@@ -26,5 +30,28 @@ void print_trace(const step05::LengthSummary& lengths);
 // the JSON table "timeline" (at most `timeline_points` iterations per run).
 void add_policy_rows(llm::Results& results, const std::vector<PolicyRun>& runs, int timeline_points = 1500);
 void print_policies(const std::vector<PolicyRun>& runs);
+
+// 3. The rate sweep: the JSON table "rate_sweep" (one row per device,
+// policy and load, with the latency columns and keeps_up) and the printed
+// latency-throughput table; a sweep point whose tokens differ from solo
+// fails the run.
+void add_rate_sweep(llm::Results& results, const std::vector<RateSweepPoint>& points);
+void print_rate_sweep(const std::vector<RateSweepPoint>& points);
+
+// 4. Chunked prefill: results rows (kind "chunked_prefill"; time = p99 ITL,
+// speedup = p99 ITL without chunks / with them) and the JSON table
+// "chunked_prefill".
+void add_chunked_prefill(llm::Results& results, const std::vector<ChunkedPrefillRow>& rows);
+void print_chunked_prefill(const std::vector<ChunkedPrefillRow>& rows, const ChunkedPrefillOptions& options);
+
+// 5. Served over loopback: one results row per device (kind "served"; time
+// = the run's duration, speedup = served / in-process output tokens/s, ok =
+// tokens identical to solo and no request failed) and the JSON table "loopback".
+void add_loopback_rows(llm::Results& results, const std::vector<LoopbackRun>& runs);
+void print_loopback(const std::vector<LoopbackRun>& runs);
+
+// --load: what was sent and how it went, then the latency table as the
+// client measured it. Returns false when any request failed.
+bool print_load(const LoadResult& load, int max_sequences);
 
 }  // namespace step07

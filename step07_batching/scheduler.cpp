@@ -41,7 +41,7 @@ int preempt_newest(std::deque<RequestState*>& waiting, std::vector<RequestState*
                    const Scheduler& scheduler) {
   RequestState* victim = running.back();
   running.pop_back();
-  const int freed = scheduler.blocks_for(victim->computed);
+  const int freed = scheduler.blocks_for(victim->computed) + scheduler.blocks_promised(*victim);
   victim->computed = 0;
   waiting.push_front(victim);  // first in line: it arrived before everything still waiting
   plan.preempted.push_back(victim);
@@ -54,6 +54,12 @@ Schedule Scheduler::schedule(std::deque<RequestState*>& waiting, std::vector<Req
                              int free_blocks) const {
   Schedule plan;
   int budget = options_.token_budget;
+  // Blocks promised to prompts being prefilled in chunks are not free: each
+  // was admitted only with room for its whole prompt, so a long prompt is
+  // never left half-computed for want of blocks that decode rows took in
+  // the meantime (which would preempt it and throw the chunks away, again
+  // and again: thrashing).
+  for (const RequestState* request : running) free_blocks -= blocks_promised(*request);
 
   // 1. Running requests, oldest first: a decode row each, or the next chunk
   // of a prompt that chunked prefill left unfinished.
@@ -61,14 +67,17 @@ Schedule Scheduler::schedule(std::deque<RequestState*>& waiting, std::vector<Req
     RequestState* request = running[i];
     const int rows = std::min(request->pending_rows(), budget);
     const int needed = blocks_for(request->computed + rows) - blocks_for(request->computed);
+    // A decode row takes a new block from the free ones; a chunk takes blocks
+    // promised to it at admission.
+    const int from_free = request->decoding() ? needed : 0;
     // Out of blocks: take them from the newest request, which may be this one.
-    while (needed > free_blocks && running.back() != request)
+    while (from_free > free_blocks && running.back() != request)
       free_blocks += preempt_newest(waiting, running, plan, *this);
-    if (needed > free_blocks) {
+    if (from_free > free_blocks) {
       free_blocks += preempt_newest(waiting, running, plan, *this);  // this one: nothing newer is left
       break;
     }
-    free_blocks -= needed;
+    free_blocks -= from_free;
     budget -= rows;
     plan.blocks_needed += needed;
     plan.rows.push_back({request, request->computed, rows});
@@ -86,13 +95,15 @@ Schedule Scheduler::schedule(std::deque<RequestState*>& waiting, std::vector<Req
       if (!options_.chunked_prefill) break;  // the whole prompt runs at once, or it waits
       rows = budget;
     }
-    const int needed = blocks_for(rows);  // a waiting request holds no blocks
-    if (needed > free_blocks) break;       // first come, first served: nobody overtakes it
+    // Room for all of it (a waiting request holds no blocks): the chunk's
+    // blocks now, the rest promised (above).
+    const int whole = blocks_for(request->pending_rows());
+    if (whole > free_blocks) break;  // first come, first served: nobody overtakes it
     waiting.pop_front();
     running.push_back(request);
-    free_blocks -= needed;
+    free_blocks -= whole;
     budget -= rows;
-    plan.blocks_needed += needed;
+    plan.blocks_needed += blocks_for(rows);
     plan.admitted.push_back(request);
     plan.rows.push_back({request, 0, rows});
   }

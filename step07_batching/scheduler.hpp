@@ -16,8 +16,9 @@
 //   if continuous, or static and nothing runs:  # admission
 //     for w in waiting, in arrival order, while slots and budget remain:
 //       rows = w.pending_rows (chunked prefill: at most the budget left)
-//       stop at the first that does not fit the budget or the free blocks
-//       admit w: take rows, blocks
+//       stop at the first that does not fit the budget, or whose whole
+//         prompt does not fit the free blocks
+//       admit w: take rows; its chunk's blocks now, the rest promised
 #include <deque>
 #include <vector>
 
@@ -70,6 +71,13 @@ class Scheduler {
 
   const SchedulerOptions& options() const { return options_; }
   int blocks_for(int positions) const { return (positions + block_size_ - 1) / block_size_; }
+  // Blocks a running request whose prompt is being prefilled in chunks will
+  // still take to reach its last token (0 once it decodes): promised to it
+  // when it was admitted, so the scheduler never counts them as free.
+  int blocks_promised(const RequestState& request) const {
+    return request.decoding() ? 0
+                              : blocks_for(static_cast<int>(request.tokens.size())) - blocks_for(request.computed);
+  }
 
   // One iteration's decision. `free_blocks`: blocks the cache can hand out
   // now. A preempted request gets computed = 0 and goes to the front of
