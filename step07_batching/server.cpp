@@ -113,11 +113,17 @@ class CompletionServer::TokenChannel {
     ready_.wait(lock, [&] { return !items_.empty(); });
     return take_front();
   }
-  // nullopt when no item came within `timeout`.
-  std::optional<ChannelItem> pop_for(std::chrono::milliseconds timeout) {
+  // Every item queued, once at least one has come; empty when none came
+  // within `timeout`. All at once: a stream that fell behind the engine
+  // catches up in one write instead of one write (and one wake-up of the
+  // client) per token.
+  std::vector<ChannelItem> pop_all_for(std::chrono::milliseconds timeout) {
     std::unique_lock lock(mutex_);
-    if (!ready_.wait_for(lock, timeout, [&] { return !items_.empty(); })) return std::nullopt;
-    return take_front();
+    std::vector<ChannelItem> items;
+    if (!ready_.wait_for(lock, timeout, [&] { return !items_.empty(); })) return items;
+    items.assign(std::make_move_iterator(items_.begin()), std::make_move_iterator(items_.end()));
+    items_.clear();
+    return items;
   }
 
  private:
@@ -297,9 +303,11 @@ void CompletionServer::answer_as_stream(httplib::Response& response, std::shared
   // httplib calls this again and again until sink.done(); false ends the
   // response (the client has gone: the write failed).
   auto provide = [this, stream, keep_alive](std::size_t, httplib::DataSink& sink) {
-    const std::optional<ChannelItem> item = stream->channel().pop_for(keep_alive);
-    if (!item) return sink.write(kKeepAliveEvent.data(), kKeepAliveEvent.size());
-    const std::string events = stream->events_for(*item, served_);
+    const std::vector<ChannelItem> items = stream->channel().pop_all_for(keep_alive);
+    if (items.empty()) return sink.write(kKeepAliveEvent.data(), kKeepAliveEvent.size());
+    std::string events;
+    for (const ChannelItem& item : items)
+      if (!stream->ended()) events += stream->events_for(item, served_);  // nothing follows the last
     if (!sink.write(events.data(), events.size())) return false;
     if (stream->ended()) sink.done();
     return true;
