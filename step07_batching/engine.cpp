@@ -19,6 +19,9 @@ step05::PagedKvCacheOptions cache_options(const llm::ModelConfig& config, const 
   step05::PagedKvCacheOptions cache;
   cache.num_sequences = options.scheduler.max_sequences;
   cache.block_size = options.block_size;
+  if (options.n_blocks < 0)
+    throw llm::InputError(fmt::format("the KV pool's blocks must be >= 0 (0: a full context per slot; got {})",
+                                      options.n_blocks));
   const int full_context = step05::blocks_for_sequences(1, config.seq_len, options.block_size);
   cache.n_blocks = options.n_blocks > 0 ? options.n_blocks : full_context * options.scheduler.max_sequences;
   // Any request fits the context, so a pool of one full context can always

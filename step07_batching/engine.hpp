@@ -77,7 +77,9 @@ class Engine {
   // Steps until every submitted request has finished.
   void run_until_idle();
 
-  // Called for every token as it leaves a forward (streaming).
+  // Called for every token as it leaves a forward (streaming), inside
+  // step(): it must not call back into the engine (cancel a request between
+  // steps, as the server does).
   void set_token_listener(std::function<void(const TokenEvent&)> listener) { listener_ = std::move(listener); }
 
   // Finished (and cancelled) requests, in finishing order; take_finished() moves them out.
