@@ -42,7 +42,7 @@ namespace {
 
 struct Step07Options {
   llm::CommonOptions common;
-  int requests = 300;           // --requests: the trace's length
+  int requests = 200;           // --requests: the trace's length
   step07::ServingLimits limits;  // --max-batch, --block-size, --chunk-tokens (and --kv-contexts)
   int kv_contexts = 6;          // --kv-contexts: the KV budget, in full contexts
   int repeats = 3;              // --repeats: runs per policy (the median kept)

@@ -85,8 +85,12 @@ Schedule Scheduler::schedule(std::deque<RequestState*>& waiting, std::vector<Req
   }
 
   // 2. Admission, in arrival order. Static batching admits only into an
-  // empty batch; continuous batching whenever a slot and the budget allow.
-  const bool may_admit = options_.admission == Admission::EveryIteration || running.empty();
+  // empty batch; continuous batching whenever a slot and the budget allow,
+  // but not in an iteration that had to preempt (vLLM's rule): memory is
+  // short, and the request just preempted, now first in line, would come
+  // straight back in to be preempted again.
+  const bool may_admit =
+      plan.preempted.empty() && (options_.admission == Admission::EveryIteration || running.empty());
   while (may_admit && !waiting.empty() && static_cast<int>(running.size()) < options_.max_sequences &&
          budget > 0) {
     RequestState* request = waiting.front();

@@ -13,7 +13,7 @@
 //       while r's new blocks > free blocks:     # out of KV memory
 //           preempt the newest running request  # free its blocks, recompute it later
 //       take rows, blocks; budget -= rows
-//   if continuous, or static and nothing runs:  # admission
+//   if nobody was preempted, and continuous or (static and nothing runs):  # admission
 //     for w in waiting, in arrival order, while slots and budget remain:
 //       rows = w.pending_rows (chunked prefill: at most the budget left)
 //       stop at the first that does not fit the budget, or whose whole
