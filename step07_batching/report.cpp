@@ -19,26 +19,26 @@ double static_tokens_per_s(const std::vector<PolicyRun>& runs, const std::string
 }
 
 template <class Sink>
-void put_metrics(Sink&& put, const ServingMetrics& m) {
-  put("requests", static_cast<long long>(m.requests));
-  put("output_tokens", m.output_tokens);
-  put("duration_ms", m.duration_ms);
-  put("output_tokens_per_s", m.output_tokens_per_s);
-  put("requests_per_s", m.requests_per_s);
+void put_metrics(Sink&& put, const ServingMetrics& metrics) {
+  put("requests", static_cast<long long>(metrics.requests));
+  put("output_tokens", metrics.output_tokens);
+  put("duration_ms", metrics.duration_ms);
+  put("output_tokens_per_s", metrics.output_tokens_per_s);
+  put("requests_per_s", metrics.requests_per_s);
   const std::pair<const char*, const Percentiles*> groups[] = {
-      {"ttft", &m.ttft_ms}, {"tpot", &m.tpot_ms}, {"itl", &m.itl_ms}, {"e2e", &m.e2e_ms}};
-  for (const auto& [name, p] : groups) {
-    put(fmt::format("{}_p50_ms", name), p->p50);
-    put(fmt::format("{}_p90_ms", name), p->p90);
-    put(fmt::format("{}_p99_ms", name), p->p99);
-    put(fmt::format("{}_mean_ms", name), p->mean);
-    put(fmt::format("{}_max_ms", name), p->max);
+      {"ttft", &metrics.ttft_ms}, {"tpot", &metrics.tpot_ms}, {"itl", &metrics.itl_ms}, {"e2e", &metrics.e2e_ms}};
+  for (const auto& [name, percentiles] : groups) {
+    put(fmt::format("{}_p50_ms", name), percentiles->p50);
+    put(fmt::format("{}_p90_ms", name), percentiles->p90);
+    put(fmt::format("{}_p99_ms", name), percentiles->p99);
+    put(fmt::format("{}_mean_ms", name), percentiles->mean);
+    put(fmt::format("{}_max_ms", name), percentiles->max);
   }
-  put("preemptions", m.preemptions);
-  put("iterations", static_cast<long long>(m.iterations));
-  put("mean_sequences", m.mean_sequences);
-  put("mean_occupancy", m.mean_occupancy);
-  put("mean_rows", m.mean_rows);
+  put("preemptions", metrics.preemptions);
+  put("iterations", static_cast<long long>(metrics.iterations));
+  put("mean_sequences", metrics.mean_sequences);
+  put("mean_occupancy", metrics.mean_occupancy);
+  put("mean_rows", metrics.mean_rows);
 }
 
 }  // namespace
@@ -74,32 +74,32 @@ void print_trace(const step05::LengthSummary& lengths) {
   fmt::print("{:<8} {:>6} {:>7} {:>7} {:>7} {:>6} {:>7}\n", "length", "min", "p50", "p90", "p99", "max", "mean");
   const std::pair<const char*, const step05::LengthStats*> columns[] = {
       {"prompt", &lengths.prompt}, {"output", &lengths.output}, {"total", &lengths.total}};
-  for (const auto& [name, s] : columns)
-    fmt::print("{:<8} {:>6.0f} {:>7.1f} {:>7.1f} {:>7.1f} {:>6.0f} {:>7.1f}\n", name, s->min, s->p50, s->p90, s->p99,
-               s->max, s->mean);
+  for (const auto& [name, stats] : columns)
+    fmt::print("{:<8} {:>6.0f} {:>7.1f} {:>7.1f} {:>7.1f} {:>6.0f} {:>7.1f}\n", name, stats->min, stats->p50, stats->p90,
+               stats->p99, stats->max, stats->mean);
 }
 
 void add_policy_rows(llm::Results& results, const std::vector<PolicyRun>& runs, int timeline_points) {
   llm::JsonTable timeline{"timeline", {}};
   for (const PolicyRun& run : runs) {
-    const ServingMetrics& m = run.replay.metrics;
+    const ServingMetrics& metrics = run.replay.metrics;
     llm::ResultRow row;
     row.device = run.device;
     row.id = run.policy_id;
     row.variant = run.policy_name;
-    row.time_ms = m.duration_ms;
+    row.time_ms = metrics.duration_ms;
     const double static_rate = static_tokens_per_s(runs, run.device);
-    row.speedup = static_rate > 0 ? m.output_tokens_per_s / static_rate : 1.0;
+    row.speedup = static_rate > 0 ? metrics.output_tokens_per_s / static_rate : 1.0;
     row.ok = run.check.ok();
     row.throughput_key = "tokens_per_s";
-    row.throughput = m.output_tokens_per_s;
+    row.throughput = metrics.output_tokens_per_s;
     row.extra["kind"] = std::string("policy");
     row.extra["speedup_over"] = std::string("static");
     row.extra["identical_requests"] = static_cast<long long>(run.check.identical);
     row.extra["max_sequences"] = static_cast<long long>(run.replay.max_sequences);
     row.extra["kv_blocks"] = static_cast<long long>(run.replay.kv_blocks);
     row.extra["peak_blocks_used"] = static_cast<long long>(run.replay.peak_blocks_used);
-    add_metrics(row.extra, m);
+    add_metrics(row.extra, metrics);
     if (!run.check.ok()) llm::report_failed_check(run.device + " " + run.policy_name, run.check.first_difference);
     results.add_row(std::move(row));
 
@@ -107,16 +107,16 @@ void add_policy_rows(llm::Results& results, const std::vector<PolicyRun>& runs, 
     const auto& iterations = run.replay.iterations;
     const std::size_t stride = std::max<std::size_t>(1, (iterations.size() + timeline_points - 1) / timeline_points);
     for (std::size_t i = 0; i < iterations.size(); i += stride) {
-      const IterationRecord& it = iterations[i];
+      const IterationRecord& iteration = iterations[i];
       timeline.rows.push_back({{"device", run.device},
                                {"policy", run.policy_name},
-                               {"start_ms", it.start_ms},
-                               {"end_ms", it.end_ms},
-                               {"sequences", static_cast<long long>(it.sequences)},
-                               {"decode_rows", static_cast<long long>(it.decode_rows)},
-                               {"prefill_rows", static_cast<long long>(it.prefill_rows)},
-                               {"waiting", static_cast<long long>(it.waiting)},
-                               {"blocks_used", static_cast<long long>(it.blocks_used)}});
+                               {"start_ms", iteration.start_ms},
+                               {"end_ms", iteration.end_ms},
+                               {"sequences", static_cast<long long>(iteration.sequences)},
+                               {"decode_rows", static_cast<long long>(iteration.decode_rows)},
+                               {"prefill_rows", static_cast<long long>(iteration.prefill_rows)},
+                               {"waiting", static_cast<long long>(iteration.waiting)},
+                               {"blocks_used", static_cast<long long>(iteration.blocks_used)}});
     }
   }
   results.add_table(std::move(timeline));
@@ -129,12 +129,12 @@ void print_policies(const std::vector<PolicyRun>& runs) {
   fmt::print("{:<6} {:<20} {:>9} {:>7} {:>9} {:>7} {:>22} {:>22} {:>9} {:>5} {:>8}\n", "device", "policy", "tok/s",
              "req/s", "vs static", "occup.", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "preempt", "iters", "tokens");
   for (const PolicyRun& run : runs) {
-    const ServingMetrics& m = run.replay.metrics;
+    const ServingMetrics& metrics = run.replay.metrics;
     const double static_rate = static_tokens_per_s(runs, run.device);
     fmt::print("{:<6} {:<20} {:>9.0f} {:>7.1f} {:>8.2f}x {:>6.0f}% {:>10.2f} / {:>9.2f} {:>10.3f} / {:>9.3f} {:>9} {:>5} {:>8}\n",
-               run.device, run.policy_name, m.output_tokens_per_s, m.requests_per_s,
-               static_rate > 0 ? m.output_tokens_per_s / static_rate : 0.0, 100.0 * m.mean_occupancy, m.ttft_ms.p50,
-               m.ttft_ms.p99, m.tpot_ms.p50, m.tpot_ms.p99, m.preemptions, m.iterations,
+               run.device, run.policy_name, metrics.output_tokens_per_s, metrics.requests_per_s,
+               static_rate > 0 ? metrics.output_tokens_per_s / static_rate : 0.0, 100.0 * metrics.mean_occupancy, metrics.ttft_ms.p50,
+               metrics.ttft_ms.p99, metrics.tpot_ms.p50, metrics.tpot_ms.p99, metrics.preemptions, metrics.iterations,
                run.check.ok() ? "same" : "DIFFER");
   }
   fmt::print("occup.: sequences per forward / the largest batch, averaged over forwards. tokens: every request's "
@@ -165,11 +165,11 @@ void print_rate_sweep(const std::vector<RateSweepPoint>& points) {
   fmt::print("\nlatency vs load (Poisson arrivals; load 1.0 = continuous batching's offline requests/s):\n");
   fmt::print("{:<6} {:>5} {:>8} {:<20} {:>8} {:>9} {:>22} {:>20} {:>8} {:>6}\n", "device", "load", "req/s in",
              "policy", "req/s", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "keeps up", "tokens");
-  for (const RateSweepPoint& p : points)
+  for (const RateSweepPoint& point : points)
     fmt::print("{:<6} {:>5.2f} {:>8.1f} {:<20} {:>8.1f} {:>9.0f} {:>10.2f} / {:>9.2f} {:>9.3f} / {:>8.3f} {:>8} {:>6}\n",
-               p.device, p.load_factor, p.rate_per_s, p.policy_name, p.metrics.requests_per_s,
-               p.metrics.output_tokens_per_s, p.metrics.ttft_ms.p50, p.metrics.ttft_ms.p99, p.metrics.tpot_ms.p50,
-               p.metrics.tpot_ms.p99, p.keeps_up ? "yes" : "no", p.check.ok() ? "same" : "DIFFER");
+               point.device, point.load_factor, point.rate_per_s, point.policy_name, point.metrics.requests_per_s,
+               point.metrics.output_tokens_per_s, point.metrics.ttft_ms.p50, point.metrics.ttft_ms.p99, point.metrics.tpot_ms.p50,
+               point.metrics.tpot_ms.p99, point.keeps_up ? "yes" : "no", point.check.ok() ? "same" : "DIFFER");
   const std::string miss = continuous_beats_static_ttft(points);
   fmt::print("target: continuous p99 TTFT below static's at every load static keeps up with: {}\n",
              miss.empty() ? "met" : "missed (" + miss + ")");
@@ -212,12 +212,12 @@ void print_chunked_prefill(const std::vector<ChunkedPrefillRow>& rows, const Chu
              options.long_prompt_every, 100.0 * options.long_prompt_fraction, options.load_factor);
   fmt::print("{:<6} {:>7} {:>9} {:>29} {:>20} {:>22} {:>8} {:>6}\n", "device", "chunk", "tok/s",
              "ITL p50/p99/max ms", "TPOT p50/p99 ms", "TTFT p50/p99 ms", "preempt", "tokens");
-  for (const ChunkedPrefillRow& r : rows)
+  for (const ChunkedPrefillRow& row : rows)
     fmt::print("{:<6} {:>7} {:>9.0f} {:>8.3f} / {:>8.3f} / {:>7.2f} {:>9.3f} / {:>8.3f} {:>10.2f} / {:>9.2f} {:>8} {:>6}\n",
-               r.device, r.chunk_tokens == 0 ? std::string("off") : std::to_string(r.chunk_tokens),
-               r.metrics.output_tokens_per_s, r.metrics.itl_ms.p50, r.metrics.itl_ms.p99, r.metrics.itl_ms.max,
-               r.metrics.tpot_ms.p50, r.metrics.tpot_ms.p99, r.metrics.ttft_ms.p50, r.metrics.ttft_ms.p99,
-               r.metrics.preemptions, r.check.ok() ? "same" : "DIFFER");
+               row.device, row.chunk_tokens == 0 ? std::string("off") : std::to_string(row.chunk_tokens),
+               row.metrics.output_tokens_per_s, row.metrics.itl_ms.p50, row.metrics.itl_ms.p99, row.metrics.itl_ms.max,
+               row.metrics.tpot_ms.p50, row.metrics.tpot_ms.p99, row.metrics.ttft_ms.p50, row.metrics.ttft_ms.p99,
+               row.metrics.preemptions, row.check.ok() ? "same" : "DIFFER");
   fmt::print("ITL: every gap between two tokens of a request (a stall shows here); TPOT: each request's mean gap.\n");
 }
 
@@ -288,11 +288,11 @@ bool print_load(const LoadResult& load, int max_sequences) {
              load.not_sent, load.records.size(), load.unfinished, load.failed);
   if (!load.first_failure.empty()) fmt::print("first failure: {}\n", load.first_failure);
   if (!load.records.empty()) {
-    const ServingMetrics m = summarize_serving(load.records, {}, max_sequences);
-    fmt::print("output {:.0f} tok/s, {:.2f} requests/s over {}\n", m.output_tokens_per_s, m.requests_per_s,
-               llm::format_ms(m.duration_ms));
-    fmt::print("TTFT {}\nTPOT {}\nITL  {}\nE2E  {}\n", format_percentiles(m.ttft_ms), format_percentiles(m.tpot_ms),
-               format_percentiles(m.itl_ms), format_percentiles(m.e2e_ms));
+    const ServingMetrics metrics = summarize_serving(load.records, {}, max_sequences);
+    fmt::print("output {:.0f} tok/s, {:.2f} requests/s over {}\n", metrics.output_tokens_per_s, metrics.requests_per_s,
+               llm::format_ms(metrics.duration_ms));
+    fmt::print("TTFT {}\nTPOT {}\nITL  {}\nE2E  {}\n", format_percentiles(metrics.ttft_ms), format_percentiles(metrics.tpot_ms),
+               format_percentiles(metrics.itl_ms), format_percentiles(metrics.e2e_ms));
   }
   return load.failed == 0;
 }

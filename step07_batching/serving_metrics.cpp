@@ -65,8 +65,8 @@ ServingMetrics summarize_serving(const std::vector<RequestRecord>& records,
   return metrics;
 }
 
-std::string format_percentiles(const Percentiles& p) {
-  return fmt::format("p50 {:.2f} / p90 {:.2f} / p99 {:.2f} ms", p.p50, p.p90, p.p99);
+std::string format_percentiles(const Percentiles& percentiles) {
+  return fmt::format("p50 {:.2f} / p90 {:.2f} / p99 {:.2f} ms", percentiles.p50, percentiles.p90, percentiles.p99);
 }
 
 }  // namespace step07
