@@ -169,16 +169,16 @@ std::vector<float> solo_logits(llm::Model& model, llm::KvCache& cache, const std
 
 // --- Options ----------------------------------------------------------------
 
-void check_options(const BatchScalingOptions& o, const llm::ModelConfig& config) {
-  if (o.rows.empty() || *std::min_element(o.rows.begin(), o.rows.end()) < 1)
+void check_options(const BatchScalingOptions& options, const llm::ModelConfig& config) {
+  if (options.rows.empty() || *std::min_element(options.rows.begin(), options.rows.end()) < 1)
     throw llm::InputError("batch scaling: rows must be a non-empty list of positive numbers");
-  if (o.context < 1 || o.context + 1 > config.seq_len)
+  if (options.context < 1 || options.context + 1 > config.seq_len)
     throw llm::InputError(fmt::format("batch scaling: context {} needs 1..{} (the model's seq_len {} minus the "
                                       "decode row)",
-                                      o.context, config.seq_len - 1, config.seq_len));
-  if (o.repeats < 1 || o.warmup < 0 || o.block_size < 1)
+                                      options.context, config.seq_len - 1, config.seq_len));
+  if (options.repeats < 1 || options.warmup < 0 || options.block_size < 1)
     throw llm::InputError(fmt::format("batch scaling: repeats {} (>= 1), warmup {} (>= 0), block size {} (>= 1)",
-                                      o.repeats, o.warmup, o.block_size));
+                                      options.repeats, options.warmup, options.block_size));
 }
 
 std::vector<int> ascending_unique(std::vector<int> rows) {
@@ -245,16 +245,16 @@ void apply_quick(BatchScalingOptions& options) {
 
 DecodeRoofline decode_roofline(const llm::ModelConfig& config, int rows, int context, std::size_t bytes_per_value,
                                const DeviceCeilings& ceilings) {
-  DecodeRoofline r;
-  r.rows = rows;
-  r.context = context;
+  DecodeRoofline roofline;
+  roofline.rows = rows;
+  roofline.context = context;
   const double attended = static_cast<double>(rows) * (context + 1);  // every row sees its own position too
-  r.weight_bytes = parameters_per_row(config) * static_cast<double>(bytes_per_value);
-  r.kv_bytes = attended * static_cast<double>(config.kv_bytes_per_token(bytes_per_value));
-  r.flops = forward_flops(config, rows, rows, attended);
-  r.memory_ms = r.bytes() / (ceilings.bandwidth_gb_per_s * 1e6);
-  r.compute_ms = r.flops / (ceilings.compute_gflop_per_s * 1e6);
-  return r;
+  roofline.weight_bytes = parameters_per_row(config) * static_cast<double>(bytes_per_value);
+  roofline.kv_bytes = attended * static_cast<double>(config.kv_bytes_per_token(bytes_per_value));
+  roofline.flops = forward_flops(config, rows, rows, attended);
+  roofline.memory_ms = roofline.bytes() / (ceilings.bandwidth_gb_per_s * 1e6);
+  roofline.compute_ms = roofline.flops / (ceilings.compute_gflop_per_s * 1e6);
+  return roofline;
 }
 
 BatchScaling measure_batch_scaling(const std::string& device, llm::Model& model, const BatchScalingOptions& options) {
@@ -309,73 +309,74 @@ std::vector<ComputedRoofline> llama2_7b_on_h100(int context, const std::vector<i
 
 namespace {
 
-const char* bound_name(const DecodeRoofline& r) { return r.compute_bound() ? "compute" : "memory"; }
+const char* bound_name(const DecodeRoofline& roofline) { return roofline.compute_bound() ? "compute" : "memory"; }
 
-llm::JsonObject roofline_json(const DecodeRoofline& r) {
-  return {{"weight_bytes", r.weight_bytes},
-          {"kv_bytes", r.kv_bytes},
-          {"bytes", r.bytes()},
-          {"flops", r.flops},
-          {"intensity_flop_per_byte", r.intensity()},
-          {"memory_ms", r.memory_ms},
-          {"compute_ms", r.compute_ms},
-          {"predicted_ms", r.predicted_ms()},
-          {"predicted_ms_per_token", r.predicted_ms() / r.rows},
-          {"bound", std::string(bound_name(r))}};
+llm::JsonObject roofline_json(const DecodeRoofline& roofline) {
+  return {{"weight_bytes", roofline.weight_bytes},
+          {"kv_bytes", roofline.kv_bytes},
+          {"bytes", roofline.bytes()},
+          {"flops", roofline.flops},
+          {"intensity_flop_per_byte", roofline.intensity()},
+          {"memory_ms", roofline.memory_ms},
+          {"compute_ms", roofline.compute_ms},
+          {"predicted_ms", roofline.predicted_ms()},
+          {"predicted_ms_per_token", roofline.predicted_ms() / roofline.rows},
+          {"bound", std::string(bound_name(roofline))}};
 }
 
-llm::JsonObject point_json(const BatchScaling& run, const BatchScalingPoint& p) {
-  llm::JsonObject o = {{"device", run.device},
+llm::JsonObject point_json(const BatchScaling& run, const BatchScalingPoint& point) {
+  llm::JsonObject fields = {{"device", run.device},
                        {"source", std::string("measured")},
-                       {"rows", static_cast<long long>(p.rows)},
+                       {"rows", static_cast<long long>(point.rows)},
                        {"context", static_cast<long long>(run.context)},
-                       {"time_ms", p.forward.median_ms},
-                       {"time_min_ms", p.forward.min_ms},
-                       {"time_max_ms", p.forward.max_ms},
-                       {"runs", static_cast<long long>(p.forward.runs)},
-                       {"ms_per_token", p.ms_per_token},
-                       {"tokens_per_s", p.tokens_per_s},
-                       {"speedup", p.speedup}};
-  for (auto& entry : roofline_json(p.roofline)) o.push_back(std::move(entry));
-  o.emplace_back("measured_over_predicted", p.forward.median_ms / p.roofline.predicted_ms());
-  o.emplace_back("bandwidth_gb_per_s", run.ceilings.bandwidth_gb_per_s);
-  o.emplace_back("bandwidth_measured_by", run.ceilings.bandwidth_measured_by);
-  o.emplace_back("compute_gflop_per_s", run.ceilings.compute_gflop_per_s);
-  o.emplace_back("compute_measured_by", run.ceilings.compute_measured_by);
-  o.emplace_back("prefill_gflop_per_s", run.prefill_gflop_per_s);
-  o.emplace_back("max_rel_err", p.logits.max_rel_err);
-  o.emplace_back("ok", p.logits.ok);
-  return o;
+                       {"time_ms", point.forward.median_ms},
+                       {"time_min_ms", point.forward.min_ms},
+                       {"time_max_ms", point.forward.max_ms},
+                       {"runs", static_cast<long long>(point.forward.runs)},
+                       {"ms_per_token", point.ms_per_token},
+                       {"tokens_per_s", point.tokens_per_s},
+                       {"speedup", point.speedup}};
+  for (auto& entry : roofline_json(point.roofline)) fields.push_back(std::move(entry));
+  fields.emplace_back("measured_over_predicted", point.forward.median_ms / point.roofline.predicted_ms());
+  fields.emplace_back("bandwidth_gb_per_s", run.ceilings.bandwidth_gb_per_s);
+  fields.emplace_back("bandwidth_measured_by", run.ceilings.bandwidth_measured_by);
+  fields.emplace_back("compute_gflop_per_s", run.ceilings.compute_gflop_per_s);
+  fields.emplace_back("compute_measured_by", run.ceilings.compute_measured_by);
+  fields.emplace_back("prefill_gflop_per_s", run.prefill_gflop_per_s);
+  fields.emplace_back("max_rel_err", point.logits.max_rel_err);
+  fields.emplace_back("ok", point.logits.ok);
+  return fields;
 }
 
-llm::JsonObject computed_json(const ComputedRoofline& c) {
-  llm::JsonObject o = {{"source", std::string("computed from the model's size, not measured")},
-                       {"model", c.model},
-                       {"dtype", c.device.dtype},
-                       {"hardware", c.device.name},
-                       {"bandwidth_gb_per_s", c.device.bandwidth_gb_per_s},
-                       {"compute_gflop_per_s", c.device.compute_gflop_per_s},
-                       {"ridge_flop_per_byte", c.device.compute_gflop_per_s / c.device.bandwidth_gb_per_s},
-                       {"rows", static_cast<long long>(c.roofline.rows)},
-                       {"context", static_cast<long long>(c.roofline.context)}};
-  for (auto& entry : roofline_json(c.roofline)) o.push_back(std::move(entry));
-  o.emplace_back("predicted_tokens_per_s", 1000.0 * c.roofline.rows / c.roofline.predicted_ms());
-  return o;
+llm::JsonObject computed_json(const ComputedRoofline& row) {
+  llm::JsonObject fields = {{"source", std::string("computed from the model's size, not measured")},
+                       {"model", row.model},
+                       {"dtype", row.device.dtype},
+                       {"hardware", row.device.name},
+                       {"bandwidth_gb_per_s", row.device.bandwidth_gb_per_s},
+                       {"compute_gflop_per_s", row.device.compute_gflop_per_s},
+                       {"ridge_flop_per_byte", row.device.compute_gflop_per_s / row.device.bandwidth_gb_per_s},
+                       {"rows", static_cast<long long>(row.roofline.rows)},
+                       {"context", static_cast<long long>(row.roofline.context)}};
+  for (auto& entry : roofline_json(row.roofline)) fields.push_back(std::move(entry));
+  fields.emplace_back("predicted_tokens_per_s", 1000.0 * row.roofline.rows / row.roofline.predicted_ms());
+  return fields;
 }
 
-llm::ResultRow point_row(const BatchScaling& run, const BatchScalingPoint& p, const std::string& baseline) {
-  const std::string variant = fmt::format("decode x{}", p.rows);
-  llm::ResultRow row = llm::timed_result_row(run.device, p.rows, variant, p.forward, p.speedup, p.logits);
+llm::ResultRow point_row(const BatchScaling& run, const BatchScalingPoint& point, const std::string& baseline) {
+  const std::string variant = fmt::format("decode x{}", point.rows);
+  llm::ResultRow row =
+      llm::timed_result_row(run.device, point.rows, variant, point.forward, point.speedup, point.logits);
   row.throughput_key = "tokens_per_s";
-  row.throughput = p.tokens_per_s;
+  row.throughput = point.tokens_per_s;
   row.extra["kind"] = std::string("batch_scaling");
   row.extra["speedup_over"] = baseline;
-  row.extra["rows"] = static_cast<long long>(p.rows);
+  row.extra["rows"] = static_cast<long long>(point.rows);
   row.extra["context"] = static_cast<long long>(run.context);
-  row.extra["ms_per_token"] = p.ms_per_token;
-  row.extra["predicted_ms"] = p.roofline.predicted_ms();
-  row.extra["bound"] = std::string(bound_name(p.roofline));
-  llm::report_if_failed(run.device + " " + variant + " logits vs solo forwards", p.logits);
+  row.extra["ms_per_token"] = point.ms_per_token;
+  row.extra["predicted_ms"] = point.roofline.predicted_ms();
+  row.extra["bound"] = std::string(bound_name(point.roofline));
+  llm::report_if_failed(run.device + " " + variant + " logits vs solo forwards", point.logits);
   return row;
 }
 
@@ -386,36 +387,38 @@ void add_batch_scaling_rows(llm::Results& results, const std::vector<BatchScalin
   llm::JsonTable measured{"batch_scaling", {}};
   for (const BatchScaling& run : runs) {
     const std::string baseline = fmt::format("decode x{}", run.points.front().rows);
-    for (const BatchScalingPoint& p : run.points) {
-      results.add_row(point_row(run, p, baseline));
-      measured.rows.push_back(point_json(run, p));
+    for (const BatchScalingPoint& point : run.points) {
+      results.add_row(point_row(run, point, baseline));
+      measured.rows.push_back(point_json(run, point));
     }
   }
   results.set_config("scaling_context", static_cast<long long>(runs.front().context));
   results.add_table(std::move(measured));
   llm::JsonTable computed{"batch_roofline_computed", {}};
-  for (const ComputedRoofline& c : llama2_7b_on_h100(runs.front().context)) computed.rows.push_back(computed_json(c));
+  for (const ComputedRoofline& row : llama2_7b_on_h100(runs.front().context))
+    computed.rows.push_back(computed_json(row));
   results.add_table(std::move(computed));
 }
 
 namespace {
 
 void print_run(const BatchScaling& run) {
-  const DeviceCeilings& c = run.ceilings;
-  fmt::print("{}: bandwidth {:.1f} GB/s ({}); compute {:.1f} GFLOP/s ({}); ridge {:.1f} FLOP/byte; this model's "
-             "prefill of {} rows: {:.1f} GFLOP/s\n",
-             run.device, c.bandwidth_gb_per_s, c.bandwidth_measured_by, c.compute_gflop_per_s, c.compute_measured_by,
-             c.ridge_intensity(), run.context, run.prefill_gflop_per_s);
+  const DeviceCeilings& ceilings = run.ceilings;
+  fmt::print(
+      "{}: bandwidth {:.1f} GB/s ({}); compute {:.1f} GFLOP/s ({}); ridge {:.1f} FLOP/byte; this model's "
+      "prefill of {} rows: {:.1f} GFLOP/s\n",
+      run.device, ceilings.bandwidth_gb_per_s, ceilings.bandwidth_measured_by, ceilings.compute_gflop_per_s,
+      ceilings.compute_measured_by, ceilings.ridge_intensity(), run.context, run.prefill_gflop_per_s);
   fmt::print("{:<6} {:>5} {:>11} {:>11} {:>9} {:>7} {:>10} {:>9} {:>7} {:>11} {:>8} {:>9} {:>7}\n", "device", "rows",
              "forward", "per token", "tok/s", "vs x1", "bytes", "GFLOP", "FLOP/B", "predicted", "bound", "meas/pred",
              "logits");
-  for (const BatchScalingPoint& p : run.points) {
-    const DecodeRoofline& r = p.roofline;
+  for (const BatchScalingPoint& point : run.points) {
+    const DecodeRoofline& line = point.roofline;
     fmt::print("{:<6} {:>5} {:>11} {:>11} {:>9.0f} {:>6.2f}x {:>10} {:>9.4f} {:>7.2f} {:>11} {:>8} {:>8.2f}x {:>7}\n",
-               run.device, p.rows, llm::format_ms(p.forward.median_ms), llm::format_ms(p.ms_per_token),
-               p.tokens_per_s, p.speedup, llm::format_bytes(r.bytes()), r.flops / 1e9, r.intensity(),
-               llm::format_ms(r.predicted_ms()), bound_name(r), p.forward.median_ms / r.predicted_ms(),
-               p.logits.ok ? "same" : "DIFFER");
+               run.device, point.rows, llm::format_ms(point.forward.median_ms), llm::format_ms(point.ms_per_token),
+               point.tokens_per_s, point.speedup, llm::format_bytes(line.bytes()), line.flops / 1e9, line.intensity(),
+               llm::format_ms(line.predicted_ms()), bound_name(line), point.forward.median_ms / line.predicted_ms(),
+               point.logits.ok ? "same" : "DIFFER");
   }
   const double largest_bytes = run.points.back().roofline.bytes();
   if (run.last_level_cache_bytes > 0 && largest_bytes < static_cast<double>(run.last_level_cache_bytes))
@@ -426,19 +429,20 @@ void print_run(const BatchScaling& run) {
 
 void print_computed(int context) {
   const std::vector<ComputedRoofline> computed = llama2_7b_on_h100(context);
-  const NominalDevice& d = computed.front().device;
-  fmt::print("\ncomputed from the model's size, NOT measured: {} in {} on an {}, {:.2f} TB/s and {:.0f} TFLOP/s "
-             "(ridge {:.0f} FLOP/byte), context {}\n",
-             computed.front().model, d.dtype, d.name, d.bandwidth_gb_per_s / 1e3, d.compute_gflop_per_s / 1e3,
-             d.compute_gflop_per_s / d.bandwidth_gb_per_s, context);
+  const NominalDevice& hardware = computed.front().device;
+  fmt::print(
+      "\ncomputed from the model's size, NOT measured: {} in {} on an {}, {:.2f} TB/s and {:.0f} TFLOP/s "
+      "(ridge {:.0f} FLOP/byte), context {}\n",
+      computed.front().model, hardware.dtype, hardware.name, hardware.bandwidth_gb_per_s / 1e3,
+      hardware.compute_gflop_per_s / 1e3, hardware.compute_gflop_per_s / hardware.bandwidth_gb_per_s, context);
   fmt::print("{:>5} {:>10} {:>10} {:>10} {:>8} {:>8} {:>11} {:>11} {:>9}\n", "rows", "weights", "K/V", "TFLOP",
              "FLOP/B", "bound", "forward", "per token", "tok/s");
-  for (const ComputedRoofline& c : computed) {
-    const DecodeRoofline& r = c.roofline;
-    fmt::print("{:>5} {:>10} {:>10} {:>10.3f} {:>8.1f} {:>8} {:>11} {:>11} {:>9.0f}\n", r.rows,
-               llm::format_bytes(r.weight_bytes), llm::format_bytes(r.kv_bytes), r.flops / 1e12, r.intensity(),
-               bound_name(r), llm::format_ms(r.predicted_ms()), llm::format_ms(r.predicted_ms() / r.rows),
-               1000.0 * r.rows / r.predicted_ms());
+  for (const ComputedRoofline& row : computed) {
+    const DecodeRoofline& line = row.roofline;
+    fmt::print("{:>5} {:>10} {:>10} {:>10.3f} {:>8.1f} {:>8} {:>11} {:>11} {:>9.0f}\n", line.rows,
+               llm::format_bytes(line.weight_bytes), llm::format_bytes(line.kv_bytes), line.flops / 1e12,
+               line.intensity(), bound_name(line), llm::format_ms(line.predicted_ms()),
+               llm::format_ms(line.predicted_ms() / line.rows), 1000.0 * line.rows / line.predicted_ms());
   }
   fmt::print("the weights are read once for the whole batch: until FLOP/byte reaches the ridge, more rows cost "
              "little more time. Each row's K/V is read for that row alone (about 1 FLOP per byte at any batch).\n");

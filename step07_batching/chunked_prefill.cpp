@@ -10,7 +10,7 @@
 namespace step07 {
 
 std::vector<Request> with_long_prompts(std::vector<Request> requests, const ChunkedPrefillOptions& options,
-                                       const PromptSource& prompts, int context, double rate_per_s) {
+                                       const PromptSource& prompts, int context) {
   const int long_length =
       std::clamp(static_cast<int>(std::lround(options.long_prompt_fraction * context)), 2, context - 1);
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -21,7 +21,7 @@ std::vector<Request> with_long_prompts(std::vector<Request> requests, const Chun
     // It holds prompt + max_tokens - 1 positions at most.
     request.max_tokens = std::min(request.max_tokens, context - long_length + 1);
   }
-  return with_arrivals(std::move(requests), rate_per_s, options.seed);
+  return requests;
 }
 
 std::vector<ChunkedPrefillRow> compare_chunk_sizes(const std::string& device, llm::Model& model,
@@ -41,8 +41,8 @@ std::vector<ChunkedPrefillRow> compare_chunk_sizes(const std::string& device, ll
     ServingLimits chunk_limits = limits;
     const bool chunked = chunk > 0;
     if (chunked) chunk_limits.chunk_tokens = chunk;
-    const ServingPolicy& policy = policies().at(chunked ? 3 : 2).fn;  // continuous_chunked : continuous
-    const ReplayResult run = replay(model, scenario, engine_options_for(policy, chunk_limits, model.config().seq_len));
+    const ServingPolicy& serving = policy(chunked ? kContinuousChunked : kContinuous);
+    const ReplayResult run = replay(model, scenario, engine_options_for(serving, chunk_limits, model.config().seq_len));
     rows.push_back({device, chunk, run.metrics, check_outputs(run.records, solo)});
   }
   return rows;

@@ -39,9 +39,10 @@ struct ChunkedPrefillRow {
 };
 
 // The scenario's requests: `requests` with every k-th prompt made long (its
-// max_tokens cut to fit the context), arriving at `rate_per_s`.
+// max_tokens cut to fit the context); the caller gives them arrival times
+// (with_arrivals) once it knows the rate.
 std::vector<Request> with_long_prompts(std::vector<Request> requests, const ChunkedPrefillOptions& options,
-                                       const PromptSource& prompts, int context, double rate_per_s);
+                                       const PromptSource& prompts, int context);
 
 // Continuous batching on `scenario` without chunks, then with each chunk size
 // (InputError for a chunk size below limits.max_sequences); `solo`: the

@@ -8,7 +8,7 @@ LoopbackRun serve_over_loopback(const std::string& device, llm::Model& model, co
                                 const std::vector<Request>& requests, const std::vector<std::vector<int>>& solo,
                                 const ServingLimits& limits, double in_process_tokens_per_s) {
   ServerOptions options;
-  options.engine = engine_options_for(policies().at(2).fn, limits, model.config().seq_len);  // continuous
+  options.engine = engine_options_for(policy(kContinuous), limits, model.config().seq_len);
   // A thread per open connection: every request of the trace may be open at once.
   options.http_threads = std::max(options.http_threads, static_cast<int>(requests.size()) + 8);
   CompletionServer server(model, model_name, /*tokenizer=*/nullptr, options);  // prompts travel as token ids

@@ -177,12 +177,12 @@ DeviceParts run_device(const std::string& device, const Step07Options& options, 
   parts.scaling = step07::measure_batch_scaling(device, *model, options.scaling);
   parts.policies = step07::compare_policies(device, *model, trace, solo, options.limits, policy_ids, options.repeats);
   // Loads are fractions of what continuous batching sustains offline, here.
-  const step07::PolicyRun* continuous = step07::find_policy_run(parts.policies, 2);
+  const step07::PolicyRun* continuous = step07::find_policy_run(parts.policies, step07::kContinuous);
   const step07::ServingMetrics offline =
       continuous != nullptr ? continuous->replay.metrics
-                            : step07::replay(*model, trace, step07::engine_options_for(step07::policies().at(2).fn,
-                                                                                       options.limits,
-                                                                                       loaded.weights.config.seq_len))
+                            : step07::replay(*model, trace,
+                                             step07::engine_options_for(step07::policy(step07::kContinuous),
+                                                                        options.limits, loaded.weights.config.seq_len))
                                   .metrics;
   parts.sweep = step07::sweep_rates(device, *model, trace, solo, options.limits, offline.requests_per_s, options.sweep);
   const auto scenario =
@@ -242,7 +242,7 @@ int serve(const Step07Options& options, const llm::LoadedModel& loaded, const ll
   step07::ServerOptions server_options;
   server_options.port = options.serve_port;
   server_options.engine =
-      step07::engine_options_for(step07::policies().at(2).fn, options.limits, loaded.weights.config.seq_len);
+      step07::engine_options_for(step07::policy(step07::kContinuous), options.limits, loaded.weights.config.seq_len);
   const bool from_file = !options.common.model_path.empty();
   step07::CompletionServer server(*model, loaded.name, from_file ? &loaded.tokenizer : nullptr, server_options);
   step07::serve_until_signal(server);
@@ -275,7 +275,7 @@ int run_step07(int argc, char** argv) {
   if (options.serve_port >= 0) return serve(options, loaded, devices);
   if (options.load_port > 0) return load(options, trace);
   const std::vector<step07::Request> long_prompts =
-      step07::with_long_prompts(trace, options.chunking, prompts, context, 0.0);
+      step07::with_long_prompts(trace, options.chunking, prompts, context);
 
   std::vector<DeviceParts> parts;
   for (const std::string& device : llm::selected_device_names(devices))

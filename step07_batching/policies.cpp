@@ -1,19 +1,30 @@
 #include "step07_batching/policies.hpp"
 
+#include <fmt/format.h>
+
+#include "llm/errors.hpp"
+
 namespace step07 {
 
 const std::vector<llm::Variant<ServingPolicy>>& policies() {
   static const std::vector<llm::Variant<ServingPolicy>> table = {
-      {0, "one_at_a_time", "one request from prompt to last token, then the next", llm::Backend::Any,
+      {kOneAtATime, "one_at_a_time", "one request from prompt to last token, then the next", llm::Backend::Any,
        {Admission::WhenBatchEmpty, true, false}},
-      {1, "static", "batches in arrival order; a batch runs until its longest request ends", llm::Backend::Any,
-       {Admission::WhenBatchEmpty, false, false}},
-      {2, "continuous", "the batch re-forms every iteration: finished requests leave, waiting ones join",
+      {kStatic, "static", "batches in arrival order; a batch runs until its longest request ends",
+       llm::Backend::Any, {Admission::WhenBatchEmpty, false, false}},
+      {kContinuous, "continuous", "the batch re-forms every iteration: finished requests leave, waiting ones join",
        llm::Backend::Any, {Admission::EveryIteration, false, false}},
-      {3, "continuous_chunked", "continuous, with long prompts prefilled in chunks beside the decode rows",
-       llm::Backend::Any, {Admission::EveryIteration, false, true}},
+      {kContinuousChunked, "continuous_chunked",
+       "continuous, with long prompts prefilled in chunks beside the decode rows", llm::Backend::Any,
+       {Admission::EveryIteration, false, true}},
   };
   return table;
+}
+
+const ServingPolicy& policy(int id) {
+  for (const auto& row : policies())
+    if (row.id == id) return row.fn;
+  throw llm::InputError(fmt::format("no serving policy with id {}", id));
 }
 
 EngineOptions engine_options_for(const ServingPolicy& policy, const ServingLimits& limits, int context) {

@@ -24,6 +24,14 @@ struct ServingPolicy {
 
 const std::vector<llm::Variant<ServingPolicy>>& policies();
 
+// The table's ids, for the parts that pick a policy by its role.
+inline constexpr int kOneAtATime = 0;
+inline constexpr int kStatic = 1;
+inline constexpr int kContinuous = 2;
+inline constexpr int kContinuousChunked = 3;
+// The policy of table id `id` (InputError for an id not in the table).
+const ServingPolicy& policy(int id);
+
 // What every policy shares in one comparison.
 struct ServingLimits {
   int max_sequences = 16;  // the largest batch (and the cache's slots)

@@ -17,7 +17,7 @@ ReplayResult median_replay(llm::Model& model, const std::vector<Request>& reques
 void warm_up(llm::Model& model, const std::vector<Request>& requests, const ServingLimits& limits) {
   std::vector<Request> first(requests.begin(), requests.begin() + std::min<std::size_t>(requests.size(), 8));
   for (Request& request : first) request.arrival_ms = 0.0;
-  replay(model, first, engine_options_for(policies().at(2).fn, limits, model.config().seq_len));
+  replay(model, first, engine_options_for(policy(kContinuous), limits, model.config().seq_len));
 }
 
 std::vector<PolicyRun> compare_policies(const std::string& device, llm::Model& model,

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "step07_batching/workload.hpp"  // with_arrivals
+
 namespace step07 {
 
 std::vector<RateSweepPoint> sweep_rates(const std::string& device, llm::Model& model,
@@ -36,9 +38,9 @@ std::vector<RateSweepPoint> sweep_rates(const std::string& device, llm::Model& m
 
 std::string continuous_beats_static_ttft(const std::vector<RateSweepPoint>& points) {
   for (const RateSweepPoint& static_point : points) {
-    if (static_point.policy_name != "static" || !static_point.keeps_up) continue;
+    if (static_point.policy_id != kStatic || !static_point.keeps_up) continue;
     for (const RateSweepPoint& continuous : points) {
-      if (continuous.policy_name != "continuous" || continuous.device != static_point.device ||
+      if (continuous.policy_id != kContinuous || continuous.device != static_point.device ||
           continuous.load_factor != static_point.load_factor)
         continue;
       if (continuous.metrics.ttft_ms.p99 >= static_point.metrics.ttft_ms.p99)

@@ -14,13 +14,12 @@
 #include "llm/model.hpp"
 #include "step07_batching/policies.hpp"
 #include "step07_batching/replay.hpp"
-#include "step07_batching/workload.hpp"
 
 namespace step07 {
 
 struct RateSweepOptions {
   std::vector<double> load_factors = {0.25, 0.5, 0.75, 1.0, 1.25};  // x continuous batching's offline requests/s
-  std::vector<int> policy_ids = {1, 2};                             // static, continuous (part 4 is chunked's)
+  std::vector<int> policy_ids = {kStatic, kContinuous};             // (part 4 is chunked prefill's)
   std::uint64_t seed = 42;                                          // the arrival gaps
 };
 

@@ -14,7 +14,7 @@ namespace {
 // Static batching's tokens/s on `device` (0 when it did not run).
 double static_tokens_per_s(const std::vector<PolicyRun>& runs, const std::string& device) {
   for (const PolicyRun& run : runs)
-    if (run.device == device && run.policy_name == "static") return run.replay.metrics.output_tokens_per_s;
+    if (run.device == device && run.policy_id == kStatic) return run.replay.metrics.output_tokens_per_s;
   return 0.0;
 }
 
@@ -75,8 +75,8 @@ void print_trace(const step05::LengthSummary& lengths) {
   const std::pair<const char*, const step05::LengthStats*> columns[] = {
       {"prompt", &lengths.prompt}, {"output", &lengths.output}, {"total", &lengths.total}};
   for (const auto& [name, stats] : columns)
-    fmt::print("{:<8} {:>6.0f} {:>7.1f} {:>7.1f} {:>7.1f} {:>6.0f} {:>7.1f}\n", name, stats->min, stats->p50, stats->p90,
-               stats->p99, stats->max, stats->mean);
+    fmt::print("{:<8} {:>6.0f} {:>7.1f} {:>7.1f} {:>7.1f} {:>6.0f} {:>7.1f}\n", name, stats->min, stats->p50,
+               stats->p90, stats->p99, stats->max, stats->mean);
 }
 
 void add_policy_rows(llm::Results& results, const std::vector<PolicyRun>& runs, int timeline_points) {
@@ -131,11 +131,13 @@ void print_policies(const std::vector<PolicyRun>& runs) {
   for (const PolicyRun& run : runs) {
     const ServingMetrics& metrics = run.replay.metrics;
     const double static_rate = static_tokens_per_s(runs, run.device);
-    fmt::print("{:<6} {:<20} {:>9.0f} {:>7.1f} {:>8.2f}x {:>6.0f}% {:>10.2f} / {:>9.2f} {:>10.3f} / {:>9.3f} {:>9} {:>5} {:>8}\n",
-               run.device, run.policy_name, metrics.output_tokens_per_s, metrics.requests_per_s,
-               static_rate > 0 ? metrics.output_tokens_per_s / static_rate : 0.0, 100.0 * metrics.mean_occupancy, metrics.ttft_ms.p50,
-               metrics.ttft_ms.p99, metrics.tpot_ms.p50, metrics.tpot_ms.p99, metrics.preemptions, metrics.iterations,
-               run.check.ok() ? "same" : "DIFFER");
+    fmt::print(
+        "{:<6} {:<20} {:>9.0f} {:>7.1f} {:>8.2f}x {:>6.0f}% {:>10.2f} / {:>9.2f} {:>10.3f} / {:>9.3f} {:>9} {:>5} "
+        "{:>8}\n",
+        run.device, run.policy_name, metrics.output_tokens_per_s, metrics.requests_per_s,
+        static_rate > 0 ? metrics.output_tokens_per_s / static_rate : 0.0, 100.0 * metrics.mean_occupancy,
+        metrics.ttft_ms.p50, metrics.ttft_ms.p99, metrics.tpot_ms.p50, metrics.tpot_ms.p99, metrics.preemptions,
+        metrics.iterations, run.check.ok() ? "same" : "DIFFER");
   }
   fmt::print("occup.: sequences per forward / the largest batch, averaged over forwards. tokens: every request's "
              "tokens vs the same request run alone.\n");
@@ -166,10 +168,12 @@ void print_rate_sweep(const std::vector<RateSweepPoint>& points) {
   fmt::print("{:<6} {:>5} {:>8} {:<20} {:>8} {:>9} {:>22} {:>20} {:>8} {:>6}\n", "device", "load", "req/s in",
              "policy", "req/s", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "keeps up", "tokens");
   for (const RateSweepPoint& point : points)
-    fmt::print("{:<6} {:>5.2f} {:>8.1f} {:<20} {:>8.1f} {:>9.0f} {:>10.2f} / {:>9.2f} {:>9.3f} / {:>8.3f} {:>8} {:>6}\n",
-               point.device, point.load_factor, point.rate_per_s, point.policy_name, point.metrics.requests_per_s,
-               point.metrics.output_tokens_per_s, point.metrics.ttft_ms.p50, point.metrics.ttft_ms.p99, point.metrics.tpot_ms.p50,
-               point.metrics.tpot_ms.p99, point.keeps_up ? "yes" : "no", point.check.ok() ? "same" : "DIFFER");
+    fmt::print(
+        "{:<6} {:>5.2f} {:>8.1f} {:<20} {:>8.1f} {:>9.0f} {:>10.2f} / {:>9.2f} {:>9.3f} / {:>8.3f} {:>8} {:>6}\n",
+        point.device, point.load_factor, point.rate_per_s, point.policy_name, point.metrics.requests_per_s,
+        point.metrics.output_tokens_per_s, point.metrics.ttft_ms.p50, point.metrics.ttft_ms.p99,
+        point.metrics.tpot_ms.p50, point.metrics.tpot_ms.p99, point.keeps_up ? "yes" : "no",
+        point.check.ok() ? "same" : "DIFFER");
   const std::string miss = continuous_beats_static_ttft(points);
   fmt::print("target: continuous p99 TTFT below static's at every load static keeps up with: {}\n",
              miss.empty() ? "met" : "missed (" + miss + ")");
@@ -183,7 +187,7 @@ void add_chunked_prefill(llm::Results& results, const std::vector<ChunkedPrefill
       if (candidate.device == row.device && candidate.chunk_tokens == 0) whole = &candidate;
     llm::ResultRow result;
     result.device = row.device;
-    result.id = row.chunk_tokens == 0 ? 2 : 3;
+    result.id = row.chunk_tokens == 0 ? kContinuous : kContinuousChunked;
     result.variant = row.chunk_tokens == 0 ? "prefill whole" : fmt::format("prefill chunks of {}", row.chunk_tokens);
     result.time_ms = row.metrics.itl_ms.p99;
     result.speedup = whole != nullptr && row.metrics.itl_ms.p99 > 0 ? whole->metrics.itl_ms.p99 / row.metrics.itl_ms.p99
@@ -213,11 +217,12 @@ void print_chunked_prefill(const std::vector<ChunkedPrefillRow>& rows, const Chu
   fmt::print("{:<6} {:>7} {:>9} {:>29} {:>20} {:>22} {:>8} {:>6}\n", "device", "chunk", "tok/s",
              "ITL p50/p99/max ms", "TPOT p50/p99 ms", "TTFT p50/p99 ms", "preempt", "tokens");
   for (const ChunkedPrefillRow& row : rows)
-    fmt::print("{:<6} {:>7} {:>9.0f} {:>8.3f} / {:>8.3f} / {:>7.2f} {:>9.3f} / {:>8.3f} {:>10.2f} / {:>9.2f} {:>8} {:>6}\n",
-               row.device, row.chunk_tokens == 0 ? std::string("off") : std::to_string(row.chunk_tokens),
-               row.metrics.output_tokens_per_s, row.metrics.itl_ms.p50, row.metrics.itl_ms.p99, row.metrics.itl_ms.max,
-               row.metrics.tpot_ms.p50, row.metrics.tpot_ms.p99, row.metrics.ttft_ms.p50, row.metrics.ttft_ms.p99,
-               row.metrics.preemptions, row.check.ok() ? "same" : "DIFFER");
+    fmt::print(
+        "{:<6} {:>7} {:>9.0f} {:>8.3f} / {:>8.3f} / {:>7.2f} {:>9.3f} / {:>8.3f} {:>10.2f} / {:>9.2f} {:>8} {:>6}\n",
+        row.device, row.chunk_tokens == 0 ? std::string("off") : std::to_string(row.chunk_tokens),
+        row.metrics.output_tokens_per_s, row.metrics.itl_ms.p50, row.metrics.itl_ms.p99, row.metrics.itl_ms.max,
+        row.metrics.tpot_ms.p50, row.metrics.tpot_ms.p99, row.metrics.ttft_ms.p50, row.metrics.ttft_ms.p99,
+        row.metrics.preemptions, row.check.ok() ? "same" : "DIFFER");
   fmt::print("ITL: every gap between two tokens of a request (a stall shows here); TPOT: each request's mean gap.\n");
 }
 
@@ -238,7 +243,7 @@ void add_loopback_rows(llm::Results& results, const std::vector<LoopbackRun>& ru
     const bool ok = run.check.ok() && run.load.failed == 0 && run.load.unfinished == 0;
     llm::ResultRow row;
     row.device = run.device;
-    row.id = 2;
+    row.id = kContinuous;
     row.variant = "continuous over HTTP";
     row.time_ms = run.served.duration_ms;
     row.speedup = run.ratio;
@@ -274,10 +279,11 @@ void print_loopback(const std::vector<LoopbackRun>& runs) {
   fmt::print("{:<6} {:>10} {:>12} {:>8} {:>12} {:>22} {:>20} {:>5} {:>6} {:>6}\n", "device", "tok/s", "in-process",
              "ratio", "HTTP us/tok", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "sent", "failed", "tokens");
   for (const LoopbackRun& run : runs)
-    fmt::print("{:<6} {:>10.0f} {:>12.0f} {:>7.2f}x {:>12.1f} {:>10.2f} / {:>9.2f} {:>9.3f} / {:>8.3f} {:>5} {:>6} {:>6}\n",
-               run.device, run.served.output_tokens_per_s, run.in_process_tokens_per_s, run.ratio,
-               http_us_per_token(run), run.served.ttft_ms.p50, run.served.ttft_ms.p99, run.served.tpot_ms.p50,
-               run.served.tpot_ms.p99, run.load.sent, run.load.failed, run.check.ok() ? "same" : "DIFFER");
+    fmt::print(
+        "{:<6} {:>10.0f} {:>12.0f} {:>7.2f}x {:>12.1f} {:>10.2f} / {:>9.2f} {:>9.3f} / {:>8.3f} {:>5} {:>6} {:>6}\n",
+        run.device, run.served.output_tokens_per_s, run.in_process_tokens_per_s, run.ratio, http_us_per_token(run),
+        run.served.ttft_ms.p50, run.served.ttft_ms.p99, run.served.tpot_ms.p50, run.served.tpot_ms.p99, run.load.sent,
+        run.load.failed, run.check.ok() ? "same" : "DIFFER");
   fmt::print("target: served throughput within 15% of in-process (ratio >= 0.85). HTTP us/tok: 1/served - "
              "1/in-process, what the events, the JSON and the threads add per token; it matters against a forward "
              "that costs tens of microseconds per token, not against one that costs milliseconds.\n");
@@ -291,8 +297,9 @@ bool print_load(const LoadResult& load, int max_sequences) {
     const ServingMetrics metrics = summarize_serving(load.records, {}, max_sequences);
     fmt::print("output {:.0f} tok/s, {:.2f} requests/s over {}\n", metrics.output_tokens_per_s, metrics.requests_per_s,
                llm::format_ms(metrics.duration_ms));
-    fmt::print("TTFT {}\nTPOT {}\nITL  {}\nE2E  {}\n", format_percentiles(metrics.ttft_ms), format_percentiles(metrics.tpot_ms),
-               format_percentiles(metrics.itl_ms), format_percentiles(metrics.e2e_ms));
+    fmt::print("TTFT {}\nTPOT {}\nITL  {}\nE2E  {}\n", format_percentiles(metrics.ttft_ms),
+               format_percentiles(metrics.tpot_ms), format_percentiles(metrics.itl_ms),
+               format_percentiles(metrics.e2e_ms));
   }
   return load.failed == 0;
 }
