@@ -1,0 +1,46 @@
+#pragma once
+// The quantized product on the CPU, behind the Linear hook (llm/linear.hpp):
+// y[rows, out] = x[rows, in] . W~^T with W~ the dequantized matrix, reading
+// the packed codes and dequantizing in registers (no dequantized copy of W is
+// ever written to memory: that would cost the bytes quantization saves).
+//
+// For 1-16 rows every weight is read from memory once and applied to every
+// row while it is in registers; more rows are done 16 at a time.
+// SIMD: AVX-512 or AVX2+FMA kernels compiled with per-function target
+// attributes and chosen at run time by what the CPU reports, beside a
+// portable scalar one. One thread, like the rest of the course.
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "llm/linear.hpp"
+#include "step06_quantization/quant_format.hpp"
+
+namespace step06 {
+
+enum class SimdLevel { Portable, Avx2, Avx512 };
+std::string simd_name(SimdLevel level);  // "portable", "avx2", "avx512"
+// The best level this CPU runs (AVX-512F+BW, AVX2+FMA, else portable).
+SimdLevel detected_simd();
+// True when this CPU can run `level` (tests run every level it can).
+bool simd_supported(SimdLevel level);
+
+// y [rows, out_features] = x [rows, in_features] . dequantize(matrix)^T,
+// with the kernel of `level` (InputError when the CPU cannot run it).
+void quantized_matmul(const QuantizedMatrix& matrix, const float* x, int rows, float* y, SimdLevel level);
+
+class QuantizedLinear final : public llm::Linear {
+ public:
+  explicit QuantizedLinear(QuantizedMatrix matrix, SimdLevel level = detected_simd());
+  void forward(const float* x, int rows, float* y) const override;
+  int in_features() const override { return matrix_.in_features; }
+  int out_features() const override { return matrix_.out_features; }
+  std::size_t weight_bytes() const override { return matrix_.bytes(); }
+  const QuantizedMatrix& matrix() const { return matrix_; }
+
+ private:
+  QuantizedMatrix matrix_;
+  SimdLevel level_;
+};
+
+}  // namespace step06

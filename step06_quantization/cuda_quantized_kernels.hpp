@@ -1,0 +1,48 @@
+#pragma once
+// The quantized products on the GPU: W8A16 / W4A16 GEMV and small-batch GEMM
+// (fp16 activations, fp32 accumulation), and the same kernels with fp32
+// activations behind the CUDA model's Linear hook (CudaLinear). This header
+// has no CUDA types, so the step's host code compiles without nvcc; in a build
+// without CUDA every function throws llm::DeviceError saying so.
+//
+// GPU layout (uploaded once from a QuantizedMatrix): each row's codes padded
+// to a multiple of 16 bytes, so a thread reads its weights with 128-bit
+// loads (32 int4 codes or 16 int8 codes per load); scales (and zero points) as
+// fp16 beside them, [out_features, groups_per_row].
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "llm/harness/compare.hpp"
+#include "llm/model.hpp"
+#include "llm/weights.hpp"
+#include "step06_quantization/quant_format.hpp"
+
+namespace step06 {
+
+struct QuantizedLayers;
+
+// y [rows, out] = x [rows, in] . dequantize(matrix)^T on the GPU with fp32
+// activations in and out (the model's path). For checks.
+std::vector<float> cuda_quantized_matmul(const QuantizedMatrix& matrix, std::span<const float> x, int rows);
+// The same with fp16 activations: x is rounded to fp16 on upload, y comes back
+// from fp16. For checks of the A16 path.
+std::vector<float> cuda_quantized_matmul_fp16(const QuantizedMatrix& matrix, std::span<const float> x, int rows);
+
+struct CudaMatmulTiming {
+  double quantized_ms = 0.0;     // median: the W8A16 / W4A16 kernel, fp16 x and y
+  double cublas_fp16_ms = 0.0;   // median: cublasGemmEx, fp16 W [out, in], fp16 x, fp32 accumulate
+  llm::CompareResult check;      // the kernel's y vs the fp32 product of dequantize(matrix) with the same fp16 x
+};
+// Times the fp16-activation kernel and cuBLAS fp16 on fresh random x [rows,
+// in] (seeded), warm-up then median of `repeats`, with L2 flushed before each
+// run (the weights of one layer fit in an H100's 50 MB L2 otherwise).
+CudaMatmulTiming time_cuda_quantized_matmul(const QuantizedMatrix& matrix, int rows, int repeats,
+                                            std::uint64_t seed);
+
+// CudaModel with the quantized layers behind its Linear hook (fp32 activations).
+std::unique_ptr<llm::Model> make_cuda_quantized_model(const llm::ModelWeights& weights,
+                                                      const QuantizedLayers& layers);
+
+}  // namespace step06
