@@ -1,2 +1,2 @@
-// Temporary entry point while step 06 is assembled on its branch (replaced before merging).
+// Temporary (branch only): replaced by the step's benchmarks before merging.
 int main() { return 0; }

@@ -1,2 +1,209 @@
-// Temporary entry point while step 06 is assembled on its branch (replaced before merging).
-int main() { return 0; }
+// Step 06: quantization.
+//
+// Decode at small batch is memory-bound: a token costs about the bytes of
+// weights it reads. Stored in 8 or 4 bits, with the kernel dequantizing in
+// registers, the same model reads 4-7x fewer bytes than fp32. Three parts,
+// one results JSON (--json), each with its own table:
+//   1. Kernels: the quantized product alone (formats x batch 1/4/16) on this
+//      model's, the small preset's and Llama-2-7B's matrices: GB/s, % of the
+//      measured bandwidth, speedup over fp32 (CPU) / cuBLAS fp16 (CUDA).
+//   2. Speed: greedy decode of the unchanged model with quantized Linear
+//      layers, on the small preset (random weights) and on this model.
+//   3. Quality: each format x algorithm (RTN, GPTQ, AWQ) and the int8 KV
+//      cache against the fp32 model on held-out text: KL, top-1, perplexity.
+// The targets (CPU and CUDA speedups, GPTQ/AWQ below RTN) are printed and
+// written to the JSON as met or missed; only broken checks fail the run.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "llm/cuda/cuda_runtime_api.hpp"
+#include "llm/errors.hpp"
+#include "llm/harness/cli.hpp"
+#include "llm/harness/results.hpp"
+#include "llm/harness/step_command_line.hpp"
+#include "step06_quantization/kernel_table.hpp"
+#include "step06_quantization/model_table.hpp"
+#include "step06_quantization/report.hpp"
+#include "step06_quantization/weight_formats.hpp"
+
+namespace {
+
+struct Step06Options {
+  llm::CommonOptions common;
+  std::string algorithms = "rtn,gptq,awq";  // --algorithms (part 3)
+  std::string batches = "1,4,16";           // --batches (part 1)
+  int repeats = 5;                          // --repeats: timed runs per kernel cell (median)
+  bool no_flush = false;                    // --no-flush: warm CPU caches between kernel runs
+  bool no_llama = false;                    // --no-llama: skip the Llama-2-7B kernel shapes
+  int calibration_sequences = 16;           // --calibration-sequences (GPTQ/AWQ)
+  int heldout_sequences = 8;                // --heldout-sequences (quality)
+};
+
+std::optional<int> parse_options(int argc, char** argv, Step06Options& options) {
+  return llm::parse_step_command_line(
+      "Step 06: quantization. int8/int4/NF4 weights (RTN, GPTQ, AWQ) dequantized in registers, and an int8 KV "
+      "cache: kernel speed, decode speed, and quality against fp32.",
+      argc, argv, options.common, [&options](CLI::App& app) {
+        app.add_option("--algorithms", options.algorithms, "quality part: rtn, gptq, awq (comma-separated)")
+            ->capture_default_str();
+        app.add_option("--batches", options.batches, "kernel part: rows per product (1-64)")->capture_default_str();
+        app.add_option("--repeats", options.repeats, "timed runs per kernel cell (median reported)")
+            ->check(CLI::Range(1, 1000))->capture_default_str();
+        app.add_flag("--no-flush", options.no_flush, "do not evict the CPU caches between timed kernel runs");
+        app.add_flag("--no-llama", options.no_llama, "skip the Llama-2-7B kernel shapes (about 1.4 GB of host memory)");
+        app.add_option("--calibration-sequences", options.calibration_sequences,
+                       "GPTQ/AWQ calibration: sequences sampled from the fp32 model")
+            ->check(CLI::Range(1, 4096))->capture_default_str();
+        app.add_option("--heldout-sequences", options.heldout_sequences, "quality: held-out sequences")
+            ->check(CLI::Range(1, 4096))->capture_default_str();
+      },
+      [] { llm::print_variant_list(step06::weight_formats(), 12); });
+}
+
+// --quick: seconds on a slow CI core. Fewer formats and shapes, one timed run.
+void apply_quick(Step06Options& options) {
+  if (!options.common.quick) return;
+  if (options.common.variant == "all") options.common.variant = "0,1,2,4";  // fp32, int8, int4-g32, int4-g128
+  options.batches = "1,4";
+  options.repeats = 1;
+  options.no_flush = true;
+  options.no_llama = true;
+  options.calibration_sequences = std::min(options.calibration_sequences, 4);
+  options.heldout_sequences = std::min(options.heldout_sequences, 2);
+  options.common.steps = std::min(options.common.steps, 32);
+}
+
+std::vector<step06::QuantAlgorithm> parse_algorithms(const std::string& text) {
+  std::vector<step06::QuantAlgorithm> algorithms;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string name = text.substr(start, comma - start);
+    bool known = false;
+    for (const auto algorithm : {step06::QuantAlgorithm::Rtn, step06::QuantAlgorithm::Gptq, step06::QuantAlgorithm::Awq})
+      if (name == step06::algorithm_name(algorithm)) {
+        algorithms.push_back(algorithm);
+        known = true;
+      }
+    if (!known) throw llm::InputError(fmt::format("--algorithms: unknown algorithm '{}' (rtn, gptq, awq)", name));
+    start = comma + 1;
+  }
+  return algorithms;
+}
+
+// Every part's settings from the flags, checked before any work.
+struct Plan {
+  step06::KernelTableOptions kernels;
+  std::vector<step06::KernelShape> shapes;
+  step06::ModelTableOptions small_speed;  // part 2 on the small preset (random weights: speed only)
+  step06::ModelTableOptions this_model;   // parts 2 and 3 on the loaded model
+  bool trained_weights = false;
+};
+Plan plan_from(const Step06Options& options, const llm::LoadedModel& loaded, const llm::DeviceSelection& devices,
+               const std::vector<int>& prompt, int positions) {
+  Plan plan;
+  std::vector<int> format_ids =
+      llm::parse_variant_selection(options.common.variant, llm::variant_ids(step06::weight_formats()));
+  std::erase(format_ids, step06::kCublasFp16VariantId);  // the CUDA kernel table's baseline runs anyway
+  if (std::find(format_ids.begin(), format_ids.end(), step06::kFp32VariantId) == format_ids.end())
+    format_ids.insert(format_ids.begin(), step06::kFp32VariantId);  // every speedup needs the fp32 row
+  plan.kernels.variant_ids = format_ids;
+  plan.kernels.batches = llm::parse_positive_int_list(options.batches, "--batches");
+  for (const int rows : plan.kernels.batches)
+    if (rows > 64) throw llm::InputError(fmt::format("--batches: {} rows (at most 64)", rows));
+  plan.kernels.repeats = options.repeats;
+  plan.kernels.flush_caches = !options.no_flush;
+  plan.kernels.cpu = devices.cpu;
+  plan.kernels.cuda = devices.cuda;
+  plan.kernels.seed = options.common.seed;
+  plan.shapes = step06::kernel_shapes(loaded.weights.config, !options.no_llama);
+
+  plan.trained_weights = !options.common.model_path.empty();
+  plan.this_model.devices = llm::selected_device_names(devices);
+  plan.this_model.format_ids = format_ids;
+  plan.this_model.algorithms = parse_algorithms(options.algorithms);
+  plan.this_model.prompt = prompt;
+  plan.this_model.decode_positions = positions;
+  plan.this_model.repeats = options.common.quick ? 1 : 3;
+  plan.this_model.calibration_sequences = options.calibration_sequences;
+  plan.this_model.heldout_sequences = options.heldout_sequences;
+  const int context = loaded.weights.config.seq_len;
+  plan.this_model.calibration_length = std::min(context, options.common.quick ? 64 : 128);
+  plan.this_model.heldout_length = std::min(context, options.common.quick ? 64 : 256);
+  plan.this_model.seed = options.common.seed;
+
+  // The small preset: the dims of stories15M, larger than the caches, where
+  // decode is memory-bound. Speed only; fewer positions (a token costs ~4 ms in fp32).
+  plan.small_speed = plan.this_model;
+  plan.small_speed.quality = false;
+  plan.small_speed.prompt = {1};  // BOS
+  plan.small_speed.decode_positions = options.common.quick ? 8 : 64;
+  return plan;
+}
+
+llm::Results make_results(const Step06Options& options, const llm::LoadedModel& loaded,
+                          const llm::DeviceSelection& devices, const Plan& plan) {
+  llm::Results results("step06_quantization", "quantization: int8/int4 weights dequantized in registers, int8 KV");
+  results.set_device_info(llm::device_info_for(devices));
+  results.set_config("model", loaded.name);
+  results.set_config("model_config", loaded.weights.config.describe());
+  results.set_config("trained_weights", plan.trained_weights);
+  results.set_config("kernel_batches", options.batches);
+  results.set_config("kernel_repeats", static_cast<long long>(options.repeats));
+  results.set_config("cpu_caches_flushed", plan.kernels.flush_caches);
+  results.set_config("algorithms", options.algorithms);
+  results.set_config("calibration", fmt::format("{} sequences x {} positions sampled from the fp32 model (seeds {}+)",
+                                                plan.this_model.calibration_sequences,
+                                                plan.this_model.calibration_length, options.common.seed + 1000));
+  results.set_config("heldout", fmt::format("{} sequences x {} positions sampled from the fp32 model (seeds {}+)",
+                                            plan.this_model.heldout_sequences, plan.this_model.heldout_length,
+                                            options.common.seed + 2000));
+  results.set_config("decode_positions", static_cast<long long>(plan.this_model.decode_positions));
+  results.set_config("small_decode_positions", static_cast<long long>(plan.small_speed.decode_positions));
+  results.set_config("speedup_baseline", std::string("kernels: fp32 Eigen (cpu) / cuBLAS fp16 (cuda), same shape and "
+                                                     "rows; models: fp32 weights on the same device and model"));
+  results.set_config("quick", options.common.quick);
+  return results;
+}
+
+int run_step06(int argc, char** argv) {
+  Step06Options options;
+  if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
+  apply_quick(options);
+  const llm::DeviceSelection devices = llm::select_devices(options.common.device);
+  const llm::LoadedModel loaded = llm::load_model(options.common);
+  const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);
+  const int positions = llm::generation_positions(options.common, loaded.weights.config, prompt.size());
+  const Plan plan = plan_from(options, loaded, devices, prompt, positions);  // every flag checked before any work
+
+  // 1. The kernels alone.
+  const step06::KernelTable kernels = step06::run_kernel_table(plan.shapes, plan.kernels);
+  // 2. Decode speed on the small preset (memory-bound dims, random weights).
+  const std::vector<step06::ModelRow> small_speed = step06::run_model_table(
+      "preset small", llm::random_weights(llm::find_preset("small").config, options.common.seed), plan.small_speed);
+  // 2 and 3. This model: speed, and quality against fp32.
+  const std::vector<step06::ModelRow> this_model = step06::run_model_table(loaded.name, loaded.weights, plan.this_model);
+
+  llm::Results results = make_results(options, loaded, devices, plan);
+  const double cuda_copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
+  if (cuda_copy_gbps > 0) results.set_config("cuda_copy_gbps", cuda_copy_gbps);
+  results.set_config("cpu_read_gbps", kernels.cpu_read_gbps);
+  step06::add_kernel_rows(results, kernels, cuda_copy_gbps);
+  step06::add_model_rows(results, small_speed, "speed", kernels.cpu_read_gbps, cuda_copy_gbps);
+  step06::add_model_rows(results, this_model, "quality", kernels.cpu_read_gbps, cuda_copy_gbps);
+  fmt::print("{}\n", results.format_header());
+  step06::print_kernel_table(kernels, cuda_copy_gbps);
+  std::vector<step06::ModelRow> speed_rows = small_speed;
+  speed_rows.insert(speed_rows.end(), this_model.begin(), this_model.end());
+  step06::print_speed_table(speed_rows, kernels.cpu_read_gbps, cuda_copy_gbps);
+  step06::print_quality_table(this_model, plan.trained_weights);
+  step06::report_targets(results, {&kernels, &small_speed, &this_model, plan.trained_weights});
+  return llm::finish_run(results, options.common, devices);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return llm::run_main(argc, argv, run_step06); }

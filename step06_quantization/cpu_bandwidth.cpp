@@ -1,0 +1,29 @@
+#include "step06_quantization/cpu_bandwidth.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "llm/harness/timer.hpp"
+#include "step03_gqa/cpu_cache_flush.hpp"
+
+namespace step06 {
+
+double measure_cpu_read_bandwidth_gbps(int runs) {
+  // 4x the last-level cache, at least 256 MiB: every pass streams from DRAM.
+  const std::size_t bytes = std::max<std::size_t>(std::size_t{256} << 20, 4 * step03::last_level_cache_bytes());
+  std::vector<std::uint64_t> buffer(bytes / sizeof(std::uint64_t));  // [words]
+  for (std::size_t i = 0; i < buffer.size(); ++i) buffer[i] = i * 0x9E3779B97F4A7C15ull;
+  // Integer sums: associative, so the compiler vectorizes the loop with
+  // several accumulators and the loop runs as fast as memory feeds it.
+  volatile std::uint64_t sink = 0;
+  const auto read_all = [&] {
+    std::uint64_t sum = 0;
+    for (const std::uint64_t word : buffer) sum += word;
+    sink = sink + sum;
+  };
+  const llm::TimingStats time = llm::time_cpu(read_all, /*warmup=*/1, runs);
+  return static_cast<double>(bytes) / (time.median_ms * 1e-3) / 1e9;
+}
+
+}  // namespace step06

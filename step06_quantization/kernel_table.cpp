@@ -1,0 +1,178 @@
+#include "step06_quantization/kernel_table.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+#include <span>
+
+#include "llm/config.hpp"
+#include "llm/errors.hpp"
+#include "llm/harness/timer.hpp"
+#include "llm/linear.hpp"
+#include "step03_gqa/cpu_cache_flush.hpp"
+#include "step06_quantization/cpu_bandwidth.hpp"
+#include "step06_quantization/cpu_quantized_linear.hpp"
+#include "step06_quantization/cuda_quantized_kernels.hpp"
+#include "step06_quantization/quant_algorithms.hpp"
+#include "step06_quantization/weight_formats.hpp"
+
+namespace step06 {
+
+namespace {
+
+// Normal weights with std 1/sqrt(in) (the presets' init): what RTN meets in a
+// trained layer, minus the outliers.
+std::vector<float> random_matrix(int rows, int columns, std::uint64_t seed) {
+  std::mt19937_64 generator(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(columns)));
+  std::vector<float> values(static_cast<std::size_t>(rows) * columns);  // [rows, columns]
+  for (float& value : values) value = normal(generator);
+  return values;
+}
+
+// Median time of `product` over `repeats` runs after one warm-up, each after
+// a cache flush when `flusher` is given (its time not counted).
+llm::TimingStats time_product(const std::function<void()>& product, int repeats, step03::CpuCacheFlusher* flusher) {
+  product();  // warm-up: page faults, scratch buffers
+  std::vector<double> samples_ms;
+  for (int run = 0; run < repeats; ++run) samples_ms.push_back(step03::time_one_run(product, flusher));
+  return llm::TimingStats::from_samples(samples_ms);
+}
+
+KernelCell new_cell(const std::string& device, const KernelShape& shape, int variant_id, const std::string& format,
+                    int rows) {
+  KernelCell cell;
+  cell.device = device;
+  cell.shape = shape;
+  cell.variant_id = variant_id;
+  cell.format = format;
+  cell.rows = rows;
+  return cell;
+}
+
+// fp32 accumulation in a different order (SIMD lanes, groups) than Eigen's:
+// a few ulps per add over up to 11008 terms of O(1/sqrt(in)) products.
+constexpr llm::Tolerance kKernelTolerance = {1e-4, 1e-4};
+
+void run_cpu_shape(const KernelShape& shape, const std::vector<float>& weight, const KernelTableOptions& options,
+                   step03::CpuCacheFlusher* flusher, std::vector<KernelCell>& cells) {
+  const llm::DenseLinear fp32(weight, shape.out_features, shape.in_features);
+  std::vector<double> fp32_ms;  // [batches]
+  for (const int rows : options.batches) {
+    const std::vector<float> x = random_matrix(rows, shape.in_features, options.seed + rows);  // [rows, in]
+    std::vector<float> y(static_cast<std::size_t>(rows) * shape.out_features);                // [rows, out]
+    const llm::TimingStats time = time_product([&] { fp32.forward(x.data(), rows, y.data()); }, options.repeats,
+                                               flusher);
+    fp32_ms.push_back(time.median_ms);
+    KernelCell cell = new_cell("cpu", shape, kFp32VariantId, "fp32", rows);
+    cell.time_ms = cell.baseline_ms = time.median_ms;
+    cell.weight_bytes = static_cast<double>(fp32.weight_bytes());
+    cell.bytes_per_weight = 4.0;
+    cell.check = llm::compare(y, y, kKernelTolerance);  // the baseline is its own reference
+    cells.push_back(cell);
+  }
+  for (const int id : options.variant_ids) {
+    const auto& variant = weight_format(id);
+    if (!variant.fn) continue;  // fp32 ran above; cuBLAS is CUDA's
+    KernelCell skipped = new_cell("cpu", shape, id, variant.name, 0);
+    if (variant.fn->group_size > shape.in_features) {
+      skipped.skipped = fmt::format("{} input columns: fewer than one group", shape.in_features);
+      cells.push_back(skipped);
+      continue;
+    }
+    const QuantizedMatrix matrix = quantize_rtn({weight, shape.out_features, shape.in_features}, *variant.fn);
+    const QuantizedLinear quantized(matrix);
+    const llm::DenseLinear reference(dequantize(matrix), shape.out_features, shape.in_features);
+    for (std::size_t b = 0; b < options.batches.size(); ++b) {
+      const int rows = options.batches[b];
+      const std::vector<float> x = random_matrix(rows, shape.in_features, options.seed + 1000 + rows);
+      std::vector<float> y(static_cast<std::size_t>(rows) * shape.out_features, NAN);  // poisoned
+      std::vector<float> y_reference(y.size());
+      reference.forward(x.data(), rows, y_reference.data());
+      const llm::TimingStats time =
+          time_product([&] { quantized.forward(x.data(), rows, y.data()); }, options.repeats, flusher);
+      KernelCell cell = new_cell("cpu", shape, id, variant.name, rows);
+      cell.time_ms = time.median_ms;
+      cell.baseline_ms = fp32_ms[b];
+      cell.weight_bytes = static_cast<double>(matrix.bytes());
+      cell.bytes_per_weight = matrix.bytes_per_weight();
+      cell.check = llm::compare(y, y_reference, kKernelTolerance);
+      cells.push_back(cell);
+    }
+  }
+}
+
+void run_cuda_shape(const KernelShape& shape, const std::vector<float>& weight, const KernelTableOptions& options,
+                    std::vector<KernelCell>& cells) {
+  bool cublas_rows_added = false;
+  for (const int id : options.variant_ids) {
+    const auto& variant = weight_format(id);
+    if (!variant.fn) continue;
+    if (variant.fn->group_size > shape.in_features) {
+      KernelCell skipped = new_cell("cuda", shape, id, variant.name, 0);
+      skipped.skipped = fmt::format("{} input columns: fewer than one group", shape.in_features);
+      cells.push_back(skipped);
+      continue;
+    }
+    const QuantizedMatrix matrix = quantize_rtn({weight, shape.out_features, shape.in_features}, *variant.fn);
+    for (const int rows : options.batches) {
+      const CudaMatmulTiming timing = time_cuda_quantized_matmul(matrix, rows, options.repeats, options.seed + rows);
+      if (!cublas_rows_added) {  // the library row, once per batch (each format's run times it again: same shape)
+        KernelCell library = new_cell("cuda", shape, kCublasFp16VariantId, "cublas-fp16", rows);
+        library.time_ms = library.baseline_ms = timing.cublas_fp16_ms;
+        library.weight_bytes = 2.0 * shape.out_features * shape.in_features;
+        library.bytes_per_weight = 2.0;
+        library.check.ok = true;  // cuBLAS is the reference library; checked by the step's CUDA tests
+        cells.push_back(library);
+      }
+      KernelCell cell = new_cell("cuda", shape, id, variant.name, rows);
+      cell.time_ms = timing.quantized_ms;
+      cell.baseline_ms = timing.cublas_fp16_ms;
+      cell.weight_bytes = static_cast<double>(matrix.bytes());
+      cell.bytes_per_weight = matrix.bytes_per_weight();
+      cell.check = timing.check;
+      cells.push_back(cell);
+    }
+    cublas_rows_added = true;
+  }
+}
+
+}  // namespace
+
+std::vector<KernelShape> kernel_shapes(const llm::ModelConfig& this_model, bool include_llama_2_7b) {
+  const llm::ModelConfig small = llm::find_preset("small").config;
+  std::vector<KernelShape> shapes = {
+      {"this model", "w1/w3 (gate, up)", this_model.hidden_dim, this_model.dim},
+      {"this model", "w2 (down)", this_model.dim, this_model.hidden_dim},
+      {"small", "w1/w3 (gate, up)", small.hidden_dim, small.dim},
+      {"small", "classifier", small.vocab_size, small.dim},
+  };
+  if (include_llama_2_7b) {
+    const llm::ModelConfig llama = llm::find_preset("llama2-7b").config;
+    shapes.push_back({"llama2-7b", "w1/w3 (gate, up)", llama.hidden_dim, llama.dim});
+    shapes.push_back({"llama2-7b", "w2 (down)", llama.dim, llama.hidden_dim});
+  }
+  return shapes;
+}
+
+KernelTable run_kernel_table(const std::vector<KernelShape>& shapes, const KernelTableOptions& options) {
+  KernelTable table;
+  std::unique_ptr<step03::CpuCacheFlusher> flusher;
+  if (options.cpu) {
+    table.cpu_read_gbps = measure_cpu_read_bandwidth_gbps();
+    table.cpu_simd = simd_name(detected_simd());
+    if (options.flush_caches) flusher = std::make_unique<step03::CpuCacheFlusher>();
+  }
+  for (std::size_t s = 0; s < shapes.size(); ++s) {
+    const KernelShape& shape = shapes[s];
+    const std::vector<float> weight = random_matrix(shape.out_features, shape.in_features, options.seed + 7919 * s);
+    if (options.cpu) run_cpu_shape(shape, weight, options, flusher.get(), table.cells);
+    if (options.cuda) run_cuda_shape(shape, weight, options, table.cells);
+  }
+  for (KernelCell& cell : table.cells)
+    if (cell.skipped.empty()) cell.gb_per_s = cell.weight_bytes / (cell.time_ms * 1e-3) / 1e9;
+  return table;
+}
+
+}  // namespace step06

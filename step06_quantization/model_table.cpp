@@ -1,0 +1,245 @@
+#include "step06_quantization/model_table.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+
+#include "llm/cpu_model.hpp"
+#include "llm/errors.hpp"
+#include "llm/harness/model_on_device.hpp"
+#include "llm/harness/timer.hpp"
+#include "llm/token_batch.hpp"
+#include "step05_paged_attention/paged_generation.hpp"
+#include "step05_paged_attention/paged_kv_cache.hpp"
+#include "step06_quantization/weight_formats.hpp"
+
+namespace step06 {
+
+std::string ModelVariant::name() const {
+  std::string weights = format_id == kFp32VariantId
+                            ? std::string("fp32")
+                            : fmt::format("{} {}", weight_format(format_id).name, algorithm_name(algorithm));
+  return int8_kv ? weights + " + int8 kv" : weights;
+}
+
+namespace {
+
+constexpr int kKvBlockSize = 16;  // the int8 cache's blocks (step 05's default)
+
+// A one-sequence cache of `capacity` positions for `model`: its own fp32
+// cache, or a paged cache of int8 rows.
+std::unique_ptr<llm::KvCache> make_cache(llm::Model& model, bool int8_kv, int capacity) {
+  if (!int8_kv) return model.make_cache(1, capacity);
+  step05::PagedKvCacheOptions options;
+  options.num_sequences = 1;
+  options.block_size = kKvBlockSize;
+  options.n_blocks = step05::blocks_for_sequences(1, capacity, kKvBlockSize);
+  options.element = llm::KvElement::Int8;
+  return step05::make_paged_kv_cache(model.device_name(), model.config(), options);
+}
+
+// Bytes of K and V of one position in every layer: fp32 rows, or int8 rows
+// plus one fp32 scale per KV head.
+double kv_bytes_per_position(const llm::ModelConfig& config, bool int8_kv) {
+  const double per_row = int8_kv ? config.kv_dim() + 4.0 * config.n_kv_heads : 4.0 * config.kv_dim();
+  return 2.0 * config.n_layers * per_row;
+}
+
+// Bytes of the matrices one decode token reads: each quantized matrix's
+// codes and scales, the rest in fp32.
+double weight_bytes_per_token(const llm::ModelConfig& config, const QuantizedLayers* layers) {
+  const double q_width = static_cast<double>(config.n_heads) * config.head_dim();
+  const double per_layer_fp32 = 4.0 * (q_width * config.dim * 2 + 2.0 * config.kv_dim() * config.dim +
+                                       3.0 * config.hidden_dim * config.dim);
+  double bytes = config.n_layers * per_layer_fp32 + 4.0 * config.vocab_size * config.dim;
+  if (layers == nullptr) return bytes;
+  for (const auto& [site, matrix] : layers->matrices)
+    bytes += static_cast<double>(matrix.bytes()) - 4.0 * matrix.out_features * matrix.in_features;
+  return bytes;
+}
+
+// Logits at every position of `sequence` ([length, vocab]), one all-rows forward.
+std::vector<float> logits_over(llm::Model& model, bool int8_kv, const std::vector<int>& sequence) {
+  auto cache = make_cache(model, int8_kv, static_cast<int>(sequence.size()));
+  const std::span<const float> logits =
+      model.forward(llm::TokenBatch::prefill(sequence, 0, 0), *cache, llm::LogitsFor::AllRows);
+  return {logits.begin(), logits.end()};
+}
+
+// Greedy decode timing: `repeats` runs of `positions` positions from the
+// prompt; the time per token of the decode forwards (the prefill excluded),
+// median over runs. Returns the tokens of the last run too.
+struct DecodeTiming {
+  double ms_per_token = 0.0;
+  std::vector<int> tokens;
+};
+DecodeTiming time_decode(llm::Model& model, bool int8_kv, const std::vector<int>& prompt, int positions,
+                         int repeats) {
+  DecodeTiming timing;
+  std::vector<double> per_token_ms;
+  for (int run = 0; run <= repeats; ++run) {  // run 0: warm-up
+    auto cache = make_cache(model, int8_kv, positions);
+    const step05::GreedyRun greedy = step05::greedy_in_slot(model, *cache, 0, prompt, 0, positions);
+    const int decode_tokens = static_cast<int>(greedy.tokens.size()) - 1;  // the first came from the prefill
+    if (decode_tokens < 1) throw llm::InputError("decode timing: the model generated BOS at once; nothing to time");
+    if (run > 0) per_token_ms.push_back((greedy.total_ms - greedy.prefill_ms) / decode_tokens);
+    timing.tokens = greedy.tokens;
+  }
+  timing.ms_per_token = llm::TimingStats::from_samples(per_token_ms).median_ms;
+  return timing;
+}
+
+int matching_prefix(const std::vector<int>& a, const std::vector<int>& b) {
+  const auto [end_a, end_b] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  return static_cast<int>(end_a - a.begin());
+}
+
+// What every row of one run shares: the fp32 reference on the CPU and the
+// sequences quality is measured on.
+struct Reference {
+  std::vector<std::vector<int>> heldout;            // [sequences][length]
+  std::vector<std::vector<float>> heldout_logits;   // [sequences][length * vocab], fp32 on the CPU
+  double perplexity = 0.0;
+};
+
+// Mean KL / top-1 / perplexity of `model` on the held-out sequences against
+// the fp32 logits (all positions of all sequences pooled).
+void measure_quality(llm::Model& model, bool int8_kv, const Reference& reference, int vocab, ModelRow& row) {
+  std::vector<float> reference_logits, candidate_logits;  // [positions, vocab] over every sequence
+  std::vector<float> perplexity_logits;                   // [positions - 1 per sequence, vocab]
+  std::vector<int> next_tokens;
+  for (std::size_t s = 0; s < reference.heldout.size(); ++s) {
+    const std::vector<int>& sequence = reference.heldout[s];
+    const std::vector<float> logits = logits_over(model, int8_kv, sequence);
+    reference_logits.insert(reference_logits.end(), reference.heldout_logits[s].begin(),
+                            reference.heldout_logits[s].end());
+    candidate_logits.insert(candidate_logits.end(), logits.begin(), logits.end());
+    // Position t predicts token t + 1: every row but the last.
+    perplexity_logits.insert(perplexity_logits.end(), logits.begin(), logits.end() - vocab);
+    next_tokens.insert(next_tokens.end(), sequence.begin() + 1, sequence.end());
+  }
+  row.agreement = llm::compare_next_token_distributions(reference_logits, candidate_logits, vocab);
+  row.perplexity = llm::perplexity(perplexity_logits, next_tokens, vocab);
+  row.perplexity_fp32 = reference.perplexity;
+}
+
+}  // namespace
+
+std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::ModelWeights& weights,
+                                      const ModelTableOptions& options) {
+  const llm::ModelConfig& config = weights.config;
+  llm::CpuModel fp32_cpu(weights);
+  Reference reference;
+  std::unique_ptr<Calibration> calibration;
+  if (options.quality) {
+    // Calibration and held-out text: both sampled from the fp32 model, with
+    // seeds that never overlap, so quality is measured on text GPTQ/AWQ never saw.
+    calibration = record_calibration(weights, sample_sequences(fp32_cpu, options.calibration_sequences,
+                                                               options.calibration_length, options.seed + 1000));
+    reference.heldout =
+        sample_sequences(fp32_cpu, options.heldout_sequences, options.heldout_length, options.seed + 2000);
+    for (const auto& sequence : reference.heldout)
+      reference.heldout_logits.push_back(logits_over(fp32_cpu, false, sequence));
+    ModelRow fp32_quality;
+    measure_quality(fp32_cpu, false, reference, config.vocab_size, fp32_quality);
+    reference.perplexity = fp32_quality.perplexity;
+  }
+
+  // The variants, in table order: fp32, each format x algorithm, then the int8 KV rows.
+  std::vector<ModelVariant> variants;
+  for (const int id : options.format_ids) {
+    if (id == kFp32VariantId) continue;
+    for (const QuantAlgorithm algorithm : options.quality ? options.algorithms : std::vector{QuantAlgorithm::Rtn})
+      variants.push_back({id, algorithm, false});
+  }
+  if (options.int8_kv_rows) {
+    variants.push_back({kFp32VariantId, QuantAlgorithm::Rtn, true});
+    for (const int id : options.format_ids)
+      if (id != kFp32VariantId && weight_format(id).name == "int8") variants.push_back({id, QuantAlgorithm::Rtn, true});
+  }
+
+  // Quantize each (format, algorithm) once; every device runs the same codes.
+  std::map<std::pair<int, QuantAlgorithm>, QuantizedLayers> quantized;
+  std::map<std::pair<int, QuantAlgorithm>, std::string> skipped;
+  for (const ModelVariant& variant : variants) {
+    const auto key = std::pair{variant.format_id, variant.algorithm};
+    if (variant.format_id == kFp32VariantId || quantized.contains(key) || skipped.contains(key)) continue;
+    ModelQuantization quantization;
+    quantization.format = *weight_format(variant.format_id).fn;
+    quantization.algorithm = variant.algorithm;
+    try {
+      quantized.emplace(key, quantize_layers(weights, quantization, calibration.get()));
+    } catch (const llm::InputError& error) {
+      skipped.emplace(key, error.what());  // e.g. a group larger than a layer's input
+    }
+  }
+
+  std::vector<ModelRow> rows;
+  for (const std::string& device : options.devices) {
+    double fp32_ms_per_token = 0.0;
+    std::vector<int> fp32_greedy;
+    const auto run_row = [&](const ModelVariant& variant, const QuantizedLayers* layers) {
+      ModelRow row;
+      row.device = device;
+      row.model = model_name;
+      row.variant = variant;
+      std::unique_ptr<llm::Model> model =
+          layers ? make_quantized_model_on(device, weights, *layers) : llm::make_model_on(device, weights);
+      row.weight_bytes = weight_bytes_per_token(config, layers);
+      row.kv_bytes_per_position = kv_bytes_per_position(config, variant.int8_kv);
+      const DecodeTiming decode =
+          time_decode(*model, variant.int8_kv, options.prompt, options.decode_positions, options.repeats);
+      row.decode_ms_per_token = decode.ms_per_token;
+      row.tokens_per_s = 1e3 / decode.ms_per_token;
+      row.gb_per_s = row.weight_bytes / (decode.ms_per_token * 1e-3) / 1e9;
+      if (variant.format_id == kFp32VariantId && !variant.int8_kv) {
+        fp32_ms_per_token = decode.ms_per_token;
+        fp32_greedy = decode.tokens;
+      }
+      row.speedup = fp32_ms_per_token / decode.ms_per_token;
+      row.greedy_tokens_compared = static_cast<int>(fp32_greedy.size());
+      row.greedy_matching_prefix = matching_prefix(decode.tokens, fp32_greedy);
+      if (options.quality && device == "cpu") measure_quality(*model, variant.int8_kv, reference, config.vocab_size, row);
+      row.ok = true;
+      if (device != "cpu") {
+        // The GPU runs the same codes as the CPU: its logits on one held-out
+        // sequence match the CPU model's within fp32 tolerance of a model.
+        std::vector<int> checked = options.prompt;  // [positions] the prompt and the greedy tokens
+        checked.insert(checked.end(), decode.tokens.begin(), decode.tokens.end());
+        checked.resize(std::min<std::size_t>(checked.size(), static_cast<std::size_t>(options.decode_positions)));
+        std::unique_ptr<llm::Model> cpu_model =
+            layers ? make_quantized_model_on("cpu", weights, *layers) : llm::make_model_on("cpu", weights);
+        row.check = llm::compare(logits_over(*model, variant.int8_kv, checked),
+                                 logits_over(*cpu_model, variant.int8_kv, checked),
+                                 llm::model_logits_tolerance(llm::DType::F32));
+        row.ok = row.check.ok;
+      }
+      rows.push_back(std::move(row));
+    };
+    run_row({kFp32VariantId, QuantAlgorithm::Rtn, false}, nullptr);
+    if (options.quality && device == "cpu") {
+      rows.back().agreement = llm::NextTokenAgreement{0, 0.0, 0.0, 1.0};
+      rows.back().perplexity = rows.back().perplexity_fp32 = reference.perplexity;
+    }
+    for (const ModelVariant& variant : variants) {
+      const auto key = std::pair{variant.format_id, variant.algorithm};
+      if (const auto found = skipped.find(key); found != skipped.end()) {
+        ModelRow row;
+        row.device = device;
+        row.model = model_name;
+        row.variant = variant;
+        row.skipped = found->second;
+        row.ok = true;  // not run: a format that does not fit this model's layers
+        rows.push_back(std::move(row));
+        continue;
+      }
+      run_row(variant, variant.format_id == kFp32VariantId ? nullptr : &quantized.at(key));
+    }
+  }
+  return rows;
+}
+
+}  // namespace step06

@@ -1,0 +1,69 @@
+#pragma once
+// Parts 2 and 3: the whole model quantized, run by the unchanged CPU and CUDA
+// forwards through the Linear hook (and, for the int8 KV rows, through a
+// cache of int8 rows behind the KvCache hook).
+//   2. Speed: decode tokens/s per weight format (RTN), beside fp32, with the
+//      weight bytes each token reads and the bandwidth that makes.
+//   3. Quality (on a trained model: stories260K): each format x algorithm
+//      against the fp32 model on held-out sequences the fp32 model sampled
+//      (seeds apart from the calibration's): mean KL of the next-token
+//      distributions, top-1 agreement, perplexity, and how many greedy tokens
+//      match fp32's before the first difference.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "llm/harness/compare.hpp"
+#include "llm/quality.hpp"
+#include "llm/weights.hpp"
+#include "step06_quantization/quantized_layers.hpp"
+
+namespace step06 {
+
+// What one model row stores: the weights' format and algorithm, and the KV cache's element.
+struct ModelVariant {
+  int format_id = 0;  // weight_formats() row (0: fp32)
+  QuantAlgorithm algorithm = QuantAlgorithm::Rtn;
+  bool int8_kv = false;  // a paged cache of int8 rows with per-(position, head) scales
+  std::string name() const;  // "int4-g64 gptq", "fp32 + int8 kv"
+};
+
+struct ModelRow {
+  std::string device;
+  std::string model;  // "stories260K.bin", "preset small"
+  ModelVariant variant;
+  std::string skipped;               // why it did not run, else empty
+  double weight_bytes = 0.0;         // bytes of the matrices one decode token reads (codes + scales, fp32 kept ones)
+  double kv_bytes_per_position = 0.0;  // K and V (and scales) of one position, every layer
+  double decode_ms_per_token = 0.0;  // median over repeats of the decode forwards' mean
+  double tokens_per_s = 0.0;
+  double speedup = 1.0;              // fp32's time per token / this one's, same device and model
+  double gb_per_s = 0.0;             // weight bytes / time per token
+  std::optional<llm::NextTokenAgreement> agreement;  // vs fp32 on the held-out sequences (quality part only)
+  double perplexity = 0.0;           // of the held-out sequences (teacher forced)
+  double perplexity_fp32 = 0.0;
+  int greedy_tokens_compared = 0;    // greedy from the prompt, fp32 vs this
+  int greedy_matching_prefix = 0;    // tokens equal to fp32's before the first difference
+  llm::CompareResult check;          // CUDA rows: logits vs the CPU run of the same quantized model
+  bool ok = false;
+};
+
+struct ModelTableOptions {
+  std::vector<std::string> devices = {"cpu"};
+  std::vector<int> format_ids;                     // weight_formats() rows (0 included for the baseline)
+  std::vector<QuantAlgorithm> algorithms = {QuantAlgorithm::Rtn, QuantAlgorithm::Gptq, QuantAlgorithm::Awq};
+  bool quality = true;           // part 3 (a trained model); false: speed only (random weights)
+  bool int8_kv_rows = true;
+  std::vector<int> prompt;       // greedy runs start here (BOS first)
+  int decode_positions = 128;    // positions of each timed greedy run, prompt included
+  int repeats = 3;
+  int calibration_sequences = 16, calibration_length = 128;
+  int heldout_sequences = 8, heldout_length = 256;
+  std::uint64_t seed = 42;
+};
+
+std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::ModelWeights& weights,
+                                      const ModelTableOptions& options);
+
+}  // namespace step06

@@ -1,0 +1,150 @@
+#include "step06_quantization/quantized_layers.hpp"
+
+#include <fmt/format.h>
+
+#include "llm/cpu_model.hpp"
+#include "llm/errors.hpp"
+#include "llm/harness/model_on_device.hpp"
+#include "llm/sampler.hpp"
+#include "llm/token_batch.hpp"
+#include "step06_quantization/cpu_quantized_linear.hpp"
+#include "step06_quantization/cuda_quantized_kernels.hpp"
+
+namespace step06 {
+
+std::string describe(const ModelQuantization& quantization) {
+  return fmt::format("{} {}{}", quantization.format.name(), algorithm_name(quantization.algorithm),
+                     quantization.quantize_classifier ? "" : " (classifier fp32)");
+}
+
+std::vector<std::vector<int>> sample_sequences(llm::Model& model, int n_sequences, int length, std::uint64_t seed) {
+  const llm::ModelConfig& config = model.config();
+  if (n_sequences < 1 || length < 2 || length > config.seq_len)
+    throw llm::InputError(fmt::format("calibration: {} sequences of {} positions (the context is {})", n_sequences,
+                                      length, config.seq_len));
+  constexpr int kBos = 1;  // llama2.c's BOS id: every sequence starts as a prompt would
+  std::vector<std::vector<int>> sequences;
+  for (int s = 0; s < n_sequences; ++s) {
+    // Temperature 1, no top-p: the model's own distribution, so calibration
+    // activations look like the ones the model meets when it generates.
+    llm::Sampler sampler(config.vocab_size, 1.0f, 1.0f, seed + static_cast<std::uint64_t>(s));
+    auto cache = model.make_cache(1, length);
+    std::vector<int> tokens = {kBos};  // [length]
+    while (static_cast<int>(tokens.size()) < length) {
+      const int position = static_cast<int>(tokens.size()) - 1;
+      const std::span<const float> logits =
+          model.forward(llm::TokenBatch::single(tokens.back(), position, 0), *cache);
+      tokens.push_back(sampler.sample(logits));
+    }
+    sequences.push_back(std::move(tokens));
+  }
+  return sequences;
+}
+
+std::unique_ptr<Calibration> record_calibration(const llm::ModelWeights& weights,
+                                                std::vector<std::vector<int>> sequences) {
+  auto calibration = std::make_unique<Calibration>();
+  calibration->sequences = std::move(sequences);
+  llm::CpuModelOptions options;
+  options.linear_factory = calibration->recorder.wrap(llm::dense_linear_factory());
+  llm::CpuModel model(weights, options);
+  for (const std::vector<int>& sequence : calibration->sequences) {
+    auto cache = model.make_cache(1, static_cast<int>(sequence.size()));
+    // Every row gets logits so the classifier records every position too.
+    model.forward(llm::TokenBatch::prefill(sequence, 0, 0), *cache, llm::LogitsFor::AllRows);
+  }
+  return calibration;
+}
+
+std::size_t QuantizedLayers::bytes() const {
+  std::size_t total = 0;
+  for (const auto& [site, matrix] : matrices) total += matrix.bytes();
+  return total;
+}
+
+namespace {
+
+// The fp32 matrix of `site` in `weights`, with its shape.
+LayerWeights layer_of(const llm::ModelWeights& weights, const llm::LinearSite& site) {
+  const llm::ModelConfig& c = weights.config;
+  const int q_width = c.n_heads * c.head_dim();
+  if (site.role == llm::LinearRole::Classifier) return {weights.classifier_matrix(), c.vocab_size, c.dim};
+  const llm::LayerWeights& layer = weights.layers.at(static_cast<std::size_t>(site.layer));
+  switch (site.role) {
+    case llm::LinearRole::Query: return {layer.wq, q_width, c.dim};
+    case llm::LinearRole::Key: return {layer.wk, c.kv_dim(), c.dim};
+    case llm::LinearRole::Value: return {layer.wv, c.kv_dim(), c.dim};
+    case llm::LinearRole::Output: return {layer.wo, c.dim, q_width};
+    case llm::LinearRole::Gate: return {layer.w1, c.hidden_dim, c.dim};
+    case llm::LinearRole::Up: return {layer.w3, c.hidden_dim, c.dim};
+    case llm::LinearRole::Down: return {layer.w2, c.dim, c.hidden_dim};
+    case llm::LinearRole::Classifier: break;
+  }
+  throw llm::InputError("quantize: unknown layer role");
+}
+
+std::vector<llm::LinearSite> every_site(const llm::ModelConfig& config) {
+  using llm::LinearRole;
+  std::vector<llm::LinearSite> sites;
+  for (int layer = 0; layer < config.n_layers; ++layer)
+    for (LinearRole role : {LinearRole::Query, LinearRole::Key, LinearRole::Value, LinearRole::Output,
+                            LinearRole::Gate, LinearRole::Up, LinearRole::Down})
+      sites.push_back({layer, role});
+  sites.push_back({-1, LinearRole::Classifier});
+  return sites;
+}
+
+}  // namespace
+
+QuantizedLayers quantize_layers(const llm::ModelWeights& weights, const ModelQuantization& quantization,
+                                const Calibration* calibration) {
+  const bool needs_calibration = quantization.algorithm != QuantAlgorithm::Rtn;
+  if (needs_calibration && calibration == nullptr)
+    throw llm::InputError(fmt::format("{} needs calibration data", algorithm_name(quantization.algorithm)));
+  QuantizedLayers layers;
+  layers.quantization = quantization;
+  for (const llm::LinearSite& site : every_site(weights.config)) {
+    const bool is_classifier = site.role == llm::LinearRole::Classifier;
+    if (is_classifier && !quantization.quantize_classifier) continue;
+    const LayerWeights layer = layer_of(weights, site);
+    // The classifier is rounded to nearest under every algorithm: its inputs
+    // are the final norm's, and calibrating a vocab-sized matrix buys little.
+    if (!needs_calibration || is_classifier) {
+      layers.matrices.emplace(site, quantize_rtn(layer, quantization.format));
+      continue;
+    }
+    const CalibrationInputs inputs{calibration->recorder.inputs(site), calibration->recorder.rows(site),
+                                   layer.in_features};
+    if (inputs.n_rows == 0) throw llm::InputError(fmt::format("calibration recorded no rows for {}", site.name()));
+    if (quantization.algorithm == QuantAlgorithm::Gptq) {
+      layers.matrices.emplace(site, quantize_gptq(layer, quantization.format, inputs, quantization.gptq));
+    } else {
+      layers.matrices.emplace(site, quantize_awq(layer, quantization.format, inputs, quantization.awq).matrix);
+    }
+  }
+  return layers;
+}
+
+llm::LinearFactory quantized_linear_factory(const QuantizedLayers& layers) {
+  return [&layers](const std::vector<float>& weight, int out_features, int in_features,
+                   const llm::LinearSite& site) -> std::unique_ptr<llm::Linear> {
+    const auto found = layers.matrices.find(site);
+    if (found == layers.matrices.end()) return std::make_unique<llm::DenseLinear>(weight, out_features, in_features);
+    if (found->second.out_features != out_features || found->second.in_features != in_features)
+      throw llm::InputError(fmt::format("{}: the quantized matrix is [{}, {}], the model's [{}, {}]", site.name(),
+                                        found->second.out_features, found->second.in_features, out_features,
+                                        in_features));
+    return std::make_unique<QuantizedLinear>(found->second);
+  };
+}
+
+std::unique_ptr<llm::Model> make_quantized_model_on(const std::string& device, const llm::ModelWeights& weights,
+                                                    const QuantizedLayers& layers) {
+  if (device == "cuda") return make_cuda_quantized_model(weights, layers);
+  if (device != "cpu") throw llm::InputError(fmt::format("unknown device '{}'", device));
+  llm::CpuModelOptions options;
+  options.linear_factory = quantized_linear_factory(layers);
+  return std::make_unique<llm::CpuModel>(weights, options);
+}
+
+}  // namespace step06

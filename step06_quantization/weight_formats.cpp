@@ -1,0 +1,38 @@
+#include "step06_quantization/weight_formats.hpp"
+
+#include <fmt/format.h>
+
+#include "llm/errors.hpp"
+
+namespace step06 {
+
+const std::vector<llm::Variant<WeightFormat>>& weight_formats() {
+  using llm::Backend;
+  // Group sizes: 32 is the finest (most scales, best quality), 128 the
+  // common choice for 7B-class models (GPTQ/AWQ checkpoints ship g128).
+  static const std::vector<llm::Variant<WeightFormat>> table = {
+      {kFp32VariantId, "fp32", "the baseline: 4 bytes a weight", Backend::Any, std::nullopt},
+      {1, "int8", "int8 per output channel, symmetric absmax: ~1 byte a weight", Backend::Any,
+       QuantFormat::parse("int8")},
+      {2, "int4-g32", "int4, groups of 32, scale + zero point: ~0.66 bytes a weight", Backend::Any,
+       QuantFormat::parse("int4-g32")},
+      {3, "int4-g64", "int4, groups of 64, scale + zero point: ~0.58 bytes a weight", Backend::Any,
+       QuantFormat::parse("int4-g64")},
+      {4, "int4-g128", "int4, groups of 128, scale + zero point: ~0.54 bytes a weight", Backend::Any,
+       QuantFormat::parse("int4-g128")},
+      {5, "int4sym-g64", "int4 symmetric (no zero point), groups of 64", Backend::Any,
+       QuantFormat::parse("int4sym-g64")},
+      {6, "nf4", "4-bit NormalFloat levels, blocks of 64, absmax scale", Backend::Any, QuantFormat::parse("nf4")},
+      {kCublasFp16VariantId, "cublas-fp16", "CUDA kernel table only: cuBLAS GEMM, fp16 weights, fp32 accumulation",
+       Backend::Cuda, std::nullopt},
+  };
+  return table;
+}
+
+const llm::Variant<WeightFormat>& weight_format(int id) {
+  for (const auto& row : weight_formats())
+    if (row.id == id) return row;
+  throw llm::InputError(fmt::format("no weight format with id {} (--list shows them)", id));
+}
+
+}  // namespace step06

@@ -1,0 +1,24 @@
+#pragma once
+// The step's variant table: how the weights are stored. id 0 is the fp32
+// baseline; every other row is a quantized format (quant_format.hpp); id 90
+// is the library row of the CUDA kernel table (cuBLAS with fp16 weights).
+// --variant picks rows; --list prints them.
+#include <optional>
+#include <vector>
+
+#include "llm/harness/variant.hpp"
+#include "step06_quantization/quant_format.hpp"
+
+namespace step06 {
+
+// The "function" of a row is its format (nullopt: fp32, no quantization).
+using WeightFormat = std::optional<QuantFormat>;
+
+inline constexpr int kFp32VariantId = 0;
+inline constexpr int kCublasFp16VariantId = 90;
+
+const std::vector<llm::Variant<WeightFormat>>& weight_formats();
+// The row with `id` (InputError when there is none).
+const llm::Variant<WeightFormat>& weight_format(int id);
+
+}  // namespace step06
