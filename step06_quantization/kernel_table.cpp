@@ -72,16 +72,15 @@ void run_cpu_shape(const KernelShape& shape, const std::vector<float>& weight, c
     cell.check = llm::compare(y, y, kKernelTolerance);  // the baseline is its own reference
     cells.push_back(cell);
   }
-  for (const int id : options.variant_ids) {
-    const auto& variant = weight_format(id);
-    if (!variant.fn) continue;  // fp32 ran above; cuBLAS is CUDA's
-    KernelCell skipped = new_cell("cpu", shape, id, variant.name, 0);
-    if (variant.fn->group_size > shape.in_features) {
+  for (const QuantFormat& format : options.formats) {
+    const int id = variant_id_of(format);
+    KernelCell skipped = new_cell("cpu", shape, id, format.name(), 0);
+    if (format.group_size > shape.in_features) {
       skipped.skipped = fmt::format("{} input columns: fewer than one group", shape.in_features);
       cells.push_back(skipped);
       continue;
     }
-    const QuantizedMatrix matrix = quantize_rtn({weight, shape.out_features, shape.in_features}, *variant.fn);
+    const QuantizedMatrix matrix = quantize_rtn({weight, shape.out_features, shape.in_features}, format);
     const QuantizedLinear quantized(matrix);
     const llm::DenseLinear reference(dequantize(matrix), shape.out_features, shape.in_features);
     for (std::size_t b = 0; b < options.batches.size(); ++b) {
@@ -92,7 +91,7 @@ void run_cpu_shape(const KernelShape& shape, const std::vector<float>& weight, c
       reference.forward(x.data(), rows, y_reference.data());
       const llm::TimingStats time =
           time_product([&] { quantized.forward(x.data(), rows, y.data()); }, options.repeats, flusher);
-      KernelCell cell = new_cell("cpu", shape, id, variant.name, rows);
+      KernelCell cell = new_cell("cpu", shape, id, format.name(), rows);
       cell.time_ms = time.median_ms;
       cell.baseline_ms = fp32_ms[b];
       cell.weight_bytes = static_cast<double>(matrix.bytes());
@@ -106,16 +105,15 @@ void run_cpu_shape(const KernelShape& shape, const std::vector<float>& weight, c
 void run_cuda_shape(const KernelShape& shape, const std::vector<float>& weight, const KernelTableOptions& options,
                     std::vector<KernelCell>& cells) {
   bool cublas_rows_added = false;
-  for (const int id : options.variant_ids) {
-    const auto& variant = weight_format(id);
-    if (!variant.fn) continue;
-    if (variant.fn->group_size > shape.in_features) {
-      KernelCell skipped = new_cell("cuda", shape, id, variant.name, 0);
+  for (const QuantFormat& format : options.formats) {
+    const int id = variant_id_of(format);
+    if (format.group_size > shape.in_features) {
+      KernelCell skipped = new_cell("cuda", shape, id, format.name(), 0);
       skipped.skipped = fmt::format("{} input columns: fewer than one group", shape.in_features);
       cells.push_back(skipped);
       continue;
     }
-    const QuantizedMatrix matrix = quantize_rtn({weight, shape.out_features, shape.in_features}, *variant.fn);
+    const QuantizedMatrix matrix = quantize_rtn({weight, shape.out_features, shape.in_features}, format);
     for (const int rows : options.batches) {
       const CudaMatmulTiming timing = time_cuda_quantized_matmul(matrix, rows, options.repeats, options.seed + rows);
       if (!cublas_rows_added) {  // the library row, once per batch (each format's run times it again: same shape)
@@ -126,7 +124,7 @@ void run_cuda_shape(const KernelShape& shape, const std::vector<float>& weight, 
         library.check.ok = true;  // cuBLAS is the reference library; checked by the step's CUDA tests
         cells.push_back(library);
       }
-      KernelCell cell = new_cell("cuda", shape, id, variant.name, rows);
+      KernelCell cell = new_cell("cuda", shape, id, format.name(), rows);
       cell.time_ms = timing.quantized_ms;
       cell.baseline_ms = timing.cublas_fp16_ms;
       cell.weight_bytes = static_cast<double>(matrix.bytes());

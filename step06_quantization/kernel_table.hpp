@@ -10,6 +10,7 @@
 
 #include "llm/config.hpp"
 #include "llm/harness/compare.hpp"
+#include "step06_quantization/quant_format.hpp"
 
 namespace step06 {
 
@@ -26,7 +27,7 @@ struct KernelShape {
 std::vector<KernelShape> kernel_shapes(const llm::ModelConfig& this_model, bool include_llama_2_7b);
 
 struct KernelTableOptions {
-  std::vector<int> variant_ids;  // weight_formats() rows to run (fp32 and cuBLAS rows are the baselines)
+  std::vector<QuantFormat> formats;  // the quantized formats to run (fp32 / cuBLAS fp16, the baselines, always run)
   std::vector<int> batches = {1, 4, 16};
   int repeats = 5;
   bool flush_caches = true;  // CPU: evict the caches before every timed run (weights come from DRAM, as in decode)

@@ -33,6 +33,7 @@ namespace {
 
 struct Step06Options {
   llm::CommonOptions common;
+  std::string formats;                      // --formats: names (int4-g256, ...) instead of --variant's table rows
   std::string algorithms = "rtn,gptq,awq";  // --algorithms (part 3)
   std::string batches = "1,4,16";           // --batches (part 1)
   int repeats = 5;                          // --repeats: timed runs per kernel cell (median)
@@ -47,6 +48,9 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
       "Step 06: quantization. int8/int4/NF4 weights (RTN, GPTQ, AWQ) dequantized in registers, and an int8 KV "
       "cache: kernel speed, decode speed, and quality against fp32.",
       argc, argv, options.common, [&options](CLI::App& app) {
+        app.add_option("--formats", options.formats,
+                       "quantized formats by name instead of --variant: int8, int4-gN, int4sym-gN, nf4, nf4-gN "
+                       "(N a multiple of 32), comma-separated");
         app.add_option("--algorithms", options.algorithms, "quality part: rtn, gptq, awq (comma-separated)")
             ->capture_default_str();
         app.add_option("--batches", options.batches, "kernel part: rows per product (1-64)")->capture_default_str();
@@ -66,7 +70,7 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
 // --quick: seconds on a slow CI core. Fewer formats and shapes, one timed run.
 void apply_quick(Step06Options& options) {
   if (!options.common.quick) return;
-  if (options.common.variant == "all") options.common.variant = "0,1,2,4";  // fp32, int8, int4-g32, int4-g128
+  if (options.common.variant == "all" && options.formats.empty()) options.common.variant = "0,1,2,4";  // fp32, int8, int4-g32, int4-g128
   options.batches = "1,4";
   options.repeats = 1;
   options.no_flush = true;
@@ -76,12 +80,20 @@ void apply_quick(Step06Options& options) {
   options.common.steps = std::min(options.common.steps, 32);
 }
 
-std::vector<step06::QuantAlgorithm> parse_algorithms(const std::string& text) {
-  std::vector<step06::QuantAlgorithm> algorithms;
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> names;
   std::size_t start = 0;
   while (start <= text.size()) {
     const std::size_t comma = std::min(text.find(',', start), text.size());
-    const std::string name = text.substr(start, comma - start);
+    names.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return names;
+}
+
+std::vector<step06::QuantAlgorithm> parse_algorithms(const std::string& text) {
+  std::vector<step06::QuantAlgorithm> algorithms;
+  for (const std::string& name : split_commas(text)) {
     bool known = false;
     for (const auto algorithm : {step06::QuantAlgorithm::Rtn, step06::QuantAlgorithm::Gptq, step06::QuantAlgorithm::Awq})
       if (name == step06::algorithm_name(algorithm)) {
@@ -89,9 +101,29 @@ std::vector<step06::QuantAlgorithm> parse_algorithms(const std::string& text) {
         known = true;
       }
     if (!known) throw llm::InputError(fmt::format("--algorithms: unknown algorithm '{}' (rtn, gptq, awq)", name));
-    start = comma + 1;
   }
   return algorithms;
+}
+
+// The formats to run: --formats by name (each must fit this model's layers:
+// asked for by name, a group larger than a layer is an error), else the
+// --variant rows of the table (a row that does not fit a layer is skipped
+// and says so). fp32 is the baseline and always runs.
+std::vector<step06::QuantFormat> selected_formats(const Step06Options& options, const llm::ModelConfig& config) {
+  std::vector<step06::QuantFormat> formats;
+  if (!options.formats.empty()) {
+    if (options.common.variant != "all")
+      throw llm::InputError("--formats and --variant both pick formats: give one of them");
+    for (const std::string& name : split_commas(options.formats)) {
+      const step06::QuantFormat format = step06::QuantFormat::parse(name);  // InputError: unknown, bad group
+      step06::check_layer_fits(format, config.dim, std::min(config.dim, config.hidden_dim));
+      formats.push_back(format);
+    }
+    return formats;
+  }
+  for (const int id : llm::parse_variant_selection(options.common.variant, llm::variant_ids(step06::weight_formats())))
+    if (const step06::WeightFormat& format = step06::weight_format(id).fn) formats.push_back(*format);
+  return formats;
 }
 
 // Every part's settings from the flags, checked before any work.
@@ -105,12 +137,8 @@ struct Plan {
 Plan plan_from(const Step06Options& options, const llm::LoadedModel& loaded, const llm::DeviceSelection& devices,
                const std::vector<int>& prompt, int positions) {
   Plan plan;
-  std::vector<int> format_ids =
-      llm::parse_variant_selection(options.common.variant, llm::variant_ids(step06::weight_formats()));
-  std::erase(format_ids, step06::kCublasFp16VariantId);  // the CUDA kernel table's baseline runs anyway
-  if (std::find(format_ids.begin(), format_ids.end(), step06::kFp32VariantId) == format_ids.end())
-    format_ids.insert(format_ids.begin(), step06::kFp32VariantId);  // every speedup needs the fp32 row
-  plan.kernels.variant_ids = format_ids;
+  const std::vector<step06::QuantFormat> formats = selected_formats(options, loaded.weights.config);
+  plan.kernels.formats = formats;
   plan.kernels.batches = llm::parse_positive_int_list(options.batches, "--batches");
   for (const int rows : plan.kernels.batches)
     if (rows > 64) throw llm::InputError(fmt::format("--batches: {} rows (at most 64)", rows));
@@ -123,7 +151,7 @@ Plan plan_from(const Step06Options& options, const llm::LoadedModel& loaded, con
 
   plan.trained_weights = !options.common.model_path.empty();
   plan.this_model.devices = llm::selected_device_names(devices);
-  plan.this_model.format_ids = format_ids;
+  plan.this_model.formats = formats;
   plan.this_model.algorithms = parse_algorithms(options.algorithms);
   plan.this_model.prompt = prompt;
   plan.this_model.decode_positions = positions;

@@ -19,10 +19,8 @@
 namespace step06 {
 
 std::string ModelVariant::name() const {
-  std::string weights = format_id == kFp32VariantId
-                            ? std::string("fp32")
-                            : fmt::format("{} {}", weight_format(format_id).name, algorithm_name(algorithm));
-  return int8_kv ? weights + " + int8 kv" : weights;
+  const std::string stored = weights ? fmt::format("{} {}", weights->name(), algorithm_name(algorithm)) : "fp32";
+  return int8_kv ? stored + " + int8 kv" : stored;
 }
 
 namespace {
@@ -150,25 +148,23 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
 
   // The variants, in table order: fp32, each format x algorithm, then the int8 KV rows.
   std::vector<ModelVariant> variants;
-  for (const int id : options.format_ids) {
-    if (id == kFp32VariantId) continue;
+  for (const QuantFormat& format : options.formats)
     for (const QuantAlgorithm algorithm : options.quality ? options.algorithms : std::vector{QuantAlgorithm::Rtn})
-      variants.push_back({id, algorithm, false});
-  }
+      variants.push_back({format, algorithm, false});
   if (options.int8_kv_rows) {
-    variants.push_back({kFp32VariantId, QuantAlgorithm::Rtn, true});
-    for (const int id : options.format_ids)
-      if (id != kFp32VariantId && weight_format(id).name == "int8") variants.push_back({id, QuantAlgorithm::Rtn, true});
+    variants.push_back({std::nullopt, QuantAlgorithm::Rtn, true});
+    for (const QuantFormat& format : options.formats)
+      if (format.scheme == QuantScheme::Int8PerChannel) variants.push_back({format, QuantAlgorithm::Rtn, true});
   }
 
   // Quantize each (format, algorithm) once; every device runs the same codes.
-  std::map<std::pair<int, QuantAlgorithm>, QuantizedLayers> quantized;
-  std::map<std::pair<int, QuantAlgorithm>, std::string> skipped;
+  std::map<std::pair<std::string, QuantAlgorithm>, QuantizedLayers> quantized;  // (format name, algorithm)
+  std::map<std::pair<std::string, QuantAlgorithm>, std::string> skipped;       // why it could not quantize
   for (const ModelVariant& variant : variants) {
-    const auto key = std::pair{variant.format_id, variant.algorithm};
-    if (variant.format_id == kFp32VariantId || quantized.contains(key) || skipped.contains(key)) continue;
+    const auto key = std::pair{format_name(variant.weights), variant.algorithm};
+    if (!variant.weights || quantized.contains(key) || skipped.contains(key)) continue;
     ModelQuantization quantization;
-    quantization.format = *weight_format(variant.format_id).fn;
+    quantization.format = *variant.weights;
     quantization.algorithm = variant.algorithm;
     try {
       quantized.emplace(key, quantize_layers(weights, quantization, calibration.get()));
@@ -195,7 +191,7 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       row.decode_ms_per_token = decode.ms_per_token;
       row.tokens_per_s = 1e3 / decode.ms_per_token;
       row.gb_per_s = row.weight_bytes / (decode.ms_per_token * 1e-3) / 1e9;
-      if (variant.format_id == kFp32VariantId && !variant.int8_kv) {
+      if (!variant.weights && !variant.int8_kv) {
         fp32_ms_per_token = decode.ms_per_token;
         fp32_greedy = decode.tokens;
       }
@@ -219,13 +215,13 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       }
       rows.push_back(std::move(row));
     };
-    run_row({kFp32VariantId, QuantAlgorithm::Rtn, false}, nullptr);
+    run_row({std::nullopt, QuantAlgorithm::Rtn, false}, nullptr);
     if (options.quality && device == "cpu") {
       rows.back().agreement = llm::NextTokenAgreement{0, 0.0, 0.0, 1.0};
       rows.back().perplexity = rows.back().perplexity_fp32 = reference.perplexity;
     }
     for (const ModelVariant& variant : variants) {
-      const auto key = std::pair{variant.format_id, variant.algorithm};
+      const auto key = std::pair{format_name(variant.weights), variant.algorithm};
       if (const auto found = skipped.find(key); found != skipped.end()) {
         ModelRow row;
         row.device = device;
@@ -236,7 +232,7 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
         rows.push_back(std::move(row));
         continue;
       }
-      run_row(variant, variant.format_id == kFp32VariantId ? nullptr : &quantized.at(key));
+      run_row(variant, variant.weights ? &quantized.at(key) : nullptr);
     }
   }
   return rows;

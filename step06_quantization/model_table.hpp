@@ -18,12 +18,13 @@
 #include "llm/quality.hpp"
 #include "llm/weights.hpp"
 #include "step06_quantization/quantized_layers.hpp"
+#include "step06_quantization/weight_formats.hpp"
 
 namespace step06 {
 
 // What one model row stores: the weights' format and algorithm, and the KV cache's element.
 struct ModelVariant {
-  int format_id = 0;  // weight_formats() row (0: fp32)
+  WeightFormat weights;  // nullopt: fp32
   QuantAlgorithm algorithm = QuantAlgorithm::Rtn;
   bool int8_kv = false;  // a paged cache of int8 rows with per-(position, head) scales
   std::string name() const;  // "int4-g64 gptq", "fp32 + int8 kv"
@@ -51,7 +52,7 @@ struct ModelRow {
 
 struct ModelTableOptions {
   std::vector<std::string> devices = {"cpu"};
-  std::vector<int> format_ids;                     // weight_formats() rows (0 included for the baseline)
+  std::vector<QuantFormat> formats;  // the quantized formats (the fp32 baseline always runs)
   std::vector<QuantAlgorithm> algorithms = {QuantAlgorithm::Rtn, QuantAlgorithm::Gptq, QuantAlgorithm::Awq};
   bool quality = true;           // part 3 (a trained model); false: speed only (random weights)
   bool int8_kv_rows = true;

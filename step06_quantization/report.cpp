@@ -112,14 +112,12 @@ void add_model_rows(llm::Results& results, const std::vector<ModelRow>& rows, co
   for (const ModelRow& model_row : rows) {
     llm::ResultRow row;
     row.device = model_row.device;
-    row.id = model_row.variant.format_id;
+    row.id = variant_id_of(model_row.variant.weights);
     row.variant = fmt::format("{} ({})", model_row.variant.name(), model_row.model);
     row.ok = model_row.ok;
     row.extra["part"] = part;
     row.extra["model"] = model_row.model;
-    row.extra["weights"] = model_row.variant.format_id == kFp32VariantId
-                               ? std::string("fp32")
-                               : weight_format(model_row.variant.format_id).name;
+    row.extra["weights"] = format_name(model_row.variant.weights);
     row.extra["algorithm"] = algorithm_name(model_row.variant.algorithm);
     row.extra["kv"] = std::string(model_row.variant.int8_kv ? "int8" : "fp32");
     if (!model_row.skipped.empty()) {
@@ -209,8 +207,8 @@ void cpu_decode_targets(const std::vector<ModelRow>* speed, std::vector<Target>&
   std::optional<ModelRow> int8_row, best_int4;
   if (speed != nullptr)
     for (const ModelRow& row : *speed) {
-      if (row.device != "cpu" || !row.skipped.empty() || row.variant.int8_kv || row.variant.format_id == 0) continue;
-      const std::string format = weight_format(row.variant.format_id).name;
+      if (row.device != "cpu" || !row.skipped.empty() || row.variant.int8_kv || !row.variant.weights) continue;
+      const std::string format = row.variant.weights->name();
       if (format == "int8") int8_row = row;
       if (is_int4(format) && (!best_int4 || row.speedup > best_int4->speedup)) best_int4 = row;
     }
@@ -266,8 +264,8 @@ void quality_targets(const std::vector<ModelRow>* quality, bool trained, std::ve
   std::optional<double> int8_top1;
   if (quality != nullptr && trained)
     for (const ModelRow& row : *quality) {
-      if (row.device != "cpu" || !row.agreement || row.variant.int8_kv || row.variant.format_id == 0) continue;
-      const std::string format = weight_format(row.variant.format_id).name;
+      if (row.device != "cpu" || !row.agreement || row.variant.int8_kv || !row.variant.weights) continue;
+      const std::string format = row.variant.weights->name();
       kl[format][algorithm_name(row.variant.algorithm)] = row.agreement->mean_kl;
       if (format == "int8" && row.variant.algorithm == QuantAlgorithm::Rtn) int8_top1 = row.agreement->top1_agreement;
     }

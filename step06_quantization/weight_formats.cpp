@@ -35,4 +35,12 @@ const llm::Variant<WeightFormat>& weight_format(int id) {
   throw llm::InputError(fmt::format("no weight format with id {} (--list shows them)", id));
 }
 
+std::string format_name(const WeightFormat& format) { return format ? format->name() : std::string("fp32"); }
+
+int variant_id_of(const WeightFormat& format) {
+  for (const auto& row : weight_formats())
+    if (row.fn == format && row.id != kCublasFp16VariantId) return row.id;
+  return kCustomFormatVariantId;
+}
+
 }  // namespace step06

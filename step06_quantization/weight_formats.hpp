@@ -4,6 +4,7 @@
 // is the library row of the CUDA kernel table (cuBLAS with fp16 weights).
 // --variant picks rows; --list prints them.
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "llm/harness/variant.hpp"
@@ -20,5 +21,12 @@ inline constexpr int kCublasFp16VariantId = 90;
 const std::vector<llm::Variant<WeightFormat>>& weight_formats();
 // The row with `id` (InputError when there is none).
 const llm::Variant<WeightFormat>& weight_format(int id);
+
+// "fp32" or the format's name.
+std::string format_name(const WeightFormat& format);
+// The table's id of a format, or kCustomFormatVariantId for one picked with
+// --formats that the table does not list (int4-g256, nf4-g32, ...).
+inline constexpr int kCustomFormatVariantId = 80;
+int variant_id_of(const WeightFormat& format);
 
 }  // namespace step06
