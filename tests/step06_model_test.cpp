@@ -1,0 +1,257 @@
+// Step 06, the whole model: quantized Linear layers behind the hook of the
+// unchanged CPU model, the calibration data GPTQ/AWQ see, the int8 KV cache,
+// and the step's tables on a tiny model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "llm/checkpoint.hpp"
+#include "llm/cpu_model.hpp"
+#include "llm/errors.hpp"
+#include "llm/quality.hpp"
+#include "llm/sampler.hpp"
+#include "llm/token_batch.hpp"
+#include "step05_paged_attention/paged_generation.hpp"
+#include "step05_paged_attention/paged_kv_cache.hpp"
+#include "step06_quantization/kernel_table.hpp"
+#include "step06_quantization/model_table.hpp"
+#include "step06_quantization/quantized_layers.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using step06::ModelQuantization;
+using step06::QuantAlgorithm;
+using step06::QuantFormat;
+
+llm::ModelWeights tiny_weights(std::uint64_t seed = 7) {
+  return llm::random_weights(llm::find_preset("tiny").config, seed);
+}
+
+std::optional<llm::ModelWeights> stories260k() {
+  const auto path = llm::testing::model_file("stories260K.bin");
+  if (!path) return std::nullopt;
+  return llm::load_checkpoint(*path);
+}
+
+ModelQuantization quantization(const std::string& format, QuantAlgorithm algorithm = QuantAlgorithm::Rtn) {
+  ModelQuantization q;
+  q.format = QuantFormat::parse(format);
+  q.algorithm = algorithm;
+  return q;
+}
+
+// Logits at every position of `tokens` ([n, vocab]) through `cache`.
+std::vector<float> all_logits(llm::Model& model, llm::KvCache& cache, const std::vector<int>& tokens) {
+  const auto logits = model.forward(llm::TokenBatch::prefill(tokens, 0, 0), cache, llm::LogitsFor::AllRows);
+  return {logits.begin(), logits.end()};
+}
+std::vector<float> all_logits(llm::Model& model, const std::vector<int>& tokens) {
+  auto cache = model.make_cache(1, static_cast<int>(tokens.size()));
+  return all_logits(model, *cache, tokens);
+}
+
+// The quantized model is exactly the fp32 model whose matrices are the
+// dequantized ones: the hook changes how weights are stored and read, not
+// the math. Checked for every format and both classifier choices.
+TEST(Step06Model, QuantizedModelIsTheModelOfTheDequantizedWeights) {
+  const llm::ModelWeights weights = tiny_weights();
+  const std::vector<int> tokens = llm::testing::random_tokens(37, weights.config.vocab_size, 11);
+  for (const std::string format : {"int8", "int4-g32", "int4-g64", "int4sym-g64", "nf4"}) {
+    for (const bool classifier : {true, false}) {
+      ModelQuantization q = quantization(format);
+      q.quantize_classifier = classifier;
+      const step06::QuantizedLayers layers = step06::quantize_layers(weights, q, nullptr);
+      EXPECT_EQ(layers.matrices.size(), static_cast<std::size_t>(7 * weights.config.n_layers + (classifier ? 1 : 0)));
+      auto quantized = step06::make_quantized_model_on("cpu", weights, layers);
+      // The reference: DenseLinear over dequantize() of each site's matrix.
+      llm::CpuModelOptions options;
+      options.linear_factory = [&layers](const std::vector<float>& weight, int out, int in,
+                                         const llm::LinearSite& site) -> std::unique_ptr<llm::Linear> {
+        const auto found = layers.matrices.find(site);
+        if (found == layers.matrices.end()) return std::make_unique<llm::DenseLinear>(weight, out, in);
+        return std::make_unique<llm::DenseLinear>(step06::dequantize(found->second), out, in);
+      };
+      llm::CpuModel reference(weights, options);
+      llm::testing::expect_logit_rows_close(all_logits(*quantized, tokens), all_logits(reference, tokens),
+                                            weights.config.vocab_size, format);
+    }
+  }
+}
+
+TEST(Step06Model, QuantizedLayersReadFewerBytes) {
+  const llm::ModelWeights weights = tiny_weights();
+  std::size_t fp32_bytes = 0;
+  const step06::QuantizedLayers int8 = step06::quantize_layers(weights, quantization("int8"), nullptr);
+  const step06::QuantizedLayers int4 = step06::quantize_layers(weights, quantization("int4-g32"), nullptr);
+  for (const auto& [site, matrix] : int8.matrices) fp32_bytes += 4u * matrix.out_features * matrix.in_features;
+  EXPECT_LT(int8.bytes(), fp32_bytes / 3);  // ~1 byte a weight plus a scale per row
+  EXPECT_LT(int4.bytes(), int8.bytes() * 3 / 4);
+}
+
+TEST(Step06Model, CalibrationSamplesTheModelAndRecordsEveryLayer) {
+  const llm::ModelWeights weights = tiny_weights();
+  llm::CpuModel model(weights);
+  const auto sequences = step06::sample_sequences(model, 3, 20, 5);
+  ASSERT_EQ(sequences.size(), 3u);
+  for (const auto& sequence : sequences) {
+    ASSERT_EQ(sequence.size(), 20u);
+    EXPECT_EQ(sequence.front(), 1);  // BOS
+    for (int token : sequence) EXPECT_TRUE(token >= 0 && token < weights.config.vocab_size);
+  }
+  EXPECT_NE(sequences[0], sequences[1]);  // seeds differ per sequence
+  EXPECT_EQ(step06::sample_sequences(model, 3, 20, 5), sequences);  // and are fixed
+  const auto calibration = step06::record_calibration(weights, sequences);
+  EXPECT_EQ(calibration->recorder.rows({0, llm::LinearRole::Query}), 60);
+  EXPECT_EQ(calibration->recorder.rows({weights.config.n_layers - 1, llm::LinearRole::Down}), 60);
+  EXPECT_EQ(calibration->recorder.rows({-1, llm::LinearRole::Classifier}), 60);  // every position got logits
+
+  EXPECT_THROW(step06::sample_sequences(model, 0, 20, 5), llm::InputError);
+  EXPECT_THROW(step06::sample_sequences(model, 1, weights.config.seq_len + 1, 5), llm::InputError);
+}
+
+TEST(Step06Model, GptqAndAwqNeedCalibrationData) {
+  const llm::ModelWeights weights = tiny_weights();
+  EXPECT_THROW(step06::quantize_layers(weights, quantization("int4-g32", QuantAlgorithm::Gptq), nullptr),
+               llm::InputError);
+  EXPECT_THROW(step06::quantize_layers(weights, quantization("int4-g32", QuantAlgorithm::Awq), nullptr),
+               llm::InputError);
+}
+
+TEST(Step06Model, LayerTooSmallForTheGroupIsAClearError) {
+  const llm::ModelWeights weights = tiny_weights();  // dim 64
+  try {
+    step06::quantize_layers(weights, quantization("int4-g128"), nullptr);
+    FAIL() << "a 128-column group on 64-column layers must not quantize";
+  } catch (const llm::InputError& error) {
+    EXPECT_TRUE(llm::testing::HasSubstr(error.what(), "too small"));
+  }
+}
+
+TEST(Step06Model, GptqAndAwqModelsGenerate) {
+  const llm::ModelWeights weights = tiny_weights();
+  llm::CpuModel fp32(weights);
+  const auto calibration = step06::record_calibration(weights, step06::sample_sequences(fp32, 4, 32, 100));
+  for (const QuantAlgorithm algorithm : {QuantAlgorithm::Gptq, QuantAlgorithm::Awq}) {
+    const step06::QuantizedLayers layers =
+        step06::quantize_layers(weights, quantization("int4-g32", algorithm), calibration.get());
+    auto model = step06::make_quantized_model_on("cpu", weights, layers);
+    auto cache = model->make_cache(1, 48);
+    const step05::GreedyRun run = step05::greedy_in_slot(*model, *cache, 0, std::vector<int>{1}, 0, 48);
+    EXPECT_FALSE(run.tokens.empty());
+    for (int token : run.tokens) EXPECT_TRUE(token >= 0 && token < weights.config.vocab_size);
+  }
+}
+
+// Greedy decoding of stories260K from BOS: int8 per channel (RTN) gives
+// fp32's tokens for at least the first kInt8MatchingPrefix tokens.
+constexpr int kGreedyPositions = 128;
+constexpr int kInt8MatchingPrefix = 64;
+
+TEST(Step06Model, Int8GreedyTextMatchesFp32OnStories260K) {
+  const auto weights = stories260k();
+  if (!weights) GTEST_SKIP() << "stories260K.bin not found (set LLM_MODELS_DIR)";
+  llm::CpuModel fp32(*weights);
+  const step06::QuantizedLayers layers = step06::quantize_layers(*weights, quantization("int8"), nullptr);
+  auto int8 = step06::make_quantized_model_on("cpu", *weights, layers);
+  auto fp32_cache = fp32.make_cache(1, kGreedyPositions);
+  auto int8_cache = int8->make_cache(1, kGreedyPositions);
+  const std::vector<int> bos = {1};
+  const auto expected = step05::greedy_in_slot(fp32, *fp32_cache, 0, bos, 0, kGreedyPositions).tokens;
+  const auto got = step05::greedy_in_slot(*int8, *int8_cache, 0, bos, 0, kGreedyPositions).tokens;
+  ASSERT_GE(expected.size(), static_cast<std::size_t>(kInt8MatchingPrefix));
+  ASSERT_GE(got.size(), static_cast<std::size_t>(kInt8MatchingPrefix));
+  for (int i = 0; i < kInt8MatchingPrefix; ++i) ASSERT_EQ(got[i], expected[i]) << "first difference at token " << i;
+}
+
+// The int8 KV cache stores each (position, KV head) as int8 with one scale:
+// every value within half a step, so logits move little. Checked on
+// stories260K over its own text: logits within 0.05 of the fp32 cache's
+// (logits are O(10)), mean KL below 1e-3 nats, top-1 at least 98%.
+TEST(Step06Model, Int8KvCacheStaysCloseToTheFp32CacheOnStories260K) {
+  const auto weights = stories260k();
+  if (!weights) GTEST_SKIP() << "stories260K.bin not found (set LLM_MODELS_DIR)";
+  llm::CpuModel model(*weights);
+  const std::vector<int> text = step06::sample_sequences(model, 1, 200, 3).front();
+  const std::vector<float> fp32_logits = all_logits(model, text);
+  step05::PagedKvCacheOptions options;
+  options.block_size = 16;
+  options.n_blocks = step05::blocks_for_sequences(1, 200, 16);
+  options.element = llm::KvElement::Int8;
+  auto int8_cache = step05::make_paged_kv_cache("cpu", weights->config, options);
+  const std::vector<float> int8_logits = all_logits(model, *int8_cache, text);
+  const llm::CompareResult close = llm::compare(int8_logits, fp32_logits, {5e-2, 0.0});
+  EXPECT_TRUE(close.ok) << close.summary();
+  const llm::NextTokenAgreement agreement =
+      llm::compare_next_token_distributions(fp32_logits, int8_logits, weights->config.vocab_size);
+  EXPECT_LT(agreement.mean_kl, 1e-3);
+  EXPECT_GE(agreement.top1_agreement, 0.98);
+  // A quarter of the fp32 bytes, plus one scale per head and position.
+  EXPECT_LT(int8_cache->bytes_allocated() * 3, model.make_cache(1, 200)->bytes_allocated());
+}
+
+// The step's model table on the tiny preset: every row runs, the fp32 row
+// has speedup 1 and matches itself, the quality columns are finite, and the
+// int8 KV rows are there.
+TEST(Step06Model, ModelTableRunsEveryVariant) {
+  step06::ModelTableOptions options;
+  options.formats = {QuantFormat::parse("int8"), QuantFormat::parse("int4-g32"), QuantFormat::parse("int4-g128")};
+  options.prompt = {1};
+  options.decode_positions = 12;
+  options.repeats = 1;
+  options.calibration_sequences = 2;
+  options.calibration_length = 16;
+  options.heldout_sequences = 2;
+  options.heldout_length = 16;
+  const auto rows = step06::run_model_table("preset tiny", tiny_weights(), options);
+  // fp32, 3 formats x 3 algorithms, fp32 + int8 kv, int8 + int8 kv.
+  ASSERT_EQ(rows.size(), 1u + 9u + 2u);
+  EXPECT_EQ(rows.front().variant.name(), "fp32");
+  EXPECT_DOUBLE_EQ(rows.front().speedup, 1.0);
+  EXPECT_EQ(rows.front().greedy_matching_prefix, rows.front().greedy_tokens_compared);
+  int skipped = 0;
+  for (const auto& row : rows) {
+    EXPECT_TRUE(row.ok) << row.variant.name();
+    if (!row.skipped.empty()) {
+      ++skipped;  // int4-g128: 64-column layers are smaller than one group
+      EXPECT_TRUE(llm::testing::HasSubstr(row.skipped, "too small"));
+      continue;
+    }
+    ASSERT_TRUE(row.agreement.has_value()) << row.variant.name();
+    EXPECT_TRUE(std::isfinite(row.agreement->mean_kl) && std::isfinite(row.perplexity)) << row.variant.name();
+    EXPECT_GT(row.tokens_per_s, 0.0);
+  }
+  EXPECT_EQ(skipped, 3);
+  EXPECT_EQ(rows[rows.size() - 2].variant.name(), "fp32 + int8 kv");
+  EXPECT_EQ(rows.back().variant.name(), "int8 rtn + int8 kv");
+  EXPECT_LT(rows.back().kv_bytes_per_position, rows.front().kv_bytes_per_position / 3);
+}
+
+// The kernel table on small shapes: every quantized cell agrees with the
+// product of its dequantized weights; a group larger than the layer is a
+// skipped cell, not an error.
+TEST(Step06Model, KernelTableChecksEveryCell) {
+  step06::KernelTableOptions options;
+  options.formats = {QuantFormat::parse("int8"), QuantFormat::parse("nf4"), QuantFormat::parse("int4-g128")};
+  options.batches = {1, 3};
+  options.repeats = 1;
+  options.flush_caches = false;
+  const step06::KernelTable table =
+      step06::run_kernel_table({{"test", "odd", 33, 100}, {"test", "narrow", 17, 64}}, options);
+  int ran = 0, skipped = 0;
+  for (const auto& cell : table.cells) {
+    if (!cell.skipped.empty()) {
+      ++skipped;
+      continue;
+    }
+    ++ran;
+    EXPECT_TRUE(cell.check.ok) << cell.format << " " << cell.shape.matrix << " x" << cell.rows << ": "
+                               << cell.check.summary();
+    EXPECT_GT(cell.time_ms, 0.0);
+  }
+  EXPECT_EQ(skipped, 2);           // int4-g128 on 100 and 64 columns
+  EXPECT_EQ(ran, 2 * 2 + 2 * 2 * 2);  // fp32 x 2 batches per shape, int8 and nf4 x 2 batches per shape
+  EXPECT_GT(table.cpu_read_gbps, 0.0);
+}
+
+}  // namespace
