@@ -1,0 +1,343 @@
+// Step 06 (quantization), the formats: names parsed and printed, pack and
+// unpack on awkward shapes (a last group shorter than the others, padding),
+// round to nearest within half a step of every weight, the bytes a format
+// stores, and the InputErrors of bad names and layers too small for a group.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "llm/errors.hpp"
+#include "step06_quantization/quant_algorithms.hpp"
+#include "step06_quantization/quant_format.hpp"
+#include "test_support.hpp"
+
+namespace step06 {
+namespace {
+
+using llm::testing::HasSubstr;
+
+// The four schemes; `group` is ignored by int8 (one group per row).
+std::vector<QuantFormat> every_scheme(int group) {
+  return {{QuantScheme::Int8PerChannel, 0},
+          {QuantScheme::Int4Asymmetric, group},
+          {QuantScheme::Int4Symmetric, group},
+          {QuantScheme::NF4, group}};
+}
+
+int lowest_code(QuantScheme scheme) {
+  if (scheme == QuantScheme::Int8PerChannel) return -127;
+  return scheme == QuantScheme::Int4Symmetric ? 1 : 0;
+}
+int highest_code(QuantScheme scheme) { return scheme == QuantScheme::Int8PerChannel ? 127 : 15; }
+
+// The shapes of the round-trip tests: 1, 3, 17 rows; columns that are and
+// are not whole groups (33 = one group of 32 and one column).
+const std::vector<int> kOutFeatures = {1, 3, 17};
+const std::vector<int> kInFeatures = {32, 33, 100, 172, 257};
+
+// Random weights with a few large ones (trained layers have outliers), [n].
+std::vector<float> weights_with_outliers(std::size_t n, std::uint64_t seed) {
+  std::vector<float> weight = llm::testing::random_vector(n, seed, 0.1f);
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_int_distribution<std::size_t> position(0, n - 1);
+  for (int i = 0; i < static_cast<int>(n / 50) + 1; ++i) weight[position(rng)] *= 20.0f;
+  return weight;
+}
+
+TEST(QuantFormatNames, ParseAndNameRoundTrip) {
+  for (const std::string name : {"int8", "int4-g32", "int4-g64", "int4-g128", "int4sym-g64", "nf4", "nf4-g128"}) {
+    SCOPED_TRACE(name);
+    const QuantFormat format = QuantFormat::parse(name);
+    EXPECT_EQ(format.name(), name);
+    EXPECT_EQ(QuantFormat::parse(format.name()), format);
+  }
+  EXPECT_EQ(QuantFormat::parse("int4-g128"), (QuantFormat{QuantScheme::Int4Asymmetric, 128}));
+  EXPECT_EQ(QuantFormat::parse("int4sym-g64"), (QuantFormat{QuantScheme::Int4Symmetric, 64}));
+  EXPECT_EQ(QuantFormat::parse("int8"), (QuantFormat{QuantScheme::Int8PerChannel, 0}));
+  EXPECT_EQ(QuantFormat::parse("nf4"), (QuantFormat{QuantScheme::NF4, 64}));  // QLoRA's block of 64
+  EXPECT_EQ(QuantFormat::parse("nf4-g64").name(), "nf4");                      // the short name is the canonical one
+  EXPECT_EQ(QuantFormat::parse("int4-g1024").group_size, 1024);
+  EXPECT_EQ(QuantFormat::parse("int8").bits(), 8);
+  EXPECT_EQ(QuantFormat::parse("nf4").bits(), 4);
+  EXPECT_TRUE(QuantFormat::parse("int4-g64").has_zero_points());
+  EXPECT_FALSE(QuantFormat::parse("int4sym-g64").has_zero_points());
+  EXPECT_EQ(QuantFormat::parse("int8").group_columns(172), 172);
+  EXPECT_EQ(QuantFormat::parse("int4-g64").group_columns(172), 64);
+}
+
+TEST(QuantFormatNames, BadNamesThrowWithTheProblem) {
+  const auto message_of = [](const std::string& name) -> std::string {
+    try {
+      QuantFormat::parse(name);
+    } catch (const llm::InputError& error) {
+      return error.what();
+    }
+    ADD_FAILURE() << "'" << name << "' parsed without an error";
+    return {};
+  };
+  for (const std::string name : {"int3", "fp4", "", "INT8", "int8-g32"}) {
+    SCOPED_TRACE(name);
+    const std::string message = message_of(name);
+    EXPECT_TRUE(HasSubstr(message, "unsupported quantization format '" + name + "'"));
+    EXPECT_TRUE(HasSubstr(message, "supported: int8, int4-gN"));
+  }
+  for (const std::string name : {"int4-g48", "int4-g0", "int4-g2048", "int4-g-32", "int4sym-g16", "nf4-g1056"}) {
+    SCOPED_TRACE(name);
+    const std::string message = message_of(name);
+    EXPECT_TRUE(HasSubstr(message, "'" + name + "'"));
+    EXPECT_TRUE(HasSubstr(message, "must be a multiple of 32 between 32 and 1024"));
+  }
+  for (const std::string name : {"int4-g", "int4-gabc", "int4-g64x", "int4-g 64", "nf4-g"}) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(HasSubstr(message_of(name), "is not a group size"));
+  }
+}
+
+// Random codes in each scheme's range and random group parameters survive
+// pack -> unpack and dequantize on every awkward shape.
+TEST(QuantFormatPacking, RandomCodesRoundTripOnAwkwardShapes) {
+  std::mt19937 rng(20240606);
+  for (int group : {32, 64})
+    for (const QuantFormat& format : every_scheme(group))
+      for (int out : kOutFeatures)
+        for (int in : kInFeatures) {
+          if (format.group_size > in) continue;  // too small a layer: its own test
+          SCOPED_TRACE(format.name() + " [" + std::to_string(out) + ", " + std::to_string(in) + "]");
+          const int columns = format.group_columns(in);
+          const int groups_per_row = (in + columns - 1) / columns;
+          std::uniform_int_distribution<int> code_in_range(lowest_code(format.scheme), highest_code(format.scheme));
+          std::uniform_int_distribution<int> zero_point(0, 15);
+          std::uniform_real_distribution<float> scale(0.001f, 2.0f);
+          std::vector<int> codes(static_cast<std::size_t>(out) * in);  // [out, in]
+          for (int& code : codes) code = code_in_range(rng);
+          std::vector<GroupParams> params(static_cast<std::size_t>(out) * groups_per_row);  // [out, groups]
+          for (GroupParams& p : params)
+            p = {scale(rng), format.has_zero_points() ? static_cast<float>(zero_point(rng)) : 0.0f};
+
+          const QuantizedMatrix matrix = pack(format, out, in, codes, params);
+          EXPECT_EQ(matrix.group_columns, columns);
+          EXPECT_EQ(matrix.groups_per_row, groups_per_row);
+          EXPECT_EQ(matrix.padded_in, groups_per_row * columns);
+          EXPECT_EQ(matrix.packed.size(), static_cast<std::size_t>(out) * matrix.bytes_per_row());
+          EXPECT_EQ(matrix.bytes_per_row(), static_cast<std::size_t>(format.bits() == 8 ? matrix.padded_in
+                                                                                         : matrix.padded_in / 2));
+          EXPECT_EQ(matrix.scales.size(), params.size());
+          EXPECT_EQ(matrix.zeros.size(), format.has_zero_points() ? params.size() : 0u);
+          EXPECT_TRUE(matrix.input_scales.empty());
+          EXPECT_EQ(unpack_codes(matrix), codes);
+
+          const std::vector<float> weight = dequantize(matrix);  // [out, in]
+          ASSERT_EQ(weight.size(), codes.size());
+          for (int row = 0; row < out; ++row) {
+            for (int g = 0; g < groups_per_row; ++g) {
+              const GroupParams stored = matrix.params(row, g);
+              EXPECT_EQ(stored.scale, params[static_cast<std::size_t>(row) * groups_per_row + g].scale);
+              EXPECT_EQ(stored.zero, params[static_cast<std::size_t>(row) * groups_per_row + g].zero);
+            }
+            for (int column = 0; column < in; ++column) {
+              const std::size_t at = static_cast<std::size_t>(row) * in + column;
+              ASSERT_EQ(weight[at], code_value(format.scheme, codes[at], matrix.params(row, column / columns)));
+            }
+            // Padding stores the code that reads back as exactly 0.
+            for (int column = in; column < matrix.padded_in; ++column)
+              ASSERT_EQ(code_value(format.scheme, matrix.code(row, column), matrix.params(row, groups_per_row - 1)),
+                        0.0f)
+                  << "padding column " << column;
+          }
+        }
+}
+
+// The byte layout the kernels read: column 2j in the low nibble of byte j,
+// column 2j + 1 in the high nibble; int8 codes as two's complement bytes.
+TEST(QuantFormatPacking, NibbleOrderAndInt8Bytes) {
+  std::vector<int> codes(32);  // [1, 32]
+  for (int i = 0; i < 32; ++i) codes[static_cast<std::size_t>(i)] = i % 16;
+  const QuantizedMatrix int4 = pack({QuantScheme::Int4Asymmetric, 32}, 1, 32, codes, std::vector<GroupParams>{{1, 0}});
+  ASSERT_EQ(int4.packed.size(), 16u);
+  EXPECT_EQ(int4.packed[0], 0x10);  // columns 0 (low) and 1 (high)
+  EXPECT_EQ(int4.packed[1], 0x32);
+  EXPECT_EQ(int4.packed[15], 0xFE);  // columns 30 and 31: codes 14 and 15
+
+  const std::vector<int> signed_codes = {-127, -1, 0, 1, 127};
+  const QuantizedMatrix int8 = pack({QuantScheme::Int8PerChannel, 0}, 1, 5, signed_codes,
+                                    std::vector<GroupParams>{{0.5f, 0}});
+  EXPECT_EQ(int8.packed, (std::vector<std::uint8_t>{0x81, 0xFF, 0x00, 0x01, 0x7F}));
+  EXPECT_EQ(dequantize(int8), (std::vector<float>{-63.5f, -0.5f, 0.0f, 0.5f, 63.5f}));
+}
+
+TEST(QuantFormatPacking, CodesOutOfRangeAndBadSizesThrow) {
+  const std::vector<GroupParams> one_group = {{1.0f, 8.0f}};
+  const auto pack_one = [&](QuantScheme scheme, int bad_code) {
+    std::vector<int> codes(32, scheme == QuantScheme::Int4Symmetric ? 8 : 0);
+    codes[5] = bad_code;
+    return pack({scheme, scheme == QuantScheme::Int8PerChannel ? 0 : 32}, 1, 32, codes, one_group);
+  };
+  EXPECT_THROW(pack_one(QuantScheme::Int8PerChannel, -128), llm::InputError);  // -128 is not symmetric
+  EXPECT_THROW(pack_one(QuantScheme::Int4Asymmetric, 16), llm::InputError);
+  EXPECT_THROW(pack_one(QuantScheme::Int4Symmetric, 0), llm::InputError);  // q - 8 = -8 is outside [-7, 7]
+  EXPECT_THROW(pack_one(QuantScheme::NF4, -1), llm::InputError);
+  EXPECT_NO_THROW(pack_one(QuantScheme::Int4Symmetric, 15));
+
+  const QuantFormat int4{QuantScheme::Int4Asymmetric, 32};
+  EXPECT_THROW(pack(int4, 2, 64, std::vector<int>(127, 0), std::vector<GroupParams>(4)), llm::InputError);
+  EXPECT_THROW(pack(int4, 2, 64, std::vector<int>(128, 0), std::vector<GroupParams>(3)), llm::InputError);
+  EXPECT_THROW(pack(int4, 1, 32, std::vector<int>(32, 0), std::vector<GroupParams>{{-1.0f, 0.0f}}),
+               llm::InputError);
+  EXPECT_THROW(pack(int4, 1, 32, std::vector<int>(32, 0), std::vector<GroupParams>{{NAN, 0.0f}}), llm::InputError);
+}
+
+// Round to nearest: every weight is read back within half a step of its
+// group (for NF4, half the gap between the two levels around it, times the
+// group's absmax).
+TEST(QuantFormatRtn, EveryWeightWithinHalfAStep) {
+  std::uint64_t seed = 100;
+  for (int group : {32, 64})
+    for (const QuantFormat& format : every_scheme(group))
+      for (int out : kOutFeatures)
+        for (int in : kInFeatures) {
+          if (format.group_size > in) continue;
+          SCOPED_TRACE(format.name() + " [" + std::to_string(out) + ", " + std::to_string(in) + "]");
+          const std::vector<float> weight = weights_with_outliers(static_cast<std::size_t>(out) * in, ++seed);
+          const QuantizedMatrix matrix = quantize_rtn({weight, out, in}, format);
+          const std::vector<float> approximate = dequantize(matrix);  // [out, in]
+          ASSERT_EQ(approximate.size(), weight.size());
+          for (int row = 0; row < out; ++row)
+            for (int g = 0; g < matrix.groups_per_row; ++g) {
+              const int first = g * matrix.group_columns;
+              const int count = std::min(matrix.group_columns, in - first);
+              const std::size_t start = static_cast<std::size_t>(row) * in + first;
+              float absmax = 0.0f;
+              for (int i = 0; i < count; ++i) absmax = std::max(absmax, std::fabs(weight[start + i]));
+              const GroupParams p = matrix.params(row, g);
+              // Float rounding of w / scale and of the product: far below a step.
+              const float rounding = 1e-6f * absmax;
+              for (int i = 0; i < count; ++i) {
+                const float w = weight[start + i];
+                float bound = 0.5f * p.scale;
+                if (format.scheme == QuantScheme::NF4) {
+                  const float normalized = w / p.scale;  // in [-1, 1]
+                  std::size_t upper = 1;
+                  while (upper < 15 && kNf4Levels[upper] < normalized) ++upper;
+                  bound = 0.5f * (kNf4Levels[upper] - kNf4Levels[upper - 1]) * p.scale;
+                }
+                ASSERT_LE(std::fabs(w - approximate[start + i]), bound + rounding)
+                    << "row " << row << " column " << first + i << " weight " << w << " scale " << p.scale;
+              }
+            }
+        }
+}
+
+// The symmetric formats put the group's largest |w| on their extreme code
+// (127, 7 or NF4's 1.0), so the largest weights, the ones that matter most,
+// are read back to within one float rounding (NF4 exactly: 1.0 * absmax).
+TEST(QuantFormatRtn, LargestWeightGetsTheExtremeCode) {
+  for (const std::string name : {"int8", "int4sym-g32", "nf4-g32"}) {
+    SCOPED_TRACE(name);
+    const QuantFormat format = QuantFormat::parse(name);
+    const int out = 17, in = 100;
+    std::vector<float> weight = weights_with_outliers(static_cast<std::size_t>(out) * in, 7);
+    weight[3 * in + 40] = -5.0f;  // a negative extreme in row 3
+    const QuantizedMatrix matrix = quantize_rtn({weight, out, in}, format);
+    const std::vector<float> approximate = dequantize(matrix);
+    for (int row = 0; row < out; ++row)
+      for (int g = 0; g < matrix.groups_per_row; ++g) {
+        const int first = g * matrix.group_columns;
+        const int count = std::min(matrix.group_columns, in - first);
+        const std::size_t start = static_cast<std::size_t>(row) * in + first;
+        std::size_t largest = start;
+        for (int i = 0; i < count; ++i)
+          if (std::fabs(weight[start + i]) > std::fabs(weight[largest])) largest = start + i;
+        const int code = matrix.code(row, first + static_cast<int>(largest - start));
+        const bool positive = weight[largest] > 0.0f;
+        // The extreme codes: int8 +-127, int4sym 15 and 1 (+-7 after the offset 8), NF4 15 and 0 (levels +-1).
+        if (format.scheme == QuantScheme::Int8PerChannel) EXPECT_EQ(code, positive ? 127 : -127);
+        if (format.scheme == QuantScheme::Int4Symmetric) EXPECT_EQ(code, positive ? 15 : 1);
+        if (format.scheme == QuantScheme::NF4) EXPECT_EQ(code, positive ? 15 : 0);
+        if (format.scheme == QuantScheme::NF4)
+          EXPECT_EQ(approximate[largest], weight[largest]);
+        else
+          EXPECT_NEAR(approximate[largest], weight[largest], std::fabs(weight[largest]) * 2.4e-7f);
+      }
+  }
+}
+
+TEST(QuantFormatRtn, PaddedColumnsReadBackZeroAndDequantizeDropsThem) {
+  for (const QuantFormat& format : every_scheme(64)) {
+    SCOPED_TRACE(format.name());
+    const int out = 3, in = 100;  // int4: two groups of 64, the second with 28 padding columns
+    const std::vector<float> weight = weights_with_outliers(static_cast<std::size_t>(out) * in, 11);
+    const QuantizedMatrix matrix = quantize_rtn({weight, out, in}, format);
+    EXPECT_EQ(dequantize(matrix).size(), static_cast<std::size_t>(out) * in);
+    EXPECT_EQ(matrix.padded_in, format.bits() == 8 ? 100 : 128);
+    for (int row = 0; row < out; ++row)
+      for (int column = in; column < matrix.padded_in; ++column)
+        EXPECT_EQ(code_value(format.scheme, matrix.code(row, column), matrix.params(row, matrix.groups_per_row - 1)),
+                  0.0f);
+  }
+}
+
+TEST(QuantFormatRtn, LayerNarrowerThanAGroupThrows) {
+  const std::vector<float> weight = llm::testing::random_vector(4 * 16, 3);
+  for (const std::string name : {"int4-g32", "int4sym-g64", "nf4"}) {
+    SCOPED_TRACE(name);
+    try {
+      quantize_rtn({weight, 4, 16}, QuantFormat::parse(name));
+      ADD_FAILURE() << "a [4, 16] layer quantized with " << name;
+    } catch (const llm::InputError& error) {
+      EXPECT_TRUE(HasSubstr(error.what(), "layer too small"));
+      EXPECT_TRUE(HasSubstr(error.what(), "16 input columns"));
+    }
+  }
+  EXPECT_NO_THROW(quantize_rtn({weight, 4, 16}, QuantFormat::parse("int8")));  // one group = the row
+  EXPECT_THROW(quantize_rtn({weight, 4, 15}, QuantFormat::parse("int8")), llm::InputError);  // 64 weights != 60
+}
+
+TEST(QuantFormatRtn, AllZeroRowsQuantizeToZeros) {
+  for (const QuantFormat& format : every_scheme(32)) {
+    SCOPED_TRACE(format.name());
+    const int out = 3, in = 40;
+    std::vector<float> weight = llm::testing::random_vector(static_cast<std::size_t>(out) * in, 5);
+    std::fill(weight.begin() + in, weight.begin() + 2 * in, 0.0f);  // row 1 all zero
+    const QuantizedMatrix matrix = quantize_rtn({weight, out, in}, format);
+    const std::vector<float> approximate = dequantize(matrix);
+    for (float value : approximate) ASSERT_TRUE(std::isfinite(value));
+    for (int column = 0; column < in; ++column) EXPECT_EQ(approximate[static_cast<std::size_t>(in + column)], 0.0f);
+    for (int g = 0; g < matrix.groups_per_row; ++g) EXPECT_EQ(matrix.params(1, g).scale, 0.0f);
+    // The other rows are still quantized (not all zero).
+    EXPECT_NE(approximate[0], 0.0f);
+  }
+}
+
+// bytes() counts codes, fp32 scales, uint8 zero points and fp32 input
+// scales: per weight 1 + 4 / in for int8, and for 4-bit groups of g
+// 0.5 + 4 / g (+ 1 / g for int4 asymmetric's zero points) when in is a whole
+// number of groups, the padding counted when it is not.
+TEST(QuantFormatBytes, BytesPerWeightFollowTheLayout) {
+  const int out = 8, in = 4096;
+  const std::vector<float> weight = llm::testing::random_vector(static_cast<std::size_t>(out) * in, 9);
+  const LayerWeights layer{weight, out, in};
+  EXPECT_DOUBLE_EQ(quantize_rtn(layer, QuantFormat::parse("int8")).bytes_per_weight(), 1.0 + 4.0 / in);
+  EXPECT_DOUBLE_EQ(quantize_rtn(layer, QuantFormat::parse("int4-g64")).bytes_per_weight(), 0.5 + 5.0 / 64);
+  EXPECT_DOUBLE_EQ(quantize_rtn(layer, QuantFormat::parse("int4-g128")).bytes_per_weight(), 0.5 + 5.0 / 128);
+  EXPECT_DOUBLE_EQ(quantize_rtn(layer, QuantFormat::parse("int4sym-g64")).bytes_per_weight(), 0.5 + 4.0 / 64);
+  EXPECT_DOUBLE_EQ(quantize_rtn(layer, QuantFormat::parse("nf4")).bytes_per_weight(), 0.5 + 4.0 / 64);
+  EXPECT_NEAR(quantize_rtn(layer, QuantFormat::parse("int8")).bytes_per_weight(), 1.0, 0.001);
+  const QuantizedMatrix int4 = quantize_rtn(layer, QuantFormat::parse("int4-g128"));
+  EXPECT_EQ(int4.bytes(), static_cast<std::size_t>(out) * (in / 2 + (in / 128) * (4 + 1)));
+
+  // [2, 100] in groups of 32: 4 groups, 128 stored codes per row.
+  const LayerWeights narrow{std::span<const float>(weight).first(200), 2, 100};
+  EXPECT_DOUBLE_EQ(quantize_rtn(narrow, QuantFormat::parse("int4-g32")).bytes_per_weight(), (64.0 + 4 * 5) / 100);
+  // AWQ's input scales add 4 bytes per input column.
+  QuantizedMatrix scaled = quantize_rtn(narrow, QuantFormat::parse("int4sym-g32"));
+  scaled.input_scales.assign(100, 1.0f);
+  EXPECT_DOUBLE_EQ(scaled.bytes_per_weight(), (64.0 + 4 * 4 + 100.0 * 4 / 2) / 100);
+}
+
+}  // namespace
+}  // namespace step06
