@@ -230,6 +230,9 @@ if want presets; then
   # The paged kernels' overhead at Llama-3-8B's attention (the default dims),
   # contexts 1k-32k, batch 1 and 16; the model parts on TinyLlama's dims.
   run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 128
+  # W8A16 / W4A16 beside cuBLAS fp16 on Llama-2-7B's layers (part 1); the
+  # quantized model's decode on TinyLlama's dims (random weights: speed only).
+  run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 128
   # Continuous batching where decode is memory-bound (a forward of 16 rows
   # costs about what one row costs): TinyLlama's dims, a shorter trace.
   run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 64 --repeats 1

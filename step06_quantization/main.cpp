@@ -39,6 +39,7 @@ struct Step06Options {
   int repeats = 5;                          // --repeats: timed runs per kernel cell (median)
   bool no_flush = false;                    // --no-flush: warm CPU caches between kernel runs
   bool no_llama = false;                    // --no-llama: skip the Llama-2-7B kernel shapes
+  bool no_quality = false;                  // --no-quality: speed only (a random-weight preset too big to calibrate)
   int calibration_sequences = 16;           // --calibration-sequences (GPTQ/AWQ)
   int heldout_sequences = 8;                // --heldout-sequences (quality)
 };
@@ -58,6 +59,8 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
             ->check(CLI::Range(1, 1000))->capture_default_str();
         app.add_flag("--no-flush", options.no_flush, "do not evict the CPU caches between timed kernel runs");
         app.add_flag("--no-llama", options.no_llama, "skip the Llama-2-7B kernel shapes (about 1.4 GB of host memory)");
+        app.add_flag("--no-quality", options.no_quality,
+                     "skip part 3 (quality): speed only, e.g. for a large preset whose weights are random anyway");
         app.add_option("--calibration-sequences", options.calibration_sequences,
                        "GPTQ/AWQ calibration: sequences sampled from the fp32 model")
             ->check(CLI::Range(1, 4096))->capture_default_str();
@@ -153,6 +156,7 @@ Plan plan_from(const Step06Options& options, const llm::LoadedModel& loaded, con
   plan.this_model.devices = llm::selected_device_names(devices);
   plan.this_model.formats = formats;
   plan.this_model.algorithms = parse_algorithms(options.algorithms);
+  plan.this_model.quality = !options.no_quality;
   plan.this_model.prompt = prompt;
   plan.this_model.decode_positions = positions;
   plan.this_model.repeats = options.common.quick ? 1 : 3;
@@ -227,7 +231,7 @@ int run_step06(int argc, char** argv) {
   std::vector<step06::ModelRow> speed_rows = small_speed;
   speed_rows.insert(speed_rows.end(), this_model.begin(), this_model.end());
   step06::print_speed_table(speed_rows, kernels.cpu_read_gbps, cuda_copy_gbps);
-  step06::print_quality_table(this_model, plan.trained_weights);
+  if (plan.this_model.quality) step06::print_quality_table(this_model, plan.trained_weights);
   step06::report_targets(results, {&kernels, &small_speed, &this_model, plan.trained_weights});
   return llm::finish_run(results, options.common, devices);
 }

@@ -129,10 +129,10 @@ void measure_quality(llm::Model& model, bool int8_kv, const Reference& reference
 std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::ModelWeights& weights,
                                       const ModelTableOptions& options) {
   const llm::ModelConfig& config = weights.config;
-  llm::CpuModel fp32_cpu(weights);
   Reference reference;
   std::unique_ptr<Calibration> calibration;
   if (options.quality) {
+    llm::CpuModel fp32_cpu(weights);
     // Calibration and held-out text: both sampled from the fp32 model, with
     // seeds that never overlap, so quality is measured on text GPTQ/AWQ never saw.
     calibration = record_calibration(weights, sample_sequences(fp32_cpu, options.calibration_sequences,
