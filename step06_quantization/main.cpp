@@ -22,6 +22,7 @@
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
+#include "llm/harness/model_on_device.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
 #include "step06_quantization/kernel_table.hpp"

@@ -11,8 +11,8 @@
 #include "llm/errors.hpp"
 #include "llm/harness/model_on_device.hpp"
 #include "llm/harness/timer.hpp"
+#include "llm/sampler.hpp"
 #include "llm/token_batch.hpp"
-#include "step05_paged_attention/paged_generation.hpp"
 #include "step05_paged_attention/paged_kv_cache.hpp"
 #include "step06_quantization/weight_formats.hpp"
 
@@ -67,24 +67,32 @@ std::vector<float> logits_over(llm::Model& model, bool int8_kv, const std::vecto
   return {logits.begin(), logits.end()};
 }
 
-// Greedy decode timing: `repeats` runs of `positions` positions from the
-// prompt; the time per token of the decode forwards (the prefill excluded),
-// median over runs. Returns the tokens of the last run too.
+// Greedy decode timing: `repeats` runs (after a warm-up) of one prefill over
+// the prompt, then one forward per position feeding the argmax token, up to
+// `positions` positions; time per token of the decode forwards (the prefill
+// excluded), median over runs. Unlike a generation loop, BOS does not stop it:
+// every variant times the same number of forwards (random weights may well
+// predict BOS at once). Returns the greedy tokens of the last run too.
 struct DecodeTiming {
   double ms_per_token = 0.0;
-  std::vector<int> tokens;
+  std::vector<int> tokens;  // [positions - prompt + 1] greedy tokens, the prompt excluded
 };
 DecodeTiming time_decode(llm::Model& model, bool int8_kv, const std::vector<int>& prompt, int positions,
                          int repeats) {
+  const int prompt_length = static_cast<int>(prompt.size());
+  if (prompt_length < 1 || positions <= prompt_length)
+    throw llm::InputError(fmt::format("decode timing: {} positions leave no decode step after a prompt of {}",
+                                      positions, prompt_length));
   DecodeTiming timing;
   std::vector<double> per_token_ms;
   for (int run = 0; run <= repeats; ++run) {  // run 0: warm-up
     auto cache = make_cache(model, int8_kv, positions);
-    const step05::GreedyRun greedy = step05::greedy_in_slot(model, *cache, 0, prompt, 0, positions);
-    const int decode_tokens = static_cast<int>(greedy.tokens.size()) - 1;  // the first came from the prefill
-    if (decode_tokens < 1) throw llm::InputError("decode timing: the model generated BOS at once; nothing to time");
-    if (run > 0) per_token_ms.push_back((greedy.total_ms - greedy.prefill_ms) / decode_tokens);
-    timing.tokens = greedy.tokens;
+    std::vector<int> tokens = {llm::argmax(model.forward(llm::TokenBatch::prefill(prompt, 0, 0), *cache))};
+    const llm::Stopwatch decode_time;
+    for (int position = prompt_length; position < positions; ++position)
+      tokens.push_back(llm::argmax(model.forward(llm::TokenBatch::single(tokens.back(), position, 0), *cache)));
+    if (run > 0) per_token_ms.push_back(decode_time.elapsed_ms() / (positions - prompt_length));
+    timing.tokens = std::move(tokens);
   }
   timing.ms_per_token = llm::TimingStats::from_samples(per_token_ms).median_ms;
   return timing;
