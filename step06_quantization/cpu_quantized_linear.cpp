@@ -19,8 +19,10 @@
 //    prepare_input). That is rows * in floats, nothing next to W's size.
 //  * At one row, unpacking is the cost, not memory: an int4 weight is half a
 //    byte, but turning 32 of them into two vectors of floats and two FMAs
-//    takes ~6 vector instructions, and a core retires about 2 of those per
-//    cycle. So the kernels count instructions per weight: the AVX-512 int4
+//    takes ~6 vector instructions, and the AMD EPYC (Zen 5) core this was
+//    measured on runs about 2 of those per cycle: ~30 G weights/s, 16 GB/s of
+//    int4 codes, where the int8 kernel (3 instructions per 16 weights) streams
+//    40+ GB/s. So the kernels count instructions per weight: the AVX-512 int4
 //    kernels turn a code into its finished fp32 weight with one table lookup
 //    (vpermps), AVX2 moves the scale and zero point out of the inner loop
 //    (algebra), int8 applies its one scale per row at the end.
@@ -75,7 +77,6 @@ constexpr int kBlockColumns = 32;
 constexpr std::size_t kCodeBytesPerOutputBlock = 8 * 1024;
 
 bool is_four_bit(QuantScheme scheme) { return scheme != QuantScheme::Int8PerChannel; }
-int round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 // Throws InputError unless the matrix's sizes are consistent (what every
 // kernel below relies on to stay inside its buffers).
@@ -96,6 +97,13 @@ void check_matrix(const QuantizedMatrix& m) {
         "code bytes, {} scales, {} zero points, {} input scales)",
         m.format.name(), m.out_features, m.in_features, m.group_columns, m.groups_per_row, m.padded_in,
         m.packed.size(), m.scales.size(), m.zeros.size(), m.input_scales.size()));
+  // The AVX-512 kernels index a 16-row table with the zero point. (A scan of
+  // out * groups bytes: done once per QuantizedLinear, once per call of the
+  // free function.)
+  const auto zero_out_of_range = std::find_if(m.zeros.begin(), m.zeros.end(), [](std::uint8_t z) { return z > 15; });
+  if (zero_out_of_range != m.zeros.end())
+    throw llm::InputError(fmt::format("quantized product: the {} matrix has zero point {} (group {}), outside [0, 15]",
+                                      m.format.name(), *zero_out_of_range, zero_out_of_range - m.zeros.begin()));
 }
 
 // ---------------------------------------------------------------------------
@@ -164,8 +172,12 @@ void matmul_portable(const QuantizedMatrix& m, const float* x, int rows, float* 
   }
 }
 
+#if STEP06_X86_KERNELS
+
 // ---------------------------------------------------------------------------
 // The SIMD kernels: what they read, and the loop that hands them tiles.
+
+int round_up(int value, int multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 struct Product {
   const QuantizedMatrix* matrix = nullptr;
@@ -212,8 +224,6 @@ void run_tiles(const Product& product, int rows, std::span<const TileKernel> ker
   }
 }
 
-#if STEP06_X86_KERNELS
-
 // ---------------------------------------------------------------------------
 // The tiles. An FMA's result can be added to again only 4 cycles later, and a
 // core starts 2 per cycle: 8 independent accumulators must be in flight or the
@@ -256,14 +266,16 @@ constexpr CodeMinusZeroTable kCodeMinusZero = make_code_minus_zero_table();
 
 // Returns v, pinned in a register. With several output features at once, each
 // vector of x is used once per output feature; GCC folds the load into every
-// FMA that uses it (a memory operand looks free), and loads x 2-4 times where
-// once will do. Loads are what these loops run short of first (measured: the
-// batch-1 int4 kernel ran ~25% faster with x pinned), so the kernels load x
-// once per unit and pin it. The empty asm emits nothing; it only tells the
-// compiler the value must be in a register here.
-template <class Vector>
-inline __attribute__((always_inline)) Vector in_register(Vector v) {
-  asm("" : "+v"(v));
+// FMA that uses it (a memory operand looks free) and loads x 2-4 times where
+// once will do. Measured on the batch-1 int4 loop: ~25% faster with x loaded
+// once per unit and pinned. The empty asm emits nothing; it only tells the
+// compiler that the value must be in a register at this point.
+STEP06_AVX2_INLINE __m256 in_register(__m256 v) {
+  asm("" : "+x"(v));
+  return v;
+}
+STEP06_AVX512_INLINE __m512 in_register(__m512 v) {
+  asm("" : "+v"(v));  // "v": any of the 32 vector registers
   return v;
 }
 
@@ -321,7 +333,8 @@ STEP06_AVX2_INLINE void int8_outputs_avx2(const Product& p, int o, int first_row
   const int whole_units = m.in_features / kBlockColumns;
   const int tail_columns = m.in_features % kBlockColumns;
   const std::uint8_t* row_codes[kOutputs];
-  for (int q = 0; q < kOutputs; ++q) row_codes[q] = m.packed.data() + static_cast<std::size_t>(o + q) * m.bytes_per_row();
+  for (int q = 0; q < kOutputs; ++q)
+    row_codes[q] = m.packed.data() + static_cast<std::size_t>(o + q) * m.bytes_per_row();
   __m256 sums[kOutputs][kChains][kRows];
   for (auto& output : sums)
     for (auto& chain : output)
@@ -575,7 +588,8 @@ STEP06_AVX512_INLINE void int8_outputs_avx512(const Product& p, int o, int first
   const int whole_units = m.in_features / kBlockColumns;
   const int tail_columns = m.in_features % kBlockColumns;
   const std::uint8_t* row_codes[kOutputs];
-  for (int q = 0; q < kOutputs; ++q) row_codes[q] = m.packed.data() + static_cast<std::size_t>(o + q) * m.bytes_per_row();
+  for (int q = 0; q < kOutputs; ++q)
+    row_codes[q] = m.packed.data() + static_cast<std::size_t>(o + q) * m.bytes_per_row();
   __m512 sums[kOutputs][kChains][kRows];
   for (auto& output : sums)
     for (auto& chain : output)
@@ -777,6 +791,8 @@ bool cpu_runs_avx512() {
 #endif
 }
 
+void run_product(const QuantizedMatrix& matrix, const float* x, int rows, float* y, SimdLevel level);
+
 void check_level(SimdLevel level) {
   if (!simd_supported(level))
     throw llm::InputError(fmt::format("quantized product: this CPU cannot run the {} kernels (it runs up to {})",
@@ -813,6 +829,21 @@ bool simd_supported(SimdLevel level) {
 void quantized_matmul(const QuantizedMatrix& matrix, const float* x, int rows, float* y, SimdLevel level) {
   check_level(level);
   check_matrix(matrix);
+  run_product(matrix, x, rows, y, level);
+}
+
+QuantizedLinear::QuantizedLinear(QuantizedMatrix matrix, SimdLevel level) : matrix_(std::move(matrix)), level_(level) {
+  check_level(level_);
+  check_matrix(matrix_);
+}
+
+// The layer's matrix and level were checked once, when it was built.
+void QuantizedLinear::forward(const float* x, int rows, float* y) const { run_product(matrix_, x, rows, y, level_); }
+
+namespace {
+
+// The product, for a checked matrix and a level this CPU runs.
+void run_product(const QuantizedMatrix& matrix, const float* x, int rows, float* y, SimdLevel level) {
   if (rows < 0) throw llm::InputError(fmt::format("quantized product: {} rows", rows));
   if (rows == 0) return;
   // Scratch reused across calls (one thread per model, as everywhere in the course).
@@ -850,13 +881,6 @@ void quantized_matmul(const QuantizedMatrix& matrix, const float* x, int rows, f
 #endif
 }
 
-QuantizedLinear::QuantizedLinear(QuantizedMatrix matrix, SimdLevel level) : matrix_(std::move(matrix)), level_(level) {
-  check_level(level_);
-  check_matrix(matrix_);
-}
-
-void QuantizedLinear::forward(const float* x, int rows, float* y) const {
-  quantized_matmul(matrix_, x, rows, y, level_);
-}
+}  // namespace
 
 }  // namespace step06
