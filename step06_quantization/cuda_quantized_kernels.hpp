@@ -6,9 +6,11 @@
 // without CUDA every function throws llm::DeviceError saying so.
 //
 // GPU layout (uploaded once from a QuantizedMatrix): each row's codes padded
-// to a multiple of 16 bytes, so a thread reads its weights with 128-bit
-// loads (32 int4 codes or 16 int8 codes per load); scales (and zero points) as
-// fp16 beside them, [out_features, groups_per_row].
+// to a multiple of 16 bytes (64: whole warp steps), so a thread reads its
+// weights with 128-bit loads (32 int4 codes or 16 int8 codes per load),
+// stored in the order the tensor-core fragments want them; scales as fp16
+// (with one power-of-two exponent per matrix) and int4 zero points as bytes
+// beside them, [groups_per_row, out_features]. Details in the .cu file.
 #include <cstdint>
 #include <memory>
 #include <span>
