@@ -36,12 +36,10 @@ const llm::ModelWeights& small_weights() {
   return weights;
 }
 
-// One product of `format` (nullopt: fp32) on [out, in] with `rows` rows.
-void product(benchmark::State& state, step06::WeightFormat format, int out_features, int in_features) {
+// One product of `format` (nullopt: fp32) on `matrix` [out, in] with `rows` rows.
+void product(benchmark::State& state, step06::WeightFormat format, const std::vector<float>& matrix,
+             int out_features, int in_features) {
   const int rows = static_cast<int>(state.range(0));
-  const std::vector<float> weight(small_weights().layers[0].w1.begin(), small_weights().layers[0].w1.end());
-  std::vector<float> matrix(static_cast<std::size_t>(out_features) * in_features);  // [out, in]
-  for (std::size_t i = 0; i < matrix.size(); ++i) matrix[i] = weight[i % weight.size()];
   std::unique_ptr<llm::Linear> linear;
   if (format) {
     linear = std::make_unique<step06::QuantizedLinear>(
@@ -86,21 +84,24 @@ void register_benchmarks() {
   const llm::ModelConfig& config = small_config();
   struct Matrix {
     const char* name;
+    const std::vector<float>* weight;  // [out_features, in_features]
     int out_features, in_features;
   };
-  const Matrix matrices[] = {{"w1", config.hidden_dim, config.dim}, {"classifier", config.vocab_size, config.dim}};
+  const Matrix matrices[] = {{"w1", &small_weights().layers[0].w1, config.hidden_dim, config.dim},
+                             {"classifier", &small_weights().token_embedding, config.vocab_size, config.dim}};
   for (const auto& variant : step06::weight_formats()) {
     if (variant.backend == llm::Backend::Cuda) continue;  // the cuBLAS row is the CUDA kernel table's
     for (const Matrix& matrix : matrices)
-      benchmark::RegisterBenchmark(fmt::format("step06/cpu/{}/{}", variant.name, matrix.name),
+      benchmark::RegisterBenchmark(fmt::format("step06/cpu/{}/{}", variant.name, matrix.name).c_str(),
                                    [format = variant.fn, matrix](benchmark::State& state) {
-                                     product(state, format, matrix.out_features, matrix.in_features);
+                                     product(state, format, *matrix.weight, matrix.out_features,
+                                             matrix.in_features);
                                    })
           ->ArgName("rows")
           ->Arg(1)
           ->Arg(4)
           ->Arg(16);
-    benchmark::RegisterBenchmark(fmt::format("step06/cpu/{}/decode", variant.name),
+    benchmark::RegisterBenchmark(fmt::format("step06/cpu/{}/decode", variant.name).c_str(),
                                  [format = variant.fn](benchmark::State& state) { decode_token(state, format); });
   }
 }
