@@ -74,7 +74,8 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
 // --quick: seconds on a slow CI core. Fewer formats and shapes, one timed run.
 void apply_quick(Step06Options& options) {
   if (!options.common.quick) return;
-  if (options.common.variant == "all" && options.formats.empty()) options.common.variant = "0,1,2,4";  // fp32, int8, int4-g32, int4-g128
+  // fp32, int8, int4-g32, int4-g128
+  if (options.common.variant == "all" && options.formats.empty()) options.common.variant = "0,1,2,4";
   options.batches = "1,4";
   options.repeats = 1;
   options.no_flush = true;
@@ -99,7 +100,8 @@ std::vector<step06::QuantAlgorithm> parse_algorithms(const std::string& text) {
   std::vector<step06::QuantAlgorithm> algorithms;
   for (const std::string& name : split_commas(text)) {
     bool known = false;
-    for (const auto algorithm : {step06::QuantAlgorithm::Rtn, step06::QuantAlgorithm::Gptq, step06::QuantAlgorithm::Awq})
+    using step06::QuantAlgorithm;
+    for (const auto algorithm : {QuantAlgorithm::Rtn, QuantAlgorithm::Gptq, QuantAlgorithm::Awq})
       if (name == step06::algorithm_name(algorithm)) {
         algorithms.push_back(algorithm);
         known = true;
@@ -218,7 +220,8 @@ int run_step06(int argc, char** argv) {
   const std::vector<step06::ModelRow> small_speed = step06::run_model_table(
       "preset small", llm::random_weights(llm::find_preset("small").config, options.common.seed), plan.small_speed);
   // 2 and 3. This model: speed, and quality against fp32.
-  const std::vector<step06::ModelRow> this_model = step06::run_model_table(loaded.name, loaded.weights, plan.this_model);
+  const std::vector<step06::ModelRow> this_model =
+      step06::run_model_table(loaded.name, loaded.weights, plan.this_model);
 
   llm::Results results = make_results(options, loaded, devices, plan);
   const double cuda_copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;

@@ -206,7 +206,8 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       row.speedup = fp32_ms_per_token / decode.ms_per_token;
       row.greedy_tokens_compared = static_cast<int>(fp32_greedy.size());
       row.greedy_matching_prefix = matching_prefix(decode.tokens, fp32_greedy);
-      if (options.quality && device == "cpu") measure_quality(*model, variant.int8_kv, reference, config.vocab_size, row);
+      if (options.quality && device == "cpu")
+        measure_quality(*model, variant.int8_kv, reference, config.vocab_size, row);
       row.ok = true;
       if (device != "cpu") {
         // The GPU runs the same codes as the CPU: its logits on one held-out

@@ -155,7 +155,8 @@ QuantizedMatrix pack(const QuantFormat& format, int out_features, int in_feature
   matrix.padded_in = matrix.groups_per_row * matrix.group_columns;
   const std::size_t n_groups = static_cast<std::size_t>(out_features) * matrix.groups_per_row;
   if (codes.size() != static_cast<std::size_t>(out_features) * in_features || params.size() != n_groups)
-    throw llm::InputError(fmt::format("pack {}: {} codes and {} group parameters do not fit a [{}, {}] layer ({} groups)",
+    throw llm::InputError(fmt::format("pack {}: {} codes and {} group parameters do not fit a [{}, {}] layer "
+                                      "({} groups)",
                                       format.name(), codes.size(), params.size(), out_features, in_features,
                                       n_groups));
   // Padding columns get the code that reads back as 0 (zero point, 8, NF4's 0).
@@ -166,7 +167,8 @@ QuantizedMatrix pack(const QuantFormat& format, int out_features, int in_feature
   for (int row = 0; row < out_features; ++row) {
     std::uint8_t* row_bytes = matrix.packed.data() + static_cast<std::size_t>(row) * matrix.bytes_per_row();
     for (int column = 0; column < matrix.padded_in; ++column) {
-      const GroupParams& p = params[static_cast<std::size_t>(row) * matrix.groups_per_row + column / matrix.group_columns];
+      const std::size_t group = static_cast<std::size_t>(row) * matrix.groups_per_row + column / matrix.group_columns;
+      const GroupParams& p = params[group];
       const int code = column < in_features ? codes[static_cast<std::size_t>(row) * in_features + column]
                                             : padding_code(p);
       if (code < code_min(format.scheme) || code > code_max(format.scheme))

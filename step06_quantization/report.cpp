@@ -67,7 +67,8 @@ void print_kernel_table(const KernelTable& table, double cuda_copy_gbps) {
   if (table.cpu_read_gbps > 0)
     fmt::print("   cpu: {} kernels, one thread; measured read bandwidth {:.1f} GB/s; caches flushed before each run\n",
                table.cpu_simd, table.cpu_read_gbps);
-  if (cuda_copy_gbps > 0) fmt::print("   cuda: measured device-to-device copy {:.0f} GB/s; L2 flushed\n", cuda_copy_gbps);
+  if (cuda_copy_gbps > 0)
+    fmt::print("   cuda: measured device-to-device copy {:.0f} GB/s; L2 flushed\n", cuda_copy_gbps);
   // One line per (device, shape, format), the batches side by side.
   std::vector<int> batches;
   for (const KernelCell& cell : table.cells)
@@ -75,7 +76,8 @@ void print_kernel_table(const KernelTable& table, double cuda_copy_gbps) {
       batches.push_back(cell.rows);
   std::string header = fmt::format("{:<5} {:<10} {:<17} {:>12} {:<12} {:>6}", "dev", "model", "matrix", "[out, in]",
                                    "format", "B/w");
-  for (int rows : batches) header += fmt::format(" | x{:<2} {:>9} {:>7} {:>5} {:>6}", rows, "time", "GB/s", "%bw", "speed");
+  for (int rows : batches)
+    header += fmt::format(" | x{:<2} {:>9} {:>7} {:>5} {:>6}", rows, "time", "GB/s", "%bw", "speed");
   fmt::print("{}  ok\n", header);
   std::map<std::tuple<std::string, std::string, std::string, std::string>, std::vector<const KernelCell*>> lines;
   std::vector<std::tuple<std::string, std::string, std::string, std::string>> order;
