@@ -65,7 +65,7 @@ void print_kernel_table(const KernelTable& table, double cuda_copy_gbps) {
   fmt::print("\n1. kernels: y = x W^T for a batch of rows, RTN-quantized random weights; speedup vs {}\n",
              "fp32 Eigen (cpu) / cuBLAS fp16 (cuda) at the same shape and rows");
   if (table.cpu_read_gbps > 0)
-    fmt::print("   cpu: {} kernels, one thread; measured read bandwidth {:.1f} GB/s; caches flushed before each run\n",
+    fmt::print("   cpu: {} kernels, one thread; %bw = of the measured DRAM read bandwidth, {:.1f} GB/s (one thread)\n",
                table.cpu_simd, table.cpu_read_gbps);
   if (cuda_copy_gbps > 0)
     fmt::print("   cuda: measured device-to-device copy {:.0f} GB/s; L2 flushed\n", cuda_copy_gbps);
@@ -169,6 +169,8 @@ void print_speed_table(const std::vector<ModelRow>& rows, double cpu_read_gbps, 
                row.ok ? "ok" : "FAIL");
   }
   fmt::print("   greedy= : greedy tokens equal to fp32's before the first difference / tokens generated\n");
+  fmt::print("   %bw over 100%: the weights were read from a cache, not DRAM (a model smaller than the last-level "
+             "cache stays there from token to token)\n");
 }
 
 void print_quality_table(const std::vector<ModelRow>& rows, bool trained_weights) {
