@@ -149,25 +149,39 @@ void prepare_input(const QuantizedMatrix& m, const float* x, int rows, int strid
 }
 
 // ---------------------------------------------------------------------------
-// The portable kernel: the reference. One weight at a time, its value exactly
-// as dequantize() computes it (code_value of the code and its group's
-// parameters), times x. Output features outer, rows of x inner: a row of codes
-// (a few hundred bytes) comes from memory once and stays in L1 for every row.
+// The portable kernel: the reference, in plain C++. y[r, o] is the sum over
+// output o's groups of the sum over the group's columns of w~ * x[r, column],
+// with every w~ exactly as dequantize() computes it: a 4-bit code stands for
+// one of 16 values in its group, computed once per group with code_value()
+// and looked up per weight; an int8 weight is its code times the row's scale.
+// Output features outer: a row of codes (a few hundred bytes) comes from
+// memory once and stays in L1 for every row of x.
 
 // x: prepared [rows, in_features] (natural order, input scales divided out).
 void matmul_portable(const QuantizedMatrix& m, const float* x, int rows, float* y) {
+  const bool four_bit = is_four_bit(m.format.scheme);
   for (int o = 0; o < m.out_features; ++o) {
-    for (int r = 0; r < rows; ++r) {
-      const float* x_row = x + static_cast<std::size_t>(r) * m.in_features;
-      float sum = 0.0f;
-      for (int g = 0; g < m.groups_per_row; ++g) {
-        const GroupParams params = m.params(o, g);
-        const int first = g * m.group_columns;
-        const int end = std::min(m.in_features, first + m.group_columns);
-        for (int column = first; column < end; ++column)
-          sum += code_value(m.format.scheme, m.code(o, column), params) * x_row[column];
+    const std::uint8_t* codes = m.packed.data() + static_cast<std::size_t>(o) * m.bytes_per_row();  // row o
+    for (int r = 0; r < rows; ++r) y[static_cast<std::size_t>(r) * m.out_features + o] = 0.0f;
+    for (int g = 0; g < m.groups_per_row; ++g) {
+      const GroupParams params = m.params(o, g);
+      float values[16] = {};  // 4-bit: values[code] = the weight the code stands for in this group
+      if (four_bit)
+        for (int code = 0; code < 16; ++code) values[code] = code_value(m.format.scheme, code, params);
+      const int first = g * m.group_columns;
+      const int end = std::min(m.in_features, first + m.group_columns);
+      for (int r = 0; r < rows; ++r) {
+        const float* x_row = x + static_cast<std::size_t>(r) * m.in_features;
+        float group_sum = 0.0f;
+        for (int column = first; column < end; ++column) {
+          // Byte j of a 4-bit row: column 2j in the low nibble, 2j + 1 in the high one.
+          const float weight =
+              four_bit ? values[column % 2 == 0 ? codes[column / 2] & 0x0F : codes[column / 2] >> 4]
+                       : static_cast<float>(static_cast<std::int8_t>(codes[column])) * params.scale;
+          group_sum += weight * x_row[column];
+        }
+        y[static_cast<std::size_t>(r) * m.out_features + o] += group_sum;
       }
-      y[static_cast<std::size_t>(r) * m.out_features + o] = sum;
     }
   }
 }

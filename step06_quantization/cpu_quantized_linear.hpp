@@ -5,7 +5,8 @@
 // ever written to memory: that would cost the bytes quantization saves).
 //
 // For 1-16 rows every weight is read from memory once and applied to every
-// row while it is in registers; more rows are done 16 at a time.
+// row (in register tiles of up to 4 rows; the codes of a block of outputs stay
+// in L1 from one tile to the next); more rows are done 16 at a time.
 // SIMD: AVX-512 or AVX2+FMA kernels compiled with per-function target
 // attributes and chosen at run time by what the CPU reports, beside a
 // portable scalar one. One thread, like the rest of the course.
