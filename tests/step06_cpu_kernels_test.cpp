@@ -109,6 +109,8 @@ struct KernelCase {
   std::string format;
   SimdLevel level;
 };
+// Printed by gtest beside the test's name (without it: the struct's bytes, heap addresses included).
+void PrintTo(const KernelCase& c, std::ostream* os) { *os << c.format << " / " << simd_name(c.level); }
 std::string case_name(const ::testing::TestParamInfo<KernelCase>& info) {
   std::string name = info.param.format + "_" + simd_name(info.param.level);
   std::replace(name.begin(), name.end(), '-', '_');
