@@ -4,8 +4,9 @@
 // kernels it is compared with.
 namespace step06 {
 
-// GB/s (1e9 bytes per second) of one thread summing a buffer much larger
-// than the last-level cache: the median of `runs` passes after a warm-up.
+// GB/s (1e9 bytes per second) of one thread summing a buffer larger than
+// the last-level cache (256 MiB to 1 GiB): the median of `runs` passes after
+// a warm-up.
 double measure_cpu_read_bandwidth_gbps(int runs = 5);
 
 }  // namespace step06

@@ -158,7 +158,7 @@ KernelTable run_kernel_table(const std::vector<KernelShape>& shapes, const Kerne
   KernelTable table;
   std::unique_ptr<step03::CpuCacheFlusher> flusher;
   if (options.cpu) {
-    table.cpu_read_gbps = measure_cpu_read_bandwidth_gbps();
+    table.cpu_read_gbps = measure_cpu_read_bandwidth_gbps(options.repeats);
     table.cpu_simd = simd_name(detected_simd());
     if (options.flush_caches) flusher = std::make_unique<step03::CpuCacheFlusher>();
   }

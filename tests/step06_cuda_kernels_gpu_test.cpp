@@ -32,6 +32,7 @@
 #include "step06_quantization/quant_algorithms.hpp"
 #include "step06_quantization/quant_format.hpp"
 #include "step06_quantization/quantized_layers.hpp"
+#include "step06_dequantized_model.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -242,57 +243,11 @@ TEST(CudaQuantizedKernelsTiming, TimesBothProductsAndChecksTheKernel) {
 
 // --- A whole model.
 
-// The CPU reference of a quantized layer: DenseLinear over dequantize(), but
-// with no fp32 rows to lend (dense_weight() nullptr), exactly like the
-// quantized layer it stands for, so a tied classifier keeps the fp32
-// embedding on both devices.
-class DequantizedLinear final : public llm::Linear {
- public:
-  explicit DequantizedLinear(const QuantizedMatrix& matrix)
-      : dense_(step06::dequantize(matrix), matrix.out_features, matrix.in_features) {}
-  void forward(const float* x, int rows, float* y) const override { dense_.forward(x, rows, y); }
-  int in_features() const override { return dense_.in_features(); }
-  int out_features() const override { return dense_.out_features(); }
-  std::size_t weight_bytes() const override { return dense_.weight_bytes(); }
-
- private:
-  llm::DenseLinear dense_;
-};
-
-// Every Linear site of the model, quantized with RTN (quantize_layers is
-// not used: this test checks the kernels, not that function).
+// Every Linear site of the model quantized with RTN.
 step06::QuantizedLayers quantize_every_site(const llm::ModelWeights& weights, const QuantFormat& format) {
-  const llm::ModelConfig& c = weights.config;
-  const int q_width = c.n_heads * c.head_dim();
-  step06::QuantizedLayers layers;
-  layers.quantization.format = format;
-  const auto add = [&](const std::vector<float>& matrix, int out, int in, llm::LinearSite site) {
-    layers.matrices[site] = step06::quantize_rtn({matrix, out, in}, format);
-  };
-  for (int l = 0; l < c.n_layers; ++l) {
-    const llm::LayerWeights& lw = weights.layers[static_cast<std::size_t>(l)];
-    add(lw.wq, q_width, c.dim, {l, llm::LinearRole::Query});
-    add(lw.wk, c.kv_dim(), c.dim, {l, llm::LinearRole::Key});
-    add(lw.wv, c.kv_dim(), c.dim, {l, llm::LinearRole::Value});
-    add(lw.wo, c.dim, q_width, {l, llm::LinearRole::Output});
-    add(lw.w1, c.hidden_dim, c.dim, {l, llm::LinearRole::Gate});
-    add(lw.w2, c.dim, c.hidden_dim, {l, llm::LinearRole::Down});
-    add(lw.w3, c.hidden_dim, c.dim, {l, llm::LinearRole::Up});
-  }
-  add(weights.classifier_matrix(), c.vocab_size, c.dim, {-1, llm::LinearRole::Classifier});
-  return layers;
-}
-
-std::unique_ptr<llm::CpuModel> cpu_model_with_dequantized(const llm::ModelWeights& weights,
-                                                          const step06::QuantizedLayers& layers) {
-  llm::CpuModelOptions options;
-  options.linear_factory = [&layers](const std::vector<float>& weight, int out, int in,
-                                     const llm::LinearSite& site) -> std::unique_ptr<llm::Linear> {
-    const auto found = layers.matrices.find(site);
-    if (found == layers.matrices.end()) return std::make_unique<llm::DenseLinear>(weight, out, in);
-    return std::make_unique<DequantizedLinear>(found->second);
-  };
-  return std::make_unique<llm::CpuModel>(weights, options);
+  step06::ModelQuantization quantization;
+  quantization.format = format;
+  return step06::quantize_layers(weights, quantization, nullptr);
 }
 
 class CudaQuantizedModel : public ::testing::TestWithParam<std::string> {};
@@ -306,7 +261,7 @@ TEST_P(CudaQuantizedModel, TinyPresetLogitsMatchTheCpuModelWithDequantizedWeight
   const llm::ModelWeights weights = llm::random_weights(llm::find_preset("tiny").config, 42);
   const step06::QuantizedLayers layers = quantize_every_site(weights, QuantFormat::parse(GetParam()));
   const auto gpu = step06::make_cuda_quantized_model(weights, layers);
-  const auto cpu = cpu_model_with_dequantized(weights, layers);
+  const auto cpu = step06::testing::cpu_model_with_dequantized(weights, layers);
   const int vocab = weights.config.vocab_size;
   auto gpu_cache = gpu->make_cache(1, 32);
   auto cpu_cache = cpu->make_cache(1, 32);

@@ -16,6 +16,7 @@
 #include "step06_quantization/kernel_table.hpp"
 #include "step06_quantization/model_table.hpp"
 #include "step06_quantization/quantized_layers.hpp"
+#include "step06_dequantized_model.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -51,21 +52,6 @@ std::vector<float> all_logits(llm::Model& model, const std::vector<int>& tokens)
   return all_logits(model, *cache, tokens);
 }
 
-// fp32 weights that do not offer themselves as the embedding table: the
-// reference for a quantized tied classifier, whose model keeps the fp32
-// embedding (the quantized classifier has no dense rows to share).
-class UntiedDenseLinear final : public llm::Linear {
- public:
-  UntiedDenseLinear(const std::vector<float>& weight, int out, int in) : dense_(weight, out, in) {}
-  void forward(const float* x, int rows, float* y) const override { dense_.forward(x, rows, y); }
-  int in_features() const override { return dense_.in_features(); }
-  int out_features() const override { return dense_.out_features(); }
-  std::size_t weight_bytes() const override { return dense_.weight_bytes(); }
-
- private:
-  llm::DenseLinear dense_;
-};
-
 // The quantized model is exactly the fp32 model whose matrices are the
 // dequantized ones: the hook changes how weights are stored and read, not
 // the math. Checked for every format and both classifier choices.
@@ -80,15 +66,8 @@ TEST(Step06Model, QuantizedModelIsTheModelOfTheDequantizedWeights) {
       EXPECT_EQ(layers.matrices.size(), static_cast<std::size_t>(7 * weights.config.n_layers + (classifier ? 1 : 0)));
       auto quantized = step06::make_quantized_model_on("cpu", weights, layers);
       // The reference: DenseLinear over dequantize() of each site's matrix.
-      llm::CpuModelOptions options;
-      options.linear_factory = [&layers](const std::vector<float>& weight, int out, int in,
-                                         const llm::LinearSite& site) -> std::unique_ptr<llm::Linear> {
-        const auto found = layers.matrices.find(site);
-        if (found == layers.matrices.end()) return std::make_unique<llm::DenseLinear>(weight, out, in);
-        return std::make_unique<UntiedDenseLinear>(step06::dequantize(found->second), out, in);
-      };
-      llm::CpuModel reference(weights, options);
-      llm::testing::expect_logit_rows_close(all_logits(*quantized, tokens), all_logits(reference, tokens),
+      const auto reference = step06::testing::cpu_model_with_dequantized(weights, layers);
+      llm::testing::expect_logit_rows_close(all_logits(*quantized, tokens), all_logits(*reference, tokens),
                                             weights.config.vocab_size, format);
     }
   }
