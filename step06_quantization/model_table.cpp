@@ -47,15 +47,17 @@ double kv_bytes_per_position(const llm::ModelConfig& config, bool int8_kv) {
 }
 
 // Bytes of the matrices one decode token reads: each quantized matrix's
-// codes and scales, the rest in fp32.
-double weight_bytes_per_token(const llm::ModelConfig& config, const QuantizedLayers* layers) {
-  const double q_width = static_cast<double>(config.n_heads) * config.head_dim();
-  const double per_layer_fp32 = 4.0 * (q_width * config.dim * 2 + 2.0 * config.kv_dim() * config.dim +
-                                       3.0 * config.hidden_dim * config.dim);
-  double bytes = config.n_layers * per_layer_fp32 + 4.0 * config.vocab_size * config.dim;
-  if (layers == nullptr) return bytes;
-  for (const auto& [site, matrix] : layers->matrices)
-    bytes += static_cast<double>(matrix.bytes()) - 4.0 * matrix.out_features * matrix.in_features;
+// codes and scales, the others' fp32 weights.
+double weight_bytes_per_token(const llm::ModelWeights& weights, const QuantizedLayers* layers) {
+  double bytes = 0.0;
+  for (const llm::LinearSite& site : linear_sites(weights.config)) {
+    if (layers != nullptr && layers->matrices.contains(site)) {
+      bytes += static_cast<double>(layers->matrices.at(site).bytes());
+    } else {
+      const LayerWeights layer = layer_weights(weights, site);
+      bytes += 4.0 * layer.out_features * layer.in_features;
+    }
+  }
   return bytes;
 }
 
@@ -103,32 +105,39 @@ int matching_prefix(const std::vector<int>& a, const std::vector<int>& b) {
   return static_cast<int>(end_a - a.begin());
 }
 
-// What every row of one run shares: the fp32 reference on the CPU and the
-// sequences quality is measured on.
+// One model's logits over the held-out sequences, pooled, and what they predict.
+struct HeldoutLogits {
+  std::vector<float> every_position;  // [positions of every sequence, vocab]
+  std::vector<float> predicting;      // [positions - 1 per sequence, vocab]: position t predicts token t + 1
+  std::vector<int> next_tokens;       // [positions - 1 per sequence] the tokens they predict (teacher forcing)
+};
+HeldoutLogits heldout_logits(llm::Model& model, bool int8_kv, const std::vector<std::vector<int>>& heldout) {
+  const int vocab = model.config().vocab_size;
+  HeldoutLogits pooled;
+  for (const std::vector<int>& sequence : heldout) {
+    const std::vector<float> logits = logits_over(model, int8_kv, sequence);
+    pooled.every_position.insert(pooled.every_position.end(), logits.begin(), logits.end());
+    pooled.predicting.insert(pooled.predicting.end(), logits.begin(), logits.end() - vocab);  // all but the last row
+    pooled.next_tokens.insert(pooled.next_tokens.end(), sequence.begin() + 1, sequence.end());
+  }
+  return pooled;
+}
+
+// What every row of one run shares: the sequences quality is measured on and
+// the fp32 model's logits over them (computed once, on the CPU).
 struct Reference {
-  std::vector<std::vector<int>> heldout;            // [sequences][length]
-  std::vector<std::vector<float>> heldout_logits;   // [sequences][length * vocab], fp32 on the CPU
-  double perplexity = 0.0;
+  std::vector<std::vector<int>> heldout;  // [sequences][length]
+  HeldoutLogits fp32;
+  double perplexity = 0.0;                // fp32's, of the held-out sequences
 };
 
 // Mean KL / top-1 / perplexity of `model` on the held-out sequences against
 // the fp32 logits (all positions of all sequences pooled).
-void measure_quality(llm::Model& model, bool int8_kv, const Reference& reference, int vocab, ModelRow& row) {
-  std::vector<float> reference_logits, candidate_logits;  // [positions, vocab] over every sequence
-  std::vector<float> perplexity_logits;                   // [positions - 1 per sequence, vocab]
-  std::vector<int> next_tokens;
-  for (std::size_t s = 0; s < reference.heldout.size(); ++s) {
-    const std::vector<int>& sequence = reference.heldout[s];
-    const std::vector<float> logits = logits_over(model, int8_kv, sequence);
-    reference_logits.insert(reference_logits.end(), reference.heldout_logits[s].begin(),
-                            reference.heldout_logits[s].end());
-    candidate_logits.insert(candidate_logits.end(), logits.begin(), logits.end());
-    // Position t predicts token t + 1: every row but the last.
-    perplexity_logits.insert(perplexity_logits.end(), logits.begin(), logits.end() - vocab);
-    next_tokens.insert(next_tokens.end(), sequence.begin() + 1, sequence.end());
-  }
-  row.agreement = llm::compare_next_token_distributions(reference_logits, candidate_logits, vocab);
-  row.perplexity = llm::perplexity(perplexity_logits, next_tokens, vocab);
+void measure_quality(llm::Model& model, bool int8_kv, const Reference& reference, ModelRow& row) {
+  const int vocab = model.config().vocab_size;
+  const HeldoutLogits candidate = heldout_logits(model, int8_kv, reference.heldout);
+  row.agreement = llm::compare_next_token_distributions(reference.fp32.every_position, candidate.every_position, vocab);
+  row.perplexity = llm::perplexity(candidate.predicting, candidate.next_tokens, vocab);
   row.perplexity_fp32 = reference.perplexity;
 }
 
@@ -147,11 +156,8 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
                                                                options.calibration_length, options.seed + 1000));
     reference.heldout =
         sample_sequences(fp32_cpu, options.heldout_sequences, options.heldout_length, options.seed + 2000);
-    for (const auto& sequence : reference.heldout)
-      reference.heldout_logits.push_back(logits_over(fp32_cpu, false, sequence));
-    ModelRow fp32_quality;
-    measure_quality(fp32_cpu, false, reference, config.vocab_size, fp32_quality);
-    reference.perplexity = fp32_quality.perplexity;
+    reference.fp32 = heldout_logits(fp32_cpu, false, reference.heldout);
+    reference.perplexity = llm::perplexity(reference.fp32.predicting, reference.fp32.next_tokens, config.vocab_size);
   }
 
   // The variants, in table order: fp32, each format x algorithm, then the int8 KV rows.
@@ -192,7 +198,7 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       row.variant = variant;
       std::unique_ptr<llm::Model> model =
           layers ? make_quantized_model_on(device, weights, *layers) : llm::make_model_on(device, weights);
-      row.weight_bytes = weight_bytes_per_token(config, layers);
+      row.weight_bytes = weight_bytes_per_token(weights, layers);
       row.kv_bytes_per_position = kv_bytes_per_position(config, variant.int8_kv);
       const DecodeTiming decode =
           time_decode(*model, variant.int8_kv, options.prompt, options.decode_positions, options.repeats);
@@ -206,12 +212,19 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       row.speedup = fp32_ms_per_token / decode.ms_per_token;
       row.greedy_tokens_compared = static_cast<int>(fp32_greedy.size());
       row.greedy_matching_prefix = matching_prefix(decode.tokens, fp32_greedy);
-      if (options.quality && device == "cpu")
-        measure_quality(*model, variant.int8_kv, reference, config.vocab_size, row);
+      const bool is_fp32 = !variant.weights && !variant.int8_kv;
+      if (options.quality && device == "cpu") {
+        if (is_fp32) {  // the reference itself: its logits are reference.fp32's
+          row.agreement = llm::NextTokenAgreement{0, 0.0, 0.0, 1.0};
+          row.perplexity = row.perplexity_fp32 = reference.perplexity;
+        } else {
+          measure_quality(*model, variant.int8_kv, reference, row);
+        }
+      }
       row.ok = true;
       if (device != "cpu") {
-        // The GPU runs the same codes as the CPU: its logits on one held-out
-        // sequence match the CPU model's within fp32 tolerance of a model.
+        // The GPU runs the same codes as the CPU: its logits over the prompt
+        // and the greedy tokens match the CPU model's.
         std::vector<int> checked = options.prompt;  // [positions] the prompt and the greedy tokens
         checked.insert(checked.end(), decode.tokens.begin(), decode.tokens.end());
         checked.resize(std::min<std::size_t>(checked.size(), static_cast<std::size_t>(options.decode_positions)));
@@ -230,10 +243,6 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       rows.push_back(std::move(row));
     };
     run_row({std::nullopt, QuantAlgorithm::Rtn, false}, nullptr);
-    if (options.quality && device == "cpu") {
-      rows.back().agreement = llm::NextTokenAgreement{0, 0.0, 0.0, 1.0};
-      rows.back().perplexity = rows.back().perplexity_fp32 = reference.perplexity;
-    }
     for (const ModelVariant& variant : variants) {
       const auto key = std::pair{format_name(variant.weights), variant.algorithm};
       if (const auto found = skipped.find(key); found != skipped.end()) {

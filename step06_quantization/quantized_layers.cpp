@@ -62,10 +62,7 @@ std::size_t QuantizedLayers::bytes() const {
   return total;
 }
 
-namespace {
-
-// The fp32 matrix of `site` in `weights`, with its shape.
-LayerWeights layer_of(const llm::ModelWeights& weights, const llm::LinearSite& site) {
+LayerWeights layer_weights(const llm::ModelWeights& weights, const llm::LinearSite& site) {
   const llm::ModelConfig& c = weights.config;
   const int q_width = c.n_heads * c.head_dim();
   if (site.role == llm::LinearRole::Classifier) return {weights.classifier_matrix(), c.vocab_size, c.dim};
@@ -83,7 +80,7 @@ LayerWeights layer_of(const llm::ModelWeights& weights, const llm::LinearSite& s
   throw llm::InputError("quantize: unknown layer role");
 }
 
-std::vector<llm::LinearSite> every_site(const llm::ModelConfig& config) {
+std::vector<llm::LinearSite> linear_sites(const llm::ModelConfig& config) {
   using llm::LinearRole;
   std::vector<llm::LinearSite> sites;
   for (int layer = 0; layer < config.n_layers; ++layer)
@@ -94,8 +91,6 @@ std::vector<llm::LinearSite> every_site(const llm::ModelConfig& config) {
   return sites;
 }
 
-}  // namespace
-
 QuantizedLayers quantize_layers(const llm::ModelWeights& weights, const ModelQuantization& quantization,
                                 const Calibration* calibration) {
   const bool needs_calibration = quantization.algorithm != QuantAlgorithm::Rtn;
@@ -103,10 +98,10 @@ QuantizedLayers quantize_layers(const llm::ModelWeights& weights, const ModelQua
     throw llm::InputError(fmt::format("{} needs calibration data", algorithm_name(quantization.algorithm)));
   QuantizedLayers layers;
   layers.quantization = quantization;
-  for (const llm::LinearSite& site : every_site(weights.config)) {
+  for (const llm::LinearSite& site : linear_sites(weights.config)) {
     const bool is_classifier = site.role == llm::LinearRole::Classifier;
     if (is_classifier && !quantization.quantize_classifier) continue;
-    const LayerWeights layer = layer_of(weights, site);
+    const LayerWeights layer = layer_weights(weights, site);
     // The classifier is rounded to nearest under every algorithm: its inputs
     // are the final norm's, and calibrating a vocab-sized matrix buys little.
     if (!needs_calibration || is_classifier) {

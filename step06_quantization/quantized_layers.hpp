@@ -27,6 +27,12 @@ struct ModelQuantization {
 };
 std::string describe(const ModelQuantization& quantization);  // "int4-g64 gptq"
 
+// Every Linear site of a model of `config`: per layer wq, wk, wv, wo, w1, w3,
+// w2, then the classifier.
+std::vector<llm::LinearSite> linear_sites(const llm::ModelConfig& config);
+// The fp32 matrix of `site` in `weights` ([out_features, in_features]), with its shape.
+LayerWeights layer_weights(const llm::ModelWeights& weights, const llm::LinearSite& site);
+
 // Calibration data: token sequences sampled from the fp32 model itself
 // (temperature 1, fixed seeds), and the inputs every Linear saw while the
 // model ran them (teacher-forced, one prefill per sequence).
