@@ -16,7 +16,13 @@ void reserve(GenerationResult& result, const llm::Model& model, std::span<const 
   result.prompt_length = static_cast<int>(prompt.size());
   result.tokens.reserve(n);
   result.token_ms.reserve(n);
-  result.logits.reserve(n * static_cast<std::size_t>(model.config().vocab_size));
+  // The kept logits ([n, vocab], 128 KB per token at a 32000 vocabulary) are
+  // written once now, then emptied: the first write to a fresh page costs a
+  // page fault (the kernel zeroes the page), and taking 32 of those inside
+  // every generated token would charge the decode loop for the step's own
+  // bookkeeping.
+  result.logits.resize(n * static_cast<std::size_t>(model.config().vocab_size));
+  result.logits.clear();
 }
 
 // Samples from `logits`, records the token and its logits. Returns false when

@@ -6,10 +6,16 @@
 // checks that both produce identical greedy tokens and matching logits, and
 // prints time per token by position, total time, tokens/s, the speedup, and
 // the KV cache's size by formula next to the bytes actually allocated.
+// With --compare-runc, the cached decode is also timed beside llama2.c's run.c
+// on the same checkpoint (--write-checkpoint writes any model as one).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <span>
@@ -17,6 +23,8 @@
 #include <vector>
 
 #include "llm/cuda/cuda_runtime_api.hpp"
+#include "llm/errors.hpp"
+#include "llm/tokenizer.hpp"
 #include "llm/harness/cli.hpp"
 #include "llm/harness/compare.hpp"
 #include "llm/harness/generated_text.hpp"
@@ -26,12 +34,15 @@
 #include "llm/harness/step_command_line.hpp"
 #include "llm/harness/timer.hpp"
 #include "step01_kv_cache/generation.hpp"
+#include "step01_kv_cache/runc_comparison.hpp"
 
 namespace {
 
 struct Step01Options {
   llm::CommonOptions common;
   int repeats = 5;  // --repeats: timed generations per variant
+  std::string write_checkpoint;  // --write-checkpoint FILE: write the model as llama2.c files and stop
+  std::string compare_runc;      // --compare-runc RUN: time llama2.c's run.c binary beside the cached decode
 };
 
 // Returns the exit status when the program should stop (--help, a bad flag, --list).
@@ -41,6 +52,11 @@ std::optional<int> parse_options(int argc, char** argv, Step01Options& options) 
       [&options](CLI::App& app) {
         app.add_option("--repeats", options.repeats, "timed runs per variant (median reported)")
             ->check(CLI::PositiveNumber);
+        app.add_option("--write-checkpoint", options.write_checkpoint,
+                       "write the model (a preset too) as a llama2.c checkpoint FILE and FILE's stem + "
+                       "\".tokenizer.bin\", then stop");
+        app.add_option("--compare-runc", options.compare_runc,
+                       "path to a llama2.c run.c binary: time it beside the CPU cached decode on this model");
       },
       [] { llm::print_variant_list(step01::variants(), 10); });
   if (options.common.quick) {
@@ -57,6 +73,8 @@ struct Measured {
   step01::GenerationResult first;          // tokens and logits of the first timed run
   llm::TimingStats total;                  // whole generation, over the repeats
   std::vector<double> median_token_ms;     // [n_generated] per-token median over the repeats
+  double decode_tokens_per_s = 0.0;        // median over repeats of (n_generated - 1) / time after token 0,
+                                           // how run.c counts: its timer starts after the first forward
 };
 
 Measured measure(const std::string& device, llm::Model& model, const llm::Variant<step01::GenerateFn>& variant,
@@ -69,16 +87,22 @@ Measured measure(const std::string& device, llm::Model& model, const llm::Varian
     variant.fn(model, prompt, std::min(positions, static_cast<int>(prompt.size()) + 8), sampler);
   }
   std::vector<double> totals;                 // [repeats] whole-generation ms
+  std::vector<double> decode_ms_per_token;    // [repeats] ms per token after the first
   std::vector<std::vector<double>> token_ms;  // [repeats][n_generated] ms per token
   for (int r = 0; r < repeats; ++r) {
     // Same seed every run: the same tokens.
     llm::Sampler sampler(model.config().vocab_size, options.temperature, options.top_p, options.seed);
     step01::GenerationResult result = variant.fn(model, prompt, positions, sampler);
     totals.push_back(result.total_ms);
+    if (result.token_ms.size() > 1)
+      decode_ms_per_token.push_back((result.total_ms - result.token_ms.front()) /
+                                    static_cast<double>(result.token_ms.size() - 1));
     token_ms.push_back(result.token_ms);
     if (r == 0) m.first = std::move(result);
   }
   m.total = llm::TimingStats::from_samples(totals);
+  if (!decode_ms_per_token.empty())
+    m.decode_tokens_per_s = 1000.0 / llm::TimingStats::from_samples(decode_ms_per_token).median_ms;
   for (std::size_t t = 0; t < m.first.token_ms.size(); ++t) {
     std::vector<double> samples;  // [repeats] token t's ms
     for (const auto& run : token_ms)
@@ -276,15 +300,92 @@ std::size_t print_cache_sizes(const std::vector<Measured>& runs, const std::stri
   return formula_this_run;
 }
 
+// --write-checkpoint: the model as llama2.c files, for run.c or --model.
+int write_checkpoint_and_stop(const llm::LoadedModel& loaded, const std::string& path) {
+  const step01::Llama2cFiles files = step01::write_llama2c_files(loaded, path);
+  fmt::print("wrote {} ({}) to {} and {}\n", loaded.name, loaded.weights.config.describe(), files.checkpoint,
+             files.tokenizer);
+  fmt::print("greedy decode with llama2.c's run.c:  run {} -z {} -t 0 -n 256\n", files.checkpoint, files.tokenizer);
+  return 0;
+}
+
+// --compare-runc times the CPU cached decode from BOS: say so before any work.
+void check_runc_request(const Step01Options& options, const std::vector<int>& selected,
+                        const llm::DeviceSelection& devices) {
+  if (options.compare_runc.empty()) return;
+  if (!devices.cpu || !llm::is_selected(selected, 1))
+    throw llm::InputError("--compare-runc compares the CPU kv_cache variant: run it with --device cpu or all and "
+                          "--variant 1 (or all)");
+  if (!options.common.prompt.empty() || options.common.temperature != 0.0f)
+    throw llm::InputError("--compare-runc decodes greedily from BOS, as run.c -t 0 without -i does: drop --prompt "
+                          "and --temperature");
+}
+
+// Removes the files a comparison wrote, however the comparison ends.
+struct RemoveFilesOnExit {
+  std::vector<std::string> paths;
+  ~RemoveFilesOnExit() {
+    for (const auto& path : paths) std::remove(path.c_str());
+  }
+};
+
+// --compare-runc: run.c and the CPU cached decode on the same llama2.c file
+// (this model, written to a temporary file), the same positions, one thread
+// each, both counted from the second token. Bandwidth = bytes a token must
+// read (weights + K/V at the middle position) x tokens/s.
+void compare_with_runc(const llm::LoadedModel& loaded, const std::vector<Measured>& runs, int positions,
+                       const Step01Options& options, llm::Results& results) {
+  const auto ours = std::find_if(runs.begin(), runs.end(), [](const Measured& m) {
+    return m.device == "cpu" && m.variant->id == 1;
+  });
+  const auto temporary = std::filesystem::temp_directory_path() / fmt::format("step01_runc_{}.bin", ::getpid());
+  const step01::Llama2cFiles files = step01::write_llama2c_files(loaded, temporary.string());
+  const RemoveFilesOnExit cleanup{{files.checkpoint, files.tokenizer}};
+  const step01::RuncMeasurement runc = step01::measure_runc(options.compare_runc, files, positions, options.repeats);
+
+  const llm::ModelConfig& config = loaded.weights.config;
+  const double bytes = static_cast<double>(step01::decode_bytes_per_token(config, positions / 2));
+  const double ratio = ours->decode_tokens_per_s / runc.median_tokens_per_s;
+  const std::vector<int> bos = {llm::Tokenizer::kBos};
+  const std::string our_text = llm::generated_text(loaded.tokenizer, bos, ours->first.tokens) + "\n";
+  const auto first_difference = std::mismatch(our_text.begin(), our_text.end(), runc.text.begin(), runc.text.end());
+  const bool same_text = our_text == runc.text;
+
+  fmt::print("\ncached decode beside llama2.c's run.c: same file, {} positions from BOS, greedy, one thread each;\n"
+             "tokens/s from the second token on (run.c's own count), median of {} runs; "
+             "GB/s = {} read per token x tokens/s\n",
+             positions, options.repeats, llm::format_bytes(bytes));
+  fmt::print("{:<22} {:>10} {:>9} {:>9}\n", "program", "tok/s", "GB/s", "vs run.c");
+  fmt::print("{:<22} {:>10.1f} {:>9.1f} {:>8.2f}x\n", "llama2.c run.c", runc.median_tokens_per_s,
+             bytes * runc.median_tokens_per_s / 1e9, 1.0);
+  fmt::print("{:<22} {:>10.1f} {:>9.1f} {:>8.2f}x\n", "cpu kv_cache (step 01)", ours->decode_tokens_per_s,
+             bytes * ours->decode_tokens_per_s / 1e9, ratio);
+  if (same_text)
+    fmt::print("generated text: identical\n");
+  else
+    fmt::print("generated text: differs from character {} (run.c is built with -Ofast: its different summation "
+               "order can flip a near-tie)\n", first_difference.first - our_text.begin());
+
+  results.set_config("runc_binary", options.compare_runc);
+  results.set_config("runc_tokens_per_s", runc.median_tokens_per_s);
+  results.set_config("runc_gbps", bytes * runc.median_tokens_per_s / 1e9);
+  results.set_config("cpu_kv_cache_decode_tokens_per_s", ours->decode_tokens_per_s);
+  results.set_config("cpu_kv_cache_decode_gbps", bytes * ours->decode_tokens_per_s / 1e9);
+  results.set_config("cpu_kv_cache_vs_runc", ratio);
+  results.set_config("runc_text_identical", same_text);
+}
+
 int run_step01(int argc, char** argv) {
   Step01Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
   const std::vector<int> selected =
       llm::parse_variant_selection(options.common.variant, llm::variant_ids(step01::variants()));
   const llm::DeviceSelection devices = llm::select_devices(options.common.device);
+  check_runc_request(options, selected, devices);
 
   // The model, the prompt and how far to generate.
   const llm::LoadedModel loaded = llm::load_model(options.common);
+  if (!options.write_checkpoint.empty()) return write_checkpoint_and_stop(loaded, options.write_checkpoint);
   const llm::ModelConfig& config = loaded.weights.config;
   const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);
   const int positions = llm::generation_positions(options.common, config, prompt.size());
@@ -310,6 +411,7 @@ int run_step01(int argc, char** argv) {
   // In the JSON only: the table above has printed its config line.
   results.set_config("kv_bytes_formula_this_run", static_cast<long long>(formula_this_run));
   results.set_config("kv_bytes_per_token", static_cast<long long>(config.kv_bytes_per_token()));
+  if (!options.compare_runc.empty()) compare_with_runc(loaded, runs, positions, options, results);
 
   return llm::finish_run(results, options.common, devices);
 }

@@ -185,6 +185,18 @@ TEST(ByteLevelTokenizer, SpecialTokensAndUnusedIds) {
   EXPECT_THROW(Tokenizer::byte_level(258), InputError);
 }
 
+TEST(ByteLevelTokenizer, SavedAndLoadedBackIsTheSameTokenizer) {
+  const Tokenizer tok = Tokenizer::byte_level(300);
+  const std::string path = testing::temp_path("byte_level_300.bin");
+  save_tokenizer(tok, path);
+  const Tokenizer loaded = Tokenizer::load(path, 300);
+  for (int id = 0; id < 300; ++id) {
+    ASSERT_EQ(loaded.piece(id), tok.piece(id)) << "id " << id;
+    ASSERT_EQ(loaded.score(id), tok.score(id)) << "id " << id;
+  }
+  EXPECT_EQ(loaded.encode("hi there", true, false), tok.encode("hi there", true, false));
+}
+
 // --- tok512.bin, the tokenizer of stories260K -----------------------------
 
 TEST(Tok512, EncodesLikeLlama2cRunC) {
@@ -194,6 +206,13 @@ TEST(Tok512, EncodesLikeLlama2cRunC) {
   EXPECT_EQ(tok.encode("Once upon a time", false, false), (std::vector<int>{403, 407, 261, 378}));
   EXPECT_EQ(tok.encode("Once upon a time", true, false), (std::vector<int>{1, 403, 407, 261, 378}));
   EXPECT_EQ(tok.encode("Once upon a time", true, true), (std::vector<int>{1, 403, 407, 261, 378, 2}));
+}
+
+TEST(Tok512, SavingItWritesTheSameBytes) {
+  LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
+  const std::string copy = testing::temp_path("tok512_saved.bin");
+  save_tokenizer(Tokenizer::load(path, 512), copy);
+  EXPECT_EQ(testing::read_bytes(copy), testing::read_bytes(path));
 }
 
 TEST(Tok512, DecodingTheEncodingGivesBackTheText) {

@@ -3,12 +3,16 @@
 // with a clear error.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <filesystem>
+
 #include "llm/checkpoint.hpp"
 #include "llm/cpu_model.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
 #include "llm/tokenizer.hpp"
 #include "step01_kv_cache/generation.hpp"
+#include "step01_kv_cache/runc_comparison.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -85,6 +89,73 @@ TEST(Step01, VariantTableHasTheBaselineAtIdZero) {
   EXPECT_EQ(table[0].id, 0);
   EXPECT_EQ(table[0].fn, &step01::generate_recompute);
   EXPECT_EQ(table[1].fn, &step01::generate_cached);
+}
+
+// --- beside llama2.c's run.c ---------------------------------------------------
+
+TEST(Step01Llama2cFiles, APresetWrittenAsLlama2cFilesLoadsBackExactly) {
+  const llm::ModelWeights weights = llm::random_weights(llm::find_preset("tiny").config, 42);
+  const llm::LoadedModel loaded{"preset tiny", weights, llm::Tokenizer::byte_level(weights.config.vocab_size)};
+  const auto files = step01::write_llama2c_files(loaded, llm::testing::temp_path("step01_tiny.bin"));
+  EXPECT_EQ(files.tokenizer, llm::testing::temp_path("step01_tiny.tokenizer.bin"));
+  const llm::ModelWeights reloaded = llm::load_checkpoint(files.checkpoint);
+  EXPECT_EQ(reloaded.token_embedding, weights.token_embedding);
+  EXPECT_EQ(reloaded.layers.back().w2, weights.layers.back().w2);
+  EXPECT_EQ(reloaded.final_norm, weights.final_norm);
+  const llm::Tokenizer tokenizer = llm::Tokenizer::load(files.tokenizer, weights.config.vocab_size);
+  for (int id = 0; id < weights.config.vocab_size; ++id) ASSERT_EQ(tokenizer.piece(id), loaded.tokenizer.piece(id));
+}
+
+// A stand-in for run.c: a shell script that prints its arguments (as the
+// "text") and a speed line on stderr, as run.c does.
+std::string fake_runc(const std::string& name, const std::string& body) {
+  const std::string path = llm::testing::temp_path(name);
+  const std::string script = "#!/bin/sh\n" + body + "\n";
+  llm::testing::write_bytes(path, std::vector<char>(script.begin(), script.end()));
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
+TEST(Step01Runc, PassesTheFilesGreedilyAndReadsTheSpeedAndTheText) {
+  const std::string run = fake_runc("fake run's.sh", R"(printf '%s|' "$@"; echo 'achieved tok/s: 123.5' >&2; echo)");
+  const step01::Llama2cFiles files{"/models/it's.bin", "/models/tok.bin"};
+  const step01::RuncRun result = step01::run_runc(run, files, 17);
+  EXPECT_DOUBLE_EQ(result.tokens_per_s, 123.5);
+  EXPECT_EQ(result.text, "/models/it's.bin|-z|/models/tok.bin|-t|0|-n|17|\n");
+}
+
+TEST(Step01Runc, AProgramWithoutASpeedLineIsAnError) {
+  const std::string run = fake_runc("not_runc.sh", "echo hello");
+  try {
+    step01::run_runc(run, {"a.bin", "a.tokenizer.bin"}, 4);
+    FAIL() << "expected an InputError";
+  } catch (const llm::InputError& e) {
+    EXPECT_TRUE(llm::testing::HasSubstr(e.what(), "achieved tok/s"));
+  }
+}
+
+TEST(Step01Runc, AFailingProgramIsAnErrorWithItsStatusAndOutput) {
+  const std::string run = fake_runc("failing_runc.sh", "echo \"Couldn't open file\"; exit 3");
+  try {
+    step01::run_runc(run, {"missing.bin", "missing.tokenizer.bin"}, 4);
+    FAIL() << "expected an InputError";
+  } catch (const llm::InputError& e) {
+    EXPECT_TRUE(llm::testing::HasSubstr(e.what(), "exit status 3"));
+    EXPECT_TRUE(llm::testing::HasSubstr(e.what(), "Couldn't open file"));
+  }
+}
+
+TEST(Step01Runc, TheMedianOfAnEvenNumberOfRunsIsTheMeanOfTheMiddleTwo) {
+  // Each call prints the next speed from a counter file: 10, 20, 30, 40, 50
+  // (the first is the warm-up, not counted).
+  const std::string counter = llm::testing::temp_path("runc_counter");
+  std::remove(counter.c_str());
+  const std::string run = fake_runc(
+      "counting_runc.sh", "n=$(cat '" + counter + "' 2>/dev/null || echo 0); n=$((n + 10)); echo $n > '" + counter +
+                              "'; echo \"achieved tok/s: $n\" >&2");
+  const step01::RuncMeasurement m = step01::measure_runc(run, {"a.bin", "a.tokenizer.bin"}, 4, 4);
+  EXPECT_EQ(m.tokens_per_s, (std::vector<double>{20, 30, 40, 50}));
+  EXPECT_DOUBLE_EQ(m.median_tokens_per_s, 35.0);
 }
 
 }  // namespace

@@ -46,8 +46,8 @@ struct Preset {
   ModelConfig config;
 };
 
-// tiny (default; the dims of stories260K), small (stories15M dims),
-// tinyllama-1.1b and llama2-7b (GPU benchmarks).
+// tiny (default; the dims of stories260K), small (stories15M dims), medium
+// (stories110M dims), tinyllama-1.1b and llama2-7b (GPU benchmarks).
 const std::vector<Preset>& presets();
 // Throws InputError listing the valid names when `name` is unknown.
 const Preset& find_preset(const std::string& name);

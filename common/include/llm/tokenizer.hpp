@@ -47,4 +47,8 @@ class Tokenizer {
   std::unordered_map<std::string, int> piece_to_id_;
 };
 
+// Writes `tokenizer` in the same tokenizer.bin format (loadable by run.c and
+// by Tokenizer::load with the same vocabulary size).
+void save_tokenizer(const Tokenizer& tokenizer, const std::string& path);
+
 }  // namespace llm

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <fstream>
@@ -147,6 +148,26 @@ std::string Tokenizer::decode_printable(int previous, int token) const {
     if (!(std::isprint(byte) || std::isspace(byte))) return "";
   }
   return text;
+}
+
+void save_tokenizer(const Tokenizer& tokenizer, const std::string& path) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw InputError(fmt::format("cannot write tokenizer file '{}'", path));
+  // The header is the longest piece in bytes (run.c sizes its merge buffer
+  // from it); at least 1, as the loaders require.
+  std::int32_t max_token_length = 1;
+  for (int i = 0; i < tokenizer.vocab_size(); ++i)
+    max_token_length = std::max(max_token_length, static_cast<std::int32_t>(tokenizer.piece(i).size()));
+  out.write(reinterpret_cast<const char*>(&max_token_length), sizeof(max_token_length));
+  for (int i = 0; i < tokenizer.vocab_size(); ++i) {
+    const float score = tokenizer.score(i);
+    const std::string& piece = tokenizer.piece(i);
+    const auto length = static_cast<std::int32_t>(piece.size());
+    out.write(reinterpret_cast<const char*>(&score), sizeof(score));
+    out.write(reinterpret_cast<const char*>(&length), sizeof(length));
+    out.write(piece.data(), length);
+  }
+  if (!out) throw InputError(fmt::format("writing tokenizer file '{}' failed", path));
 }
 
 }  // namespace llm

@@ -66,6 +66,8 @@ const std::vector<Preset>& presets() {
       {"tiny", "the dims of stories260K (0.26M params; CPU-friendly default)",
        make_config(64, 172, 5, 8, 4, 512, 512, true)},
       {"small", "the dims of stories15M (15M params)", make_config(288, 768, 6, 6, 6, 32000, 256, true)},
+      {"medium", "the dims of stories110M (110M params; 440 MB in fp32, larger than CPU caches)",
+       make_config(768, 2048, 12, 12, 12, 32000, 1024, true)},
       {"tinyllama-1.1b", "the dims of TinyLlama-1.1B (GQA 32/4; GPU benchmarks)",
        make_config(2048, 5632, 22, 32, 4, 32000, 2048, false)},
       {"llama2-7b", "the dims of Llama-2-7B (MHA 32/32; GPU benchmarks, 27 GB in fp32)",
