@@ -151,6 +151,24 @@ TEST(TokenizerLoad, RejectsAFileWithFewerTokensThanTheVocabulary) {
   const std::string message = load_error(path, kSyntheticVocab + 1);
   EXPECT_TRUE(HasSubstr(message, "ends after 266 tokens"));
   EXPECT_TRUE(HasSubstr(message, "needs 267"));
+  EXPECT_TRUE(HasSubstr(message, "wrong tokenizer for this model?"));
+}
+
+// The file has no token count: the model's vocab_size says how many entries to
+// read, and anything after them means a tokenizer for a larger vocabulary.
+TEST(TokenizerLoad, RejectsAFileWithMoreTokensThanTheVocabulary) {
+  const std::string path = write_tokenizer_file("long_vocab.bin", kSyntheticPieces);
+  const std::string message = load_error(path, kSyntheticVocab - 1);
+  EXPECT_TRUE(HasSubstr(message, "data left after the model's 265 tokens"));
+  EXPECT_TRUE(HasSubstr(message, "wrong tokenizer for this model?"));
+}
+
+TEST(TokenizerLoad, RejectsBytesAfterTheLastToken) {
+  std::vector<char> bytes = read_bytes(write_tokenizer_file("exact_vocab.bin", kSyntheticPieces));
+  bytes.push_back('\0');
+  const std::string path = testing::temp_path("trailing_byte.bin");
+  write_bytes(path, bytes);
+  EXPECT_TRUE(HasSubstr(load_error(path, kSyntheticVocab), "wrong tokenizer for this model?"));
 }
 
 TEST(TokenizerLoad, RejectsATokenLongerThanTheDeclaredMaximum) {
@@ -278,10 +296,19 @@ TEST(Tok512, TruncatedCopyIsRejected) {
 
 TEST(Tok512, TooSmallForALargerVocabulary) {
   LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
-  EXPECT_TRUE(HasSubstr(load_error(path, 32000), "ends after 512 tokens"));
+  const std::string message = load_error(path, 32000);
+  EXPECT_TRUE(HasSubstr(message, "ends after 512 tokens"));
+  EXPECT_TRUE(HasSubstr(message, "wrong tokenizer for this model?"));
 }
 
 // --- tokenizer.bin, the 32000-token Llama 2 vocabulary --------------------
+
+// stories260K (vocab 512) with Llama 2's tokenizer.bin: its first 512 pieces
+// would load and decode every id into the wrong text.
+TEST(Llama2Tokenizer, IsRejectedForA512TokenModel) {
+  LLM_REQUIRE_MODEL_FILE(path, "tokenizer.bin");
+  EXPECT_TRUE(HasSubstr(load_error(path, 512), "wrong tokenizer for this model?"));
+}
 
 TEST(Llama2Tokenizer, EncodesHelloWorldAndRoundTrips) {
   LLM_REQUIRE_MODEL_FILE(path, "tokenizer.bin");

@@ -18,7 +18,8 @@ class Tokenizer {
   static constexpr int kEos = 2;  // end of sequence
 
   // Loads a tokenizer.bin for a model with `vocab_size` tokens. Throws
-  // InputError if the file is missing, truncated, or holds fewer tokens.
+  // InputError if the file is missing or truncated, or holds fewer or more
+  // tokens than that (a tokenizer for another model).
   static Tokenizer load(const std::string& path, int vocab_size);
   // A tokenizer with no file for the built-in presets: ids 0..2 are
   // <unk>,<s>,</s>; id 3+b is the byte b; ids above 258 decode to nothing.

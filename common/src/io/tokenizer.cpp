@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdint>
 #include <fstream>
+#include <string>
 
 #include "llm/errors.hpp"
 
@@ -39,6 +40,15 @@ Tokenizer Tokenizer::load(const std::string& path, int vocab_size) {
     t.scores_[static_cast<std::size_t>(i)] = score;
     t.pieces_[static_cast<std::size_t>(i)] = std::move(piece);
   }
+  // The file has no token count of its own: the model's vocab_size says how
+  // many entries to read. Bytes after them mean a file written for a larger
+  // vocabulary (Llama 2's 32000-token tokenizer.bin beside a 512-token
+  // model), whose first entries would decode the model's ids into garbage.
+  if (in.peek() != std::char_traits<char>::eof())
+    throw InputError(fmt::format(
+        "tokenizer file '{}' has data left after the model's {} tokens: it was written for a larger vocabulary "
+        "(wrong tokenizer for this model?)",
+        path, vocab_size));
   for (int i = vocab_size - 1; i >= 0; --i) t.piece_to_id_[t.pieces_[static_cast<std::size_t>(i)]] = i;
   return t;
 }
