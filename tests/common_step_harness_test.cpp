@@ -4,7 +4,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "llm/config.hpp"
@@ -24,6 +27,30 @@ using ::llm::testing::HasSubstr;
 
 // --- the command line ----------------------------------------------------------
 
+// What parse_step_command_line returned and printed on stderr for `words`
+// (the program name first).
+struct ParseOutcome {
+  std::optional<int> exit_status;
+  std::string stderr_text;
+};
+ParseOutcome parse(std::vector<std::string> words, CommonOptions& common,
+                   const std::function<void(CLI::App&)>& add_step_flags = {},
+                   const std::vector<UnusedFlags>& unused = {}) {
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  ::testing::internal::CaptureStderr();
+  ParseOutcome outcome;
+  try {
+    outcome.exit_status = parse_step_command_line("a step", static_cast<int>(argv.size()), argv.data(), common,
+                                                  add_step_flags, {}, unused);
+  } catch (...) {
+    ::testing::internal::GetCapturedStderr();  // one capture at a time: end this one before the next test's
+    throw;
+  }
+  outcome.stderr_text = ::testing::internal::GetCapturedStderr();
+  return outcome;
+}
+
 TEST(StepCommandLine, ParsesTheCommonFlagsAndTheStepsOwn) {
   std::vector<std::string> words = {"step", "--quick", "--device", "cpu", "--repeats", "3"};
   std::vector<char*> argv;
@@ -39,16 +66,117 @@ TEST(StepCommandLine, ParsesTheCommonFlagsAndTheStepsOwn) {
   EXPECT_EQ(repeats, 3);
 }
 
-TEST(StepCommandLine, AnUnknownFlagStopsWithANonZeroStatus) {
-  std::vector<std::string> words = {"step", "--no-such-flag"};
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(w.data());
+// CLI11's own errors keep CLI11's message but exit 1, the status of every
+// bad input (CLI11's codes are 105 to 109).
+TEST(StepCommandLine, CommandLineErrorsStopWithStatusOne) {
+  for (const std::vector<std::string>& words : std::vector<std::vector<std::string>>{
+           {"step", "--no-such-flag"}, {"step", "--steps"}, {"step", "--steps", "abc"}, {"step", "--device", "gpu"},
+           {"step", "--steps", "2.5"}}) {
+    SCOPED_TRACE(words.back());
+    CommonOptions common;
+    const ParseOutcome outcome = parse(words, common);
+    ASSERT_TRUE(outcome.exit_status.has_value());
+    EXPECT_EQ(*outcome.exit_status, 1);
+    EXPECT_TRUE(HasSubstr(outcome.stderr_text, "error: "));
+    EXPECT_TRUE(HasSubstr(outcome.stderr_text, words[1]));  // the message names the flag
+  }
+}
+
+TEST(StepCommandLine, HelpStopsWithStatusZeroAndStatesTheRanges) {
   CommonOptions common;
-  ::testing::internal::CaptureStderr();
-  const auto exit_status = parse_step_command_line("a step", static_cast<int>(argv.size()), argv.data(), common, {}, {});
-  ::testing::internal::GetCapturedStderr();
-  ASSERT_TRUE(exit_status.has_value());
-  EXPECT_NE(*exit_status, 0);
+  ::testing::internal::CaptureStdout();
+  const ParseOutcome outcome = parse({"step", "--help"}, common);
+  const std::string help = ::testing::internal::GetCapturedStdout();
+  ASSERT_TRUE(outcome.exit_status.has_value());
+  EXPECT_EQ(*outcome.exit_status, 0);
+  EXPECT_TRUE(HasSubstr(help, "at least 1"));  // --steps
+  EXPECT_TRUE(HasSubstr(help, "from 0 to 1"));  // --top-p
+}
+
+// The common flags' ranges, in words: the flag, what it allows, what it got;
+// never CLI11's raw bounds (DBL_MAX printed with its 309 digits).
+TEST(StepCommandLine, CommonRangeErrorsSayWhatIsAllowed) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--steps", "0"}, "error: --steps must be at least 1 (got 0)\n"},
+      {{"--steps", "-1"}, "error: --steps must be at least 1 (got -1)\n"},
+      {{"--temperature", "-1"}, "error: --temperature must be at least 0 (got -1)\n"},
+      {{"--temperature", "nan"}, "error: --temperature must be a finite number, at least 0 (got nan)\n"},
+      {{"--top-p", "1.5"}, "error: --top-p must be from 0 to 1 (got 1.5)\n"},
+      {{"--top-p", "-0.1"}, "error: --top-p must be from 0 to 1 (got -0.1)\n"},
+      {{"--seed", "-1"}, "error: --seed must be at least 0 (got -1)\n"},
+  };
+  for (const auto& [flag_and_value, message] : cases) {
+    SCOPED_TRACE(message);
+    CommonOptions common;
+    std::vector<std::string> words = {"step"};
+    words.insert(words.end(), flag_and_value.begin(), flag_and_value.end());
+    const ParseOutcome outcome = parse(words, common);
+    ASSERT_TRUE(outcome.exit_status.has_value());
+    EXPECT_EQ(*outcome.exit_status, 1);
+    EXPECT_EQ(outcome.stderr_text, message);
+  }
+}
+
+TEST(StepCommandLine, ValuesAtTheEdgesOfTheirRangesAreAccepted) {
+  CommonOptions common;
+  const ParseOutcome outcome =
+      parse({"step", "--steps", "1", "--temperature", "0", "--top-p", "1", "--seed", "0"}, common);
+  EXPECT_FALSE(outcome.exit_status.has_value());
+  EXPECT_EQ(outcome.stderr_text, "");
+  EXPECT_EQ(common.steps, 1);
+  EXPECT_EQ(common.top_p, 1.0f);
+}
+
+// A step's own flags: every value of a list is checked, and each kind of
+// range says its rule.
+TEST(StepCommandLine, StepFlagRangesCheckEveryValueOfAList) {
+  std::vector<int> ks;
+  double gib = 1.0;
+  int port = -1;
+  const auto add_flags = [&](CLI::App& app) {
+    at_least(app.add_option("--k", ks, "drafts")->delimiter(','), 1);
+    greater_than(app.add_option("--gib", gib, "memory"), 0);
+    in_range(app.add_option("--port", port, "port"), 0, 65535);
+  };
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--k", "2,0,4"}, "error: --k must be at least 1 (got 0)\n"},
+      {{"--gib", "0"}, "error: --gib must be more than 0 (got 0)\n"},
+      {{"--gib", "inf"}, "error: --gib must be a finite number, more than 0 (got inf)\n"},
+      {{"--port", "70000"}, "error: --port must be from 0 to 65535 (got 70000)\n"},
+  };
+  for (const auto& [flag_and_value, message] : cases) {
+    SCOPED_TRACE(message);
+    CommonOptions common;
+    std::vector<std::string> words = {"step"};
+    words.insert(words.end(), flag_and_value.begin(), flag_and_value.end());
+    const ParseOutcome outcome = parse(words, common, add_flags);
+    ASSERT_TRUE(outcome.exit_status.has_value());
+    EXPECT_EQ(*outcome.exit_status, 1);
+    EXPECT_EQ(outcome.stderr_text, message);
+  }
+  CommonOptions common;
+  EXPECT_FALSE(parse({"step", "--k", "1,64", "--gib", "0.5", "--port", "0"}, common, add_flags).exit_status);
+  EXPECT_EQ(ks, (std::vector<int>{1, 64}));
+}
+
+// Every step accepts every common flag; one the step does not use prints a
+// note (with the program's name) and the run goes on.
+TEST(StepCommandLine, AnUnusedCommonFlagGetsANoteAndTheRunGoesOn) {
+  const std::vector<UnusedFlags> unused = {{{"--prompt", "--steps"}, "it runs on random inputs"}};
+  CommonOptions common;
+  ParseOutcome outcome = parse({"path/to/step02", "--prompt", "hi", "--device", "cpu"}, common, {}, unused);
+  EXPECT_FALSE(outcome.exit_status.has_value());
+  EXPECT_EQ(outcome.stderr_text, "step02: --prompt is not used by this step (it runs on random inputs)\n");
+
+  CommonOptions defaults;
+  outcome = parse({"step02", "--device", "cpu"}, defaults, {}, unused);  // not given: no note
+  EXPECT_FALSE(outcome.exit_status.has_value());
+  EXPECT_EQ(outcome.stderr_text, "");
+}
+
+TEST(StepCommandLine, AnUnusedFlagListNamingNoFlagIsAnError) {
+  CommonOptions common;
+  EXPECT_THROW(parse({"step"}, common, {}, {{{"--promt"}, "a typo"}}), CLI::Error);
 }
 
 TEST(StepCommandLine, ListPrintsTheVariantsAndStopsWithStatusZero) {
@@ -85,9 +213,14 @@ TEST(StepCommandLine, PositionsAreStepsCappedAtTheContext) {
   ModelConfig config = find_preset("tiny").config;
   CommonOptions options;
   options.steps = 100;
+  ::testing::internal::CaptureStderr();
   EXPECT_EQ(generation_positions(options, config, 10), 100);
-  options.steps = config.seq_len + 50;
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");  // within the context: nothing to say
+  options.steps = 1000;
+  ::testing::internal::CaptureStderr();
   EXPECT_EQ(generation_positions(options, config, 10), config.seq_len);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "note: --steps 1000 is more than the model's context of 512 positions; running 512\n");
 }
 
 TEST(StepCommandLine, APromptLongerThanThePositionsIsAnInputError) {

@@ -3,7 +3,13 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "llm/checkpoint.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
@@ -11,6 +17,53 @@
 #include "llm/harness/results.hpp"
 
 namespace llm {
+
+namespace {
+
+// `text` as a number, or nullopt when it is not one (then CLI11's own
+// conversion rejects it, with its message).
+std::optional<double> as_number(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end != text.c_str() + text.size()) return std::nullopt;
+  return value;
+}
+
+// Adds a check to `option`: `allowed` says whether a value may be used, and
+// `rule` says in words what it may be ("at least 1"), both in the error and in
+// --help. The check throws InputError with the whole sentence rather than
+// returning CLI11's error string, which CLI11 would print as "--steps: ...";
+// parse_command_line catches it.
+CLI::Option* add_number_check(CLI::Option* option, const std::string& rule, std::function<bool(double)> allowed) {
+  const std::string flag = option->get_name();
+  option->check(CLI::Validator(
+      [flag, rule, allowed](std::string& text) -> std::string {
+        const std::optional<double> value = as_number(text);
+        if (!value) return {};
+        if (!std::isfinite(*value))
+          throw InputError(fmt::format("{} must be a finite number, {} (got {})", flag, rule, text));
+        if (!allowed(*value)) throw InputError(fmt::format("{} must be {} (got {})", flag, rule, text));
+        return {};
+      },
+      rule));
+  return option;
+}
+
+}  // namespace
+
+CLI::Option* at_least(CLI::Option* option, double minimum) {
+  return add_number_check(option, fmt::format("at least {}", minimum), [minimum](double v) { return v >= minimum; });
+}
+
+CLI::Option* greater_than(CLI::Option* option, double bound) {
+  return add_number_check(option, fmt::format("more than {}", bound), [bound](double v) { return v > bound; });
+}
+
+CLI::Option* in_range(CLI::Option* option, double minimum, double maximum) {
+  return add_number_check(option, fmt::format("from {} to {}", minimum, maximum),
+                          [minimum, maximum](double v) { return v >= minimum && v <= maximum; });
+}
 
 void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--model", o.model_path, "llama2.c checkpoint (.bin); overrides --preset");
@@ -21,10 +74,12 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
       ->check(CLI::IsMember(names))
       ->capture_default_str();
   app.add_option("--prompt", o.prompt, "text to start from (default: generation from BOS)");
-  app.add_option("--steps", o.steps, "positions to run, prompt included")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--temperature", o.temperature, "0 = greedy")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--top-p", o.top_p, "nucleus sampling mass (0 or 1 = off)")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
-  app.add_option("--seed", o.seed, "seed for preset weights, inputs and sampling")->capture_default_str();
+  at_least(app.add_option("--steps", o.steps, "positions to run, prompt included (at most the model's context)"), 1)
+      ->capture_default_str();
+  at_least(app.add_option("--temperature", o.temperature, "0 = greedy"), 0)->capture_default_str();
+  in_range(app.add_option("--top-p", o.top_p, "nucleus sampling mass (0 or 1 = off)"), 0, 1)->capture_default_str();
+  // Unsigned: CLI11 would quietly turn -1 into 2^64 - 1.
+  at_least(app.add_option("--seed", o.seed, "seed for preset weights, inputs and sampling"), 0)->capture_default_str();
   app.add_option("--device", o.device, "where to run")->check(CLI::IsMember({"cpu", "cuda", "all"}))->capture_default_str();
   app.add_option("--variant", o.variant, "variant ids to run (comma-separated) or 'all'")->capture_default_str();
   app.add_flag("--list", o.list_variants, "list the variants and exit");
@@ -66,8 +121,16 @@ DeviceSelection select_devices(const std::string& flag) {
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
+  } catch (const InputError& e) {  // a value out of its range (add_number_check)
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 reports --help as an exception too, with exit code 0: it prints the help.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    // Everything else is a bad command line: CLI11's message, then status 1
+    // like all bad input (CLI11's own codes, 105 to 109, say nothing more).
+    std::fprintf(stderr, "error: %s\nRun with --help for every flag and the values it takes.\n", e.what());
+    return 1;
   }
   return std::nullopt;
 }

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 
@@ -13,7 +14,8 @@ namespace llm {
 std::optional<int> parse_step_command_line(const std::string& description, int argc, char** argv,
                                            CommonOptions& common,
                                            const std::function<void(CLI::App&)>& add_step_flags,
-                                           const std::function<void()>& print_variants) {
+                                           const std::function<void()>& print_variants,
+                                           const std::vector<UnusedFlags>& unused) {
   CLI::App app{description};
   add_common_options(app, common);
   if (add_step_flags) add_step_flags(app);
@@ -22,6 +24,13 @@ std::optional<int> parse_step_command_line(const std::string& description, int a
     print_variants();
     return 0;
   }
+  // The executable's name starts each note, as a compiler's name starts its
+  // warnings: scripts/run_all_steps.sh interleaves the output of every step.
+  const std::string program = argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "step";
+  for (const UnusedFlags& group : unused)
+    for (const std::string& flag : group.flags)
+      if (app.count(flag) > 0)  // app.count throws for a flag that does not exist: a typo in the step's list
+        fmt::print(stderr, "{}: {} is not used by this step ({})\n", program, flag, group.reason);
   return std::nullopt;
 }
 
@@ -35,6 +44,9 @@ std::vector<int> encode_prompt(const LoadedModel& loaded, const CommonOptions& o
 
 int generation_positions(const CommonOptions& options, const ModelConfig& config, std::size_t prompt_tokens) {
   const int positions = std::min(options.steps, config.seq_len);
+  if (positions < options.steps)
+    fmt::print(stderr, "note: --steps {} is more than the model's context of {} positions; running {}\n",
+               options.steps, config.seq_len, positions);
   if (prompt_tokens > static_cast<std::size_t>(positions))
     throw InputError(fmt::format("the prompt is {} tokens but --steps is {} (and the context {})", prompt_tokens,
                                  positions, config.seq_len));

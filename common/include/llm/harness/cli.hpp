@@ -12,6 +12,7 @@
 
 namespace CLI {
 class App;
+class Option;
 }
 
 namespace llm {
@@ -34,6 +35,19 @@ struct CommonOptions {
 
 void add_common_options(CLI::App& app, CommonOptions& options);
 
+// Range checks for numeric flags that say in words what is allowed, for every
+// flag of every step. CLI11's own (CLI::PositiveNumber, CLI::Range) print the
+// bounds as raw numbers, DBL_MAX's 309 digits included, and exit 105; these
+// print "--steps must be at least 1 (got 0)" and parse_command_line exits 1.
+// Each checks every value of a list flag (--k 2,4,0) and rejects NaN and
+// infinity; a value that is not a number at all is left to CLI11's conversion
+// ("Could not convert: --steps = abc"), which also exits 1. Each returns
+// `option`, so that further settings chain after it:
+//   llm::at_least(app.add_option("--repeats", repeats, "timed runs"), 1)->capture_default_str();
+CLI::Option* at_least(CLI::Option* option, double minimum);               // minimum <= value
+CLI::Option* greater_than(CLI::Option* option, double bound);             // bound < value (a size in GiB)
+CLI::Option* in_range(CLI::Option* option, double minimum, double maximum);  // minimum <= value <= maximum
+
 struct LoadedModel {
   std::string name;        // "stories260K.bin" or "preset tiny"
   ModelWeights weights;
@@ -54,7 +68,9 @@ struct DeviceSelection {
 DeviceSelection select_devices(const std::string& device_flag);
 
 // Parses the command line. Returns the exit status when the program should
-// stop here (--help, or a bad flag: CLI11 has printed why), nullopt otherwise.
+// stop here, nullopt otherwise: 0 after --help, 1 after a bad flag (an unknown
+// flag, a missing value, a value that is not a number or out of its range),
+// the same status as every other bad input, once the reason is on stderr.
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv);
 
 // The device description for a results header; when --device all skipped
@@ -69,8 +85,8 @@ int finish_run(const Results& results, const CommonOptions& options, const Devic
                bool other_checks_passed = true);
 
 // Runs `body` and turns course errors into a message on stderr and exit status
-// 1, so no executable ends in an uncaught exception. (Command-line errors are
-// reported by CLI11 itself, with its own non-zero codes.)
+// 1, so no executable ends in an uncaught exception. (Bad flags never get
+// here: parse_command_line reports them and returns 1.)
 int run_main(int argc, char** argv, int (*body)(int, char**));
 
 }  // namespace llm
