@@ -50,8 +50,7 @@ std::optional<int> parse_options(int argc, char** argv, Step01Options& options) 
   const auto exit_status = llm::parse_step_command_line(
       "Step 01: the KV cache. Generation with and without caching K/V, on CPU and CUDA.", argc, argv, options.common,
       [&options](CLI::App& app) {
-        app.add_option("--repeats", options.repeats, "timed runs per variant (median reported)")
-            ->check(CLI::PositiveNumber);
+        llm::at_least(app.add_option("--repeats", options.repeats, "timed runs per variant (median reported)"), 1);
         app.add_option("--write-checkpoint", options.write_checkpoint,
                        "write the model (a preset too) as a llama2.c checkpoint FILE and FILE's stem + "
                        "\".tokenizer.bin\", then stop");

@@ -54,25 +54,23 @@ std::optional<int> parse_options(int argc, char** argv, Step03Options& options) 
       "Step 03: grouped-query attention. KV heads vs cache size and decode attention time; "
       "MHA/MQA conversion of a real GQA model.",
       argc, argv, options.common, [&options](CLI::App& app) {
-        app.add_option("--repeats", options.repeats, "timed runs per cell (median reported)")
-            ->check(CLI::PositiveNumber);
+        llm::at_least(app.add_option("--repeats", options.repeats, "timed runs per cell (median reported)"), 1);
         app.add_option("--contexts", options.contexts, "decode-attention context lengths, comma-separated")
             ->capture_default_str();
         app.add_option("--kv-heads", options.kv_heads, "KV-head counts to time (each must divide --query-heads)")
             ->capture_default_str();
-        app.add_option("--query-heads", options.query_heads, "query heads of the timed attention")
-            ->check(CLI::PositiveNumber)
+        llm::at_least(app.add_option("--query-heads", options.query_heads, "query heads of the timed attention"), 1)
             ->capture_default_str();
-        app.add_option("--head-dim", options.head_dim, "head size of the timed attention")
-            ->check(CLI::PositiveNumber)
+        llm::at_least(app.add_option("--head-dim", options.head_dim, "head size of the timed attention"), 1)
             ->capture_default_str();
         app.add_flag("--no-flush", options.no_flush, "do not evict the CPU caches between timed runs");
-        app.add_option("--max-host-gib", options.max_host_gib,
-                       "skip contexts whose cache + repeat_kv copy need more host memory")
-            ->check(CLI::PositiveNumber)
+        llm::greater_than(app.add_option("--max-host-gib", options.max_host_gib,
+                                         "skip contexts whose cache + repeat_kv copy need more host memory"),
+                          0)
             ->capture_default_str();
-        app.add_option("--kv-budget-gib", options.kv_budget_gib, "KV memory budget for the sequences-that-fit table")
-            ->check(CLI::PositiveNumber)
+        llm::greater_than(app.add_option("--kv-budget-gib", options.kv_budget_gib,
+                                         "KV memory budget for the sequences-that-fit table"),
+                          0)
             ->capture_default_str();
       },
       [] { llm::print_variant_list(step03::variants(), 12); });
@@ -362,7 +360,7 @@ int run_step03(int argc, char** argv) {
   if (options.common.quick) options.common.steps = std::min(options.common.steps, 64);  // the conversion's text
   const llm::LoadedModel loaded = llm::load_model(options.common);
   const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);
-  const int positions = std::min(options.common.steps, loaded.weights.config.seq_len);
+  const int positions = llm::generation_positions(options.common, loaded.weights.config, prompt.size());
 
   // 1. Decode attention by KV heads and context; 2. the real-model conversion.
   fmt::print("decode attention: {} query heads, head_dim {}, KV heads {}, contexts {}{}\n", sweep_options.n_heads,

@@ -57,37 +57,50 @@ std::optional<int> parse_options(int argc, char** argv, Step05Options& options) 
   return llm::parse_step_command_line(
       "Step 05: PagedAttention. KV memory in blocks allocated on demand: memory a trace wastes, the kernel's "
       "table-lookup overhead, prefix sharing, and exact generation through the paged cache.",
-      argc, argv, options.common, [&options](CLI::App& app) {
-        app.add_option("--requests", options.requests, "requests in the memory part's trace")
-            ->check(CLI::Range(1, 100000))->capture_default_str();
-        app.add_option("--budget-sequences", options.budget_sequences,
-                       "the memory part's KV budget, in max-length sequences")
-            ->check(CLI::Range(1, 4096))->capture_default_str();
+      argc, argv, options.common,
+      [&options](CLI::App& app) {
+        llm::in_range(app.add_option("--requests", options.requests, "requests in the memory part's trace"), 1,
+                      100000)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--budget-sequences", options.budget_sequences,
+                                     "the memory part's KV budget, in max-length sequences"),
+                      1, 4096)
+            ->capture_default_str();
         app.add_option("--contexts", options.contexts, "kernel-overhead context lengths")->capture_default_str();
         app.add_option("--batches", options.batches, "kernel-overhead batch sizes")->capture_default_str();
         app.add_option("--overhead-block-sizes", options.overhead_block_sizes, "kernel-overhead block sizes")
             ->capture_default_str();
-        app.add_option("--query-heads", options.query_heads, "query heads of the timed attention")
-            ->check(CLI::Range(1, 256))->capture_default_str();
-        app.add_option("--kv-heads", options.kv_heads, "KV heads of the timed attention (divides --query-heads)")
-            ->check(CLI::Range(1, 256))->capture_default_str();
-        app.add_option("--head-dim", options.head_dim, "head size of the timed attention")
-            ->check(CLI::Range(1, 256))->capture_default_str();
-        app.add_option("--repeats", options.repeats, "timed runs per cell (median reported)")
-            ->check(CLI::Range(1, 1000))->capture_default_str();
+        llm::in_range(app.add_option("--query-heads", options.query_heads, "query heads of the timed attention"), 1,
+                      256)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--kv-heads", options.kv_heads,
+                                     "KV heads of the timed attention (divides --query-heads)"),
+                      1, 256)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--head-dim", options.head_dim, "head size of the timed attention"), 1, 256)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--repeats", options.repeats, "timed runs per cell (median reported)"), 1, 1000)
+            ->capture_default_str();
         app.add_flag("--no-flush", options.no_flush, "do not evict the CPU caches between timed runs");
-        app.add_option("--max-host-gib", options.max_host_gib, "skip CPU kernel cells whose K/V need more host memory")
-            ->check(CLI::PositiveNumber)->capture_default_str();
-        app.add_option("--shared-requests", options.sharing.n_requests, "prefix sharing: requests")
-            ->check(CLI::Range(2, 1024))->capture_default_str();
-        app.add_option("--system-tokens", options.sharing.system_prompt_tokens,
-                       "prefix sharing: tokens of the shared system prompt (BOS included)")
-            ->check(CLI::Range(2, 1 << 20))->capture_default_str();
-        app.add_option("--sharing-block-size", options.sharing.block_size, "prefix sharing: block size")
-            ->check(CLI::Range(1, 4096))->capture_default_str();
+        llm::greater_than(app.add_option("--max-host-gib", options.max_host_gib,
+                                         "skip CPU kernel cells whose K/V need more host memory"),
+                          0)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--shared-requests", options.sharing.n_requests, "prefix sharing: requests"), 2,
+                      1024)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--system-tokens", options.sharing.system_prompt_tokens,
+                                     "prefix sharing: tokens of the shared system prompt (BOS included)"),
+                      2, 1 << 20)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--sharing-block-size", options.sharing.block_size, "prefix sharing: block size"),
+                      1, 4096)
+            ->capture_default_str();
         app.add_option("--block-sizes", options.block_sizes, "the model part's block sizes")->capture_default_str();
       },
-      [] { llm::print_variant_list(step05::variants(), 16); });
+      [] { llm::print_variant_list(step05::variants(), 16); },
+      {{{"--temperature", "--top-p"},
+        "its generation is greedy: the paged cache must give the contiguous cache's tokens exactly"}});
 }
 
 // --quick: seconds on a slow CI core. The memory part is bookkeeping and

@@ -56,19 +56,24 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
         app.add_option("--algorithms", options.algorithms, "quality part: rtn, gptq, awq (comma-separated)")
             ->capture_default_str();
         app.add_option("--batches", options.batches, "kernel part: rows per product (1-64)")->capture_default_str();
-        app.add_option("--repeats", options.repeats, "timed runs per kernel cell (median reported)")
-            ->check(CLI::Range(1, 1000))->capture_default_str();
+        llm::in_range(app.add_option("--repeats", options.repeats, "timed runs per kernel cell (median reported)"), 1,
+                      1000)
+            ->capture_default_str();
         app.add_flag("--no-flush", options.no_flush, "do not evict the CPU caches between timed kernel runs");
         app.add_flag("--no-llama", options.no_llama, "skip the Llama-2-7B kernel shapes (about 1.4 GB of host memory)");
         app.add_flag("--no-quality", options.no_quality,
                      "skip part 3 (quality): speed only, e.g. for a large preset whose weights are random anyway");
-        app.add_option("--calibration-sequences", options.calibration_sequences,
-                       "GPTQ/AWQ calibration: sequences sampled from the fp32 model")
-            ->check(CLI::Range(1, 4096))->capture_default_str();
-        app.add_option("--heldout-sequences", options.heldout_sequences, "quality: held-out sequences")
-            ->check(CLI::Range(1, 4096))->capture_default_str();
+        llm::in_range(app.add_option("--calibration-sequences", options.calibration_sequences,
+                                     "GPTQ/AWQ calibration: sequences sampled from the fp32 model"),
+                      1, 4096)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--heldout-sequences", options.heldout_sequences, "quality: held-out sequences"),
+                      1, 4096)
+            ->capture_default_str();
       },
-      [] { llm::print_variant_list(step06::weight_formats(), 12); });
+      [] { llm::print_variant_list(step06::weight_formats(), 12); },
+      {{{"--temperature", "--top-p"},
+        "its decode is greedy, and its calibration and held-out text is sampled at temperature 1 without top-p"}});
 }
 
 // --quick: seconds on a slow CI core. Fewer formats and shapes, one timed run.

@@ -10,6 +10,7 @@
 
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
+#include "llm/harness/cli.hpp"  // at_least, in_range
 #include "llm/harness/result_rows.hpp"
 #include "llm/linear.hpp"
 #include "step01_kv_cache/generation.hpp"  // decode_bytes_per_token
@@ -223,12 +224,12 @@ void set_compute_ceiling(const std::string& device, const BatchScalingOptions& o
 }  // namespace
 
 void add_batch_scaling_flags(CLI::App& app, BatchScalingOptions& options) {
-  app.add_option("--scaling-rows", options.rows, "part 1: decode rows per forward, e.g. 1,2,4,8,16,32,64")
-      ->delimiter(',')
-      ->check(CLI::Range(1, 1 << 16))
+  llm::in_range(app.add_option("--scaling-rows", options.rows, "part 1: decode rows per forward, e.g. 1,2,4,8,16,32,64")
+                    ->delimiter(','),
+                1, 1 << 16)
       ->capture_default_str();
-  app.add_option("--scaling-context", options.context, "part 1: positions cached in every sequence")
-      ->check(CLI::Range(1, 1 << 20))
+  llm::in_range(app.add_option("--scaling-context", options.context, "part 1: positions cached in every sequence"), 1,
+                1 << 20)
       ->capture_default_str();
 }
 

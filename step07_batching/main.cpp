@@ -61,47 +61,69 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
   return llm::parse_step_command_line(
       "Step 07: continuous batching. One request trace served one at a time, in static batches, and with "
       "iteration-level (continuous) batching, with and without chunked prefill; outputs checked against solo runs.",
-      argc, argv, options.common, [&options](CLI::App& app) {
-        app.add_option("--requests", options.requests, "requests in the trace")
-            ->check(CLI::Range(1, 100000))->capture_default_str();
-        app.add_option("--max-batch", options.limits.max_sequences, "the largest batch (sequences at once)")
-            ->check(CLI::Range(1, 1024))->capture_default_str();
-        app.add_option("--block-size", options.limits.block_size, "positions per KV block")
-            ->check(CLI::Range(1, 4096))->capture_default_str();
-        app.add_option("--kv-contexts", options.kv_contexts, "the KV budget, in full contexts")
-            ->check(CLI::Range(1, 4096))->capture_default_str();
-        app.add_option("--chunk-tokens", options.limits.chunk_tokens,
-                       "chunked prefill: rows per forward, decode rows included (at least --max-batch)")
-            ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-        app.add_option("--repeats", options.repeats, "runs per policy (the median run is reported)")
-            ->check(CLI::Range(1, 100))->capture_default_str();
-        app.add_option("--loads", options.sweep.load_factors,
-                       "rate sweep: arrival rates as fractions of continuous batching's offline requests/s")
-            ->delimiter(',')->check(CLI::Range(0.001, 100.0))->capture_default_str();
-        app.add_option("--chunk-sizes", options.chunking.chunk_tokens,
-                       "chunked prefill part: rows per forward to compare (each at least --max-batch)")
-            ->delimiter(',')->check(CLI::Range(1, 1 << 20))->capture_default_str();
-        app.add_option("--long-prompt-every", options.chunking.long_prompt_every,
-                       "chunked prefill part: every k-th request has a long prompt")
-            ->check(CLI::Range(1, 100000))->capture_default_str();
-        app.add_option("--long-prompt-fraction", options.chunking.long_prompt_fraction,
-                       "chunked prefill part: the long prompt's length, as a fraction of the context")
-            ->check(CLI::Range(0.01, 0.99))->capture_default_str();
-        app.add_option("--chunk-load", options.chunking.load_factor,
-                       "chunked prefill part: arrival rate, as a fraction of continuous batching's offline requests/s")
-            ->check(CLI::Range(0.001, 100.0))->capture_default_str();
+      argc, argv, options.common,
+      [&options](CLI::App& app) {
+        llm::in_range(app.add_option("--requests", options.requests, "requests in the trace"), 1, 100000)
+            ->capture_default_str();
+        llm::in_range(
+            app.add_option("--max-batch", options.limits.max_sequences, "the largest batch (sequences at once)"), 1,
+            1024)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--block-size", options.limits.block_size, "positions per KV block"), 1, 4096)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--kv-contexts", options.kv_contexts, "the KV budget, in full contexts"), 1, 4096)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--chunk-tokens", options.limits.chunk_tokens,
+                                     "chunked prefill: rows per forward, decode rows included (at least --max-batch)"),
+                      1, 1 << 20)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--repeats", options.repeats, "runs per policy (the median run is reported)"), 1,
+                      100)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--loads", options.sweep.load_factors,
+                                     "rate sweep: arrival rates as fractions of continuous batching's offline "
+                                     "requests/s")
+                          ->delimiter(','),
+                      0.001, 100.0)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--chunk-sizes", options.chunking.chunk_tokens,
+                                     "chunked prefill part: rows per forward to compare (each at least --max-batch)")
+                          ->delimiter(','),
+                      1, 1 << 20)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--long-prompt-every", options.chunking.long_prompt_every,
+                                     "chunked prefill part: every k-th request has a long prompt"),
+                      1, 100000)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--long-prompt-fraction", options.chunking.long_prompt_fraction,
+                                     "chunked prefill part: the long prompt's length, as a fraction of the context"),
+                      0.01, 0.99)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--chunk-load", options.chunking.load_factor,
+                                     "chunked prefill part: arrival rate, as a fraction of continuous batching's "
+                                     "offline requests/s"),
+                      0.001, 100.0)
+            ->capture_default_str();
         step07::add_batch_scaling_flags(app, options.scaling);
         app.add_flag("!--no-loopback", options.loopback, "skip part 5 (the HTTP server on loopback)");
-        app.add_option("--serve", options.serve_port, "serve POST /v1/completions on 127.0.0.1:PORT until Ctrl-C")
-            ->check(CLI::Range(0, 65535));
-        app.add_option("--load", options.load_port, "replay the trace against a server on 127.0.0.1:PORT")
-            ->check(CLI::Range(1, 65535));
-        app.add_option("--load-rate", options.load_rate, "--load: arrivals per second (0: all at once)")
-            ->check(CLI::NonNegativeNumber)->capture_default_str();
-        app.add_option("--load-seconds", options.load_seconds, "--load: stop sending and waiting after this long")
-            ->check(CLI::PositiveNumber)->capture_default_str();
+        llm::in_range(app.add_option("--serve", options.serve_port,
+                                     "serve POST /v1/completions on 127.0.0.1:PORT until Ctrl-C (0: any free port)"),
+                      0, 65535);
+        llm::in_range(
+            app.add_option("--load", options.load_port, "replay the trace against a server on 127.0.0.1:PORT"), 1,
+            65535);
+        llm::at_least(app.add_option("--load-rate", options.load_rate, "--load: arrivals per second (0: all at once)"),
+                      0)
+            ->capture_default_str();
+        llm::greater_than(app.add_option("--load-seconds", options.load_seconds,
+                                         "--load: stop sending and waiting after this long"),
+                          0)
+            ->capture_default_str();
       },
-      [] { llm::print_variant_list(step07::policies(), 20); });
+      [] { llm::print_variant_list(step07::policies(), 20); },
+      {{{"--prompt", "--steps"}, "its requests' prompts and lengths come from its seeded trace"},
+       {{"--temperature", "--top-p"},
+        "every request decodes greedily, to be checked against the same request run alone"}});
 }
 
 // --quick: seconds on a slow CI core.
@@ -263,6 +285,9 @@ int run_step07(int argc, char** argv) {
   Step07Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
   apply_quick(options);
+  if (options.serve_port >= 0 && options.load_port >= 0)
+    throw llm::InputError("--serve and --load are two modes: start the server with --serve PORT, then run the load "
+                          "against it with --load PORT from a second process");
   const llm::DeviceSelection devices = llm::select_devices(options.common.device);
   const llm::LoadedModel loaded = llm::load_model(options.common);
   const int context = loaded.weights.config.seq_len;
