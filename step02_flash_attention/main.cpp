@@ -48,8 +48,8 @@ struct Step02Options {
   llm::CommonOptions common;
   std::vector<int> seq_lens;          // --seq-lens: Sq = Sk of the kernel table (empty: per-device defaults)
   std::vector<int> decode_lens;       // --decode-lens: Sk of the decode table (empty: the kernel table's)
-  std::vector<int> heads = {8};       // --heads: query heads (= KV heads) of the kernel table
-  std::vector<int> head_dims = {64, 128};
+  std::vector<int> heads;             // --heads: query heads (= KV heads) of the kernel table (empty: 8; --quick 4)
+  std::vector<int> head_dims;         // --head-dims (empty: 64,128; --quick 64)
   bool long_run = false;              // --long: the CPU runs the CUDA lengths too
   bool causal = true;
   int repeats = 3;
@@ -69,35 +69,49 @@ void print_variants() {
 std::optional<int> parse_options(int argc, char** argv, Step02Options& options) {
   return llm::parse_step_command_line(
       "Step 02: FlashAttention. Naive vs tiled online-softmax attention on CPU and CUDA.", argc, argv,
-      options.common, [&options](CLI::App& app) {
-        app.add_option("--seq-lens", options.seq_lens,
-                       "sequence lengths (Sq = Sk) of the kernel table; default 256..4096 on the CPU "
-                       "(256..16384 on CUDA)")
-            ->delimiter(',');
-        app.add_option("--decode-lens", options.decode_lens,
-                       "cache lengths of the decode table (one query; default: the --seq-lens of each device)")
-            ->delimiter(',');
+      options.common,
+      [&options](CLI::App& app) {
+        llm::at_least(app.add_option("--seq-lens", options.seq_lens,
+                                     "sequence lengths (Sq = Sk) of the kernel table; default 256..4096 on the CPU "
+                                     "(256..16384 on CUDA)")
+                          ->delimiter(','),
+                      1);
+        llm::at_least(app.add_option("--decode-lens", options.decode_lens,
+                                     "cache lengths of the decode table (one query; default: the --seq-lens of "
+                                     "each device)")
+                          ->delimiter(','),
+                      1);
         app.add_flag("--long", options.long_run,
                      "CPU too up to 16384 tokens (naive needs 1 GiB of scores per head there)");
-        app.add_option("--heads", options.heads, "query heads (= KV heads) of the kernel table")->delimiter(',');
-        app.add_option("--head-dims", options.head_dims, "head dims of the kernel table")->delimiter(',');
+        llm::at_least(app.add_option("--heads", options.heads,
+                                     "query heads (= KV heads) of the kernel table (default 8; --quick 4)")
+                          ->delimiter(','),
+                      1);
+        llm::at_least(app.add_option("--head-dims", options.head_dims,
+                                     "head dims of the kernel table (default 64,128; --quick 64)")
+                          ->delimiter(','),
+                      1);
         app.add_flag("--causal,!--no-causal", options.causal, "causal mask (bottom-right aligned); default on");
-        app.add_option("--repeats", options.repeats, "timed runs per variant and shape (median reported)")
-            ->check(CLI::PositiveNumber);
-        app.add_option("--prefill-tokens", options.prefill_tokens, "prompt length of the model prefill comparison")
-            ->check(CLI::PositiveNumber);
+        llm::at_least(
+            app.add_option("--repeats", options.repeats, "timed runs per variant and shape (median reported)"), 1);
+        llm::at_least(app.add_option("--prefill-tokens", options.prefill_tokens,
+                                     "prompt length of the model prefill comparison (may exceed the model's context)"),
+                      1);
       },
-      &print_variants);
+      &print_variants,
+      {{{"--prompt", "--steps", "--temperature", "--top-p"},
+        "it times attention kernels on random inputs, and the model's prefill on a random prompt of "
+        "--prefill-tokens tokens"}});
 }
 
-// --quick: one small shape, short lengths, one timed run.
-void apply_quick_and_validate(Step02Options& options) {
-  for (int d : options.head_dims)
-    if (d <= 0) throw llm::InputError(fmt::format("--head-dims: {} is not a head dim", d));
-  if (options.common.quick) {
+// --quick: one small shape, short lengths, one timed run; the shape flags
+// given on the command line are kept (only their defaults shrink).
+void apply_quick_and_defaults(Step02Options& options) {
+  const bool quick = options.common.quick;
+  if (options.heads.empty()) options.heads = quick ? std::vector<int>{4} : std::vector<int>{8};
+  if (options.head_dims.empty()) options.head_dims = quick ? std::vector<int>{64} : std::vector<int>{64, 128};
+  if (quick) {
     options.repeats = 1;
-    options.heads = {4};
-    options.head_dims = {64};
     if (options.seq_lens.empty()) options.seq_lens = {256, 1024};
     options.prefill_tokens = std::min(options.prefill_tokens, 256);
   }
@@ -492,8 +506,9 @@ bool run_model_prefill_row(llm::Results& results, const ModelPrefillRows::Row& r
 
 // The model's prefill of a long prompt, before and after, per device.
 // Returns false when a check failed.
-bool run_model_prefill(llm::Results& results, const Step02Options& options, const Settings& settings) {
-  llm::LoadedModel loaded = llm::load_model(options.common);
+bool run_model_prefill(llm::Results& results, const Step02Options& options, const Settings& settings,
+                       llm::LoadedModel loaded) {
+  const llm::ModelConfig trained = loaded.weights.config;  // what the table and the JSON describe
   llm::ModelWeights weights = std::move(loaded.weights);
   // Random prompt tokens; the context grows to hold them (RoPE works at any
   // position; this is a timing run, not text generation).
@@ -505,8 +520,12 @@ bool run_model_prefill(llm::Results& results, const Step02Options& options, cons
   for (int& t : prompt) t = token(rng);
   const llm::TokenBatch batch = llm::TokenBatch::prefill(prompt, 0, 0);
 
-  fmt::print("\nmodel prefill: {} ({}), a {}-token prompt, logits of the last row\n", loaded.name,
-             config.describe(), options.prefill_tokens);
+  fmt::print("\nmodel prefill: {} ({}), a {}-token prompt of random tokens{}, logits of the last row\n",
+             loaded.name, trained.describe(), options.prefill_tokens,
+             options.prefill_tokens > trained.seq_len
+                 ? fmt::format(" (past the trained context of {}: RoPE runs on, and this is a timing run)",
+                               trained.seq_len)
+                 : std::string());
   fmt::print("vs before = max_rel against the same device's model_prefill_before; vs cpu = against the CPU's "
              "(the reference){}\n",
              settings.cpu ? "" : " (not run: CPU rows are off)");
@@ -530,7 +549,7 @@ bool run_model_prefill(llm::Results& results, const Step02Options& options, cons
     all_ok &= run_model_prefill_row(results, r, *model, batch, options.prefill_tokens, runs, references);
   }
   results.set_config("model", loaded.name);
-  results.set_config("model_config", config.describe());
+  results.set_config("model_config", trained.describe());
   results.set_config("model_prefill_reference",
                      settings.cpu ? std::string("cpu model_prefill_before (last-row logits)")
                                   : std::string("none: CPU rows off, CUDA rows checked against cuda model_prefill_before"));
@@ -540,7 +559,7 @@ bool run_model_prefill(llm::Results& results, const Step02Options& options, cons
 int run_step02(int argc, char** argv) {
   Step02Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
-  apply_quick_and_validate(options);
+  apply_quick_and_defaults(options);
   Settings settings;
   settings.repeats = options.repeats;
   settings.selected = llm::parse_variant_selection(options.common.variant, llm::variant_ids(step02::variants()));
@@ -548,6 +567,9 @@ int run_step02(int argc, char** argv) {
   settings.cpu = devices.cpu;
   settings.cuda = devices.cuda;
   const KernelTableLengths lengths = kernel_table_lengths(options);
+  // Part 3's model, loaded before any benchmark: a bad --model or
+  // --tokenizer fails at once, not after the kernel tables.
+  llm::LoadedModel loaded = llm::load_model(options.common);
 
   llm::Results results = make_results(options, settings, lengths, devices);
   print_header(results, settings.check_rows);
@@ -557,7 +579,7 @@ int run_step02(int argc, char** argv) {
   // 2. Decode: one query against a long cache.
   all_ok &= run_decode_table(results, options, settings, lengths);
   // 3. The model's prefill with its default attention and with step 02's flash kernel.
-  if (settings.cpu || settings.cuda) all_ok &= run_model_prefill(results, options, settings);
+  if (settings.cpu || settings.cuda) all_ok &= run_model_prefill(results, options, settings, std::move(loaded));
   return llm::finish_run(results, options.common, devices, all_ok);
 }
 
