@@ -40,6 +40,16 @@
 
 namespace {
 
+// The largest --k. The pass-cost calibration times a target pass over every
+// row count 1..k+1, (k+1)(k+2)/2 rows for each of cost_runs runs plus 3
+// warm-ups, and again for every drafter x k of the sweep: its work grows as
+// k^2. At 64 a calibration is 2,145 rows per run, 48 times the default
+// sweep's (k = 8: 45 rows): the tiny preset on the CPU with one drafter
+// took 7 s of CPU time at --k 64 against 0.4 s at --k 8. More drafts only
+// pay for a drafter that is almost always right: a round emits at most
+// 1 / (1 - alpha) tokens on average, whatever k is.
+constexpr int kMaxDrafts = 64;
+
 struct Step04Options {
   llm::CommonOptions common;
   std::vector<int> ks;                   // --k: drafts per round (empty: 2,4,8; --quick 2,4)
@@ -57,19 +67,23 @@ std::optional<int> parse_options(int argc, char** argv, Step04Options& options) 
       "Step 04: speculative decoding. A cheap drafter proposes k tokens, the target verifies them in one "
       "pass, on CPU and CUDA.",
       argc, argv, options.common, [&options](CLI::App& app) {
-        app.add_option("--k", options.ks, "drafts per round, a list (e.g. --k 2,4,8)")->delimiter(',');
+        llm::in_range(app.add_option("--k", options.ks, "drafts per round, a list (e.g. --k 2,4,8)")->delimiter(','),
+                      1, kMaxDrafts);
         app.add_option("--draft-model", options.draft_model_path,
                        "llama2.c checkpoint of the draft model (same vocabulary as the target); default: the target "
                        "itself, an always-right but full-cost drafter");
         app.add_option("--draft-tokenizer", options.draft_tokenizer_path,
                        "the draft model's tokenizer.bin; checked to be identical to the target's");
-        app.add_option("--draft-layers", options.draft_layers,
-                       "early-exit self-draft: the target's first L layers, a list (default 1 and n_layers/2)")
-            ->delimiter(',');
-        app.add_option("--ngram", options.ngram, "n-gram prompt lookup: longest suffix to match")
+        llm::at_least(app.add_option("--draft-layers", options.draft_layers,
+                                     "early-exit self-draft: the target's first L layers, a list (default 1 and "
+                                     "n_layers/2; below the target's layers)")
+                          ->delimiter(','),
+                      1);
+        llm::at_least(app.add_option("--ngram", options.ngram, "n-gram prompt lookup: longest suffix to match"), 1)
             ->capture_default_str();
-        app.add_option("--repeats", options.repeats, "timed generations per configuration (median reported)")
-            ->check(CLI::PositiveNumber)
+        llm::at_least(app.add_option("--repeats", options.repeats,
+                                     "timed generations per configuration (median reported)"),
+                      1)
             ->capture_default_str();
       },
       [] { llm::print_variant_list(step04::variants(), 12); });
@@ -84,9 +98,6 @@ void apply_quick_and_validate(Step04Options& options) {
     if (options.ks.empty()) options.ks = {2, 4};
   }
   if (options.ks.empty()) options.ks = {2, 4, 8};
-  for (int k : options.ks)
-    if (k < 1) throw llm::InputError(fmt::format("--k values must be at least 1 (got {})", k));
-  if (options.ngram < 1) throw llm::InputError(fmt::format("--ngram must be at least 1 (got {})", options.ngram));
   if (!options.draft_tokenizer_path.empty() && options.draft_model_path.empty())
     throw llm::InputError("--draft-tokenizer is only used with --draft-model");
 }
@@ -103,6 +114,29 @@ void settle_draft_layers(Step04Options& options, const llm::ModelWeights& target
   for (int layers : options.draft_layers) step04::early_exit_weights(target, layers);  // throws when out of range
   if (options.draft_layers.empty())
     selected.erase(std::remove(selected.begin(), selected.end(), step04::variant_id::kEarlyExit), selected.end());
+}
+
+// The committed tokens at which the pass costs are measured: the prompt and
+// half the generated tokens, the middle of the generation (attention cost
+// grows with position), at least 2. The verification pass of the calibration
+// then covers positions n-1 .. n-1+max_k.
+std::size_t calibration_tokens(std::size_t prompt_tokens, std::size_t generated_tokens) {
+  return std::max<std::size_t>(2, prompt_tokens + generated_tokens / 2);
+}
+
+// Before any run: the largest k must leave room, after the calibration
+// point, for its verification pass inside the context. Plain decoding
+// generates at most positions - prompt + 1 tokens (it may stop earlier at
+// BOS, which only moves the calibration point back).
+void check_drafts_fit(int max_k, std::size_t prompt_tokens, int positions, const llm::ModelConfig& config) {
+  const std::size_t most_generated = static_cast<std::size_t>(positions) - prompt_tokens + 1;
+  const auto calibration = static_cast<int>(calibration_tokens(prompt_tokens, most_generated));
+  if (calibration + max_k > config.seq_len)
+    throw llm::InputError(fmt::format(
+        "--k {} does not fit: the pass costs are measured after {} tokens (the middle of {} positions), and a "
+        "verification pass over k+1 rows from there must end inside the context of {} positions, so k can be at "
+        "most {} here (or give fewer --steps)",
+        max_k, calibration, positions, config.seq_len, config.seq_len - calibration));
 }
 
 // Plain decoding (step 01's generate_cached): the reference tokens, and the
@@ -377,7 +411,7 @@ std::vector<SweepRow> run_on_device(llm::Results& results, const std::string& de
   // Costs for the formula, at the middle of the generation.
   std::vector<int> sequence(in.prompt.begin(), in.prompt.end());  // [prompt + generated]
   sequence.insert(sequence.end(), plain.first.tokens.begin(), plain.first.tokens.end());
-  const std::size_t midpoint = std::max<std::size_t>(2, in.prompt.size() + plain.first.tokens.size() / 2);
+  const std::size_t midpoint = calibration_tokens(in.prompt.size(), plain.first.tokens.size());
   const std::span<const int> cost_context(sequence.data(), std::min(midpoint, sequence.size()));
   {
     const step04::TargetCosts costs = step04::measure_target_costs(*target, cost_context, in.max_k, in.options.cost_runs);
@@ -432,8 +466,7 @@ int run_step04(int argc, char** argv) {
   const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);
   const int positions = llm::generation_positions(options.common, config, prompt.size());
   const int max_k = *std::max_element(options.ks.begin(), options.ks.end());
-  if (max_k >= config.seq_len)
-    throw llm::InputError(fmt::format("--k {} must be below the context of {} positions", max_k, config.seq_len));
+  check_drafts_fit(max_k, prompt.size(), positions, config);
   settle_draft_layers(options, loaded.weights, selected);
   const DraftModel draft = load_draft_model(options, loaded);
 
