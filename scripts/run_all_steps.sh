@@ -4,13 +4,25 @@
 # (e.g. --quick, --device cpu). With RESULTS_DIR set, each step also writes
 # its JSON there as <step>.json.
 #
+# Works from any current directory: the build folder is the repository's
+# build/ unless BUILD_DIR names another (a relative BUILD_DIR is taken from the
+# current directory, as any path typed on the command line).
+#
 #   scripts/run_all_steps.sh                 # full runs on the built-in model
 #   scripts/run_all_steps.sh --quick         # seconds per step (what CI runs)
 #   BUILD_DIR=build-release scripts/run_all_steps.sh
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build_dir=${BUILD_DIR:-build}
+build_dir=${BUILD_DIR:-$repo_root/build}
+# Absolute from here on, so every message names the folder it looked in.
+if [[ -d "$build_dir" ]]; then
+  build_dir=$(cd "$build_dir" && pwd)
+else
+  echo "no build folder $build_dir (build first: cmake -S $repo_root -B $build_dir && cmake --build $build_dir -j;" \
+    "or set BUILD_DIR)" >&2
+  exit 1
+fi
 shopt -s nullglob
 ran=0
 failed=()
@@ -38,7 +50,7 @@ for step_dir in "$repo_root"/step[0-9][0-9]_*/; do
 done
 
 if ((ran == 0 && ${#failed[@]} == 0)); then
-  echo "no step executables found in $build_dir/bin (build first: cmake -S . -B build && cmake --build build -j)" >&2
+  echo "no step executables found in $build_dir/bin (build first: cmake --build $build_dir -j)" >&2
   exit 1
 fi
 echo
