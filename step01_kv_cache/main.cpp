@@ -339,14 +339,17 @@ void compare_with_runc(const llm::LoadedModel& loaded, const std::vector<Measure
   });
   const auto temporary = std::filesystem::temp_directory_path() / fmt::format("step01_runc_{}.bin", ::getpid());
   const step01::Llama2cFiles files = step01::write_llama2c_files(loaded, temporary.string());
+  const llm::ModelConfig& config = loaded.weights.config;
   const RemoveFilesOnExit cleanup{{files.checkpoint, files.tokenizer}};
   const step01::RuncMeasurement runc = step01::measure_runc(options.compare_runc, files, positions, options.repeats);
 
-  const llm::ModelConfig& config = loaded.weights.config;
   const double bytes = static_cast<double>(step01::decode_bytes_per_token(config, positions / 2));
   const double ratio = ours->decode_tokens_per_s / runc.median_tokens_per_s;
   const std::vector<int> bos = {llm::Tokenizer::kBos};
-  const std::string our_text = llm::generated_text(loaded.tokenizer, bos, ours->first.tokens) + "\n";
+  // Our tokens as text through the tokenizer file run.c read (a preset's
+  // unused ids have names there).
+  const llm::Tokenizer written = llm::Tokenizer::load(files.tokenizer, config.vocab_size);
+  const std::string our_text = llm::generated_text(written, bos, ours->first.tokens) + "\n";
   const auto first_difference = std::mismatch(our_text.begin(), our_text.end(), runc.text.begin(), runc.text.end());
   const bool same_text = our_text == runc.text;
 

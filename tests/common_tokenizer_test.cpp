@@ -209,7 +209,8 @@ TEST(ByteLevelTokenizer, SavedAndLoadedBackIsTheSameTokenizer) {
   save_tokenizer(tok, path);
   const Tokenizer loaded = Tokenizer::load(path, 300);
   for (int id = 0; id < 300; ++id) {
-    ASSERT_EQ(loaded.piece(id), tok.piece(id)) << "id " << id;
+    // Unused ids have empty pieces, which run.c cannot read: they get a name.
+    ASSERT_EQ(loaded.piece(id), id < 259 ? tok.piece(id) : "<unused" + std::to_string(id) + ">") << "id " << id;
     ASSERT_EQ(loaded.score(id), tok.score(id)) << "id " << id;
   }
   EXPECT_EQ(loaded.encode("hi there", true, false), tok.encode("hi there", true, false));

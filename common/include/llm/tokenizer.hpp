@@ -49,7 +49,8 @@ class Tokenizer {
 };
 
 // Writes `tokenizer` in the same tokenizer.bin format (loadable by run.c and
-// by Tokenizer::load with the same vocabulary size).
+// by Tokenizer::load with the same vocabulary size). An empty piece is written
+// as "<unusedN>" (N its id): run.c cannot read a piece of length 0.
 void save_tokenizer(const Tokenizer& tokenizer, const std::string& path);
 
 }  // namespace llm

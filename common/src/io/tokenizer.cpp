@@ -165,13 +165,19 @@ void save_tokenizer(const Tokenizer& tokenizer, const std::string& path) {
   if (!out) throw InputError(fmt::format("cannot write tokenizer file '{}'", path));
   // The header is the longest piece in bytes (run.c sizes its merge buffer
   // from it); at least 1, as the loaders require.
+  auto written_piece = [&tokenizer](int id) {
+    // llama2.c's run.c reads each piece with fread(piece, length, 1), which
+    // reports a 0-byte read as a failure: an empty piece (the byte-level
+    // tokenizer's unused ids) is written as a placeholder run.c can read.
+    return tokenizer.piece(id).empty() ? fmt::format("<unused{}>", id) : tokenizer.piece(id);
+  };
   std::int32_t max_token_length = 1;
   for (int i = 0; i < tokenizer.vocab_size(); ++i)
-    max_token_length = std::max(max_token_length, static_cast<std::int32_t>(tokenizer.piece(i).size()));
+    max_token_length = std::max(max_token_length, static_cast<std::int32_t>(written_piece(i).size()));
   out.write(reinterpret_cast<const char*>(&max_token_length), sizeof(max_token_length));
   for (int i = 0; i < tokenizer.vocab_size(); ++i) {
     const float score = tokenizer.score(i);
-    const std::string& piece = tokenizer.piece(i);
+    const std::string piece = written_piece(i);
     const auto length = static_cast<std::int32_t>(piece.size());
     out.write(reinterpret_cast<const char*>(&score), sizeof(score));
     out.write(reinterpret_cast<const char*>(&length), sizeof(length));
