@@ -10,7 +10,7 @@
 #
 #   scripts/run_all_steps.sh                 # default runs: each step a few seconds, under 1 GB
 #   scripts/run_all_steps.sh --quick         # seconds per step (what CI runs)
-#   scripts/run_all_steps.sh --full          # the complete sweeps the docs quote (minutes, up to ~5 GB)
+#   scripts/run_all_steps.sh --full          # the complete sweeps the docs quote (minutes, up to ~5 GiB)
 #   BUILD_DIR=build-release scripts/run_all_steps.sh
 set -euo pipefail
 
