@@ -14,10 +14,12 @@
 #   memcheck   compute-sanitizer memcheck over every gpu test binary
 #   racecheck  compute-sanitizer racecheck and synccheck over the attention,
 #              GQA and paged attention kernel tests (step02, step03, step05)
-#   steps      every step executable with --device all on its defaults
+#   steps      every step executable with --device all --full (the complete
+#              sweeps the chapters quote, not the shorter default runs)
 #   presets    the steps on real models' dims (TinyLlama-1.1B, Llama-2-7B
-#              where the GPU has the memory), CUDA only: the CPU reference of
-#              a 1B-7B model takes minutes per generation on one core
+#              where the GPU has the memory), CUDA only, each with --full: the
+#              CPU reference of a 1B-7B model takes minutes per generation on
+#              one core
 #   sdpa       step02's sdpa_compare.py on the preset shapes, where PyTorch is
 #              importable
 # Every stage's result is one line of summary.txt; the exit status is 0 only
@@ -207,35 +209,38 @@ run_step() {  # run_step <stage> <label> <step> [args...]
   fi
 }
 if want steps; then
-  for step in "${steps[@]}"; do run_step steps default "$step" --device all; done
+  for step in "${steps[@]}"; do run_step steps full "$step" --device all --full; done
 fi
 if want presets; then
   # Kernel tables on real models' attention shapes; the models on real dims.
-  run_step presets tinyllama-1.1b step01_kv_cache --device cuda --preset tinyllama-1.1b
+  # --full everywhere: the complete sweeps, whatever the flags below leave to
+  # the step (e.g. step 02's 2048-token model prefill, step 05's contexts).
+  run_step presets tinyllama-1.1b step01_kv_cache --device cuda --full --preset tinyllama-1.1b
   if ((gpu_memory_gib >= 40)); then
-    run_step presets llama2-7b step01_kv_cache --device cuda --preset llama2-7b --steps 128 --repeats 3
+    run_step presets llama2-7b step01_kv_cache --device cuda --full --preset llama2-7b --steps 128 --repeats 3
   else
     record presets PASS "step01_kv_cache llama2-7b: not run, $gpu_memory_gib GiB of GPU memory (needs 40: 27 GB of fp32 weights)"
   fi
   # 16 heads: Llama-2-7B's head_dim 128 with half its heads (the kernels'
   # grids have 16 x Sq/64 blocks, enough to fill 132 SMs from 512 tokens on).
   seq_lens=512,1024,2048,4096,8192,16384
-  run_step presets heads16 step02_flash_attention --device cuda --heads 16 --head-dims 128,64 --seq-lens $seq_lens \
-    --decode-lens 8192,16384,32768
-  run_step presets heads16_noncausal step02_flash_attention --device cuda --heads 16 --head-dims 128,64 --no-causal \
-    --seq-lens $seq_lens --decode-lens 8192
-  run_step presets llama_shapes step03_gqa --device cuda --query-heads 32 --head-dim 128 --kv-heads 32,8,4,1 \
+  run_step presets heads16 step02_flash_attention --device cuda --full --heads 16 --head-dims 128,64 \
+    --seq-lens $seq_lens --decode-lens 8192,16384,32768
+  run_step presets heads16_noncausal step02_flash_attention --device cuda --full --heads 16 --head-dims 128,64 \
+    --no-causal --seq-lens $seq_lens --decode-lens 8192
+  run_step presets llama_shapes step03_gqa --device cuda --full --query-heads 32 --head-dim 128 --kv-heads 32,8,4,1 \
     --contexts 1024,4096,16384,32768
-  run_step presets tinyllama-1.1b step04_speculative --device cuda --preset tinyllama-1.1b --k 2,4,8 --repeats 3
+  run_step presets tinyllama-1.1b step04_speculative --device cuda --full --preset tinyllama-1.1b --k 2,4,8 --repeats 3
   # The paged kernels' overhead at Llama-3-8B's attention (the default dims),
   # contexts 1k-32k, batch 1 and 16; the model parts on TinyLlama's dims.
-  run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 128
+  run_step presets tinyllama-1.1b step05_paged_attention --device cuda --full --preset tinyllama-1.1b --steps 128
   # W8A16 / W4A16 beside cuBLAS fp16 on Llama-2-7B's layers (part 1); the
   # quantized model's decode on TinyLlama's dims (random weights: speed only).
-  run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 128
+  run_step presets tinyllama-1.1b step06_quantization --device cuda --full --preset tinyllama-1.1b --no-quality \
+    --steps 128
   # Continuous batching where decode is memory-bound (a forward of 16 rows
   # costs about what one row costs): TinyLlama's dims, a shorter trace.
-  run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 64 --repeats 1
+  run_step presets tinyllama-1.1b step07_batching --device cuda --full --preset tinyllama-1.1b --requests 64 --repeats 1
 fi
 
 # --- PyTorch SDPA, same shapes --------------------------------------------------------

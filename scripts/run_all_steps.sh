@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Runs every step executable that has been built, in teaching order, and
 # prints each step's results table. Arguments are passed to every step
-# (e.g. --quick, --device cpu). With RESULTS_DIR set, each step also writes
-# its JSON there as <step>.json.
+# (e.g. --quick, --full, --device cpu). With RESULTS_DIR set, each step also
+# writes its JSON there as <step>.json.
 #
 # Works from any current directory: the build folder is the repository's
 # build/ unless BUILD_DIR names another (a relative BUILD_DIR is taken from the
 # current directory, as any path typed on the command line).
 #
-#   scripts/run_all_steps.sh                 # full runs on the built-in model
+#   scripts/run_all_steps.sh                 # default runs: each step a few seconds, under 1 GB
 #   scripts/run_all_steps.sh --quick         # seconds per step (what CI runs)
+#   scripts/run_all_steps.sh --full          # the complete sweeps the docs quote (minutes, up to ~5 GiB)
 #   BUILD_DIR=build-release scripts/run_all_steps.sh
 set -euo pipefail
 

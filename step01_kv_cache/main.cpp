@@ -206,6 +206,10 @@ llm::Results make_results(const llm::LoadedModel& loaded, const llm::DeviceSelec
   results.set_config("temperature", static_cast<double>(options.common.temperature));
   results.set_config("repeats", static_cast<long long>(options.repeats));
   results.set_config("quick", options.common.quick);
+  // The default run takes seconds already: --full is the same run.
+  results.set_config("full", options.common.full);
+  results.set_config("speedup_baseline", std::string("whole generation: recompute (variant 0) on the same device"));
+  results.add_note("speedup = total time of recompute (variant 0) / this row's total time, same device and tokens");
   return results;
 }
 

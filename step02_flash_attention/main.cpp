@@ -44,16 +44,28 @@ namespace {
 using step02::AttentionProblem;
 using step02::AttentionVariant;
 
+// The kernel table's lengths (Sq = Sk) when --seq-lens is not given, per run
+// size and device. The default run stops the CPU at 2048 (the naive kernel's
+// time grows as the square: 4096 alone would take most of a minute) and CUDA
+// at 4096 (naive's scores: 512 MiB at 8 heads, fine on any GPU). --full runs
+// the lengths the chapter quotes; --long takes the CPU to 16384 as well.
+const std::vector<int> kDefaultCpuLengths = {256, 512, 1024, 2048};
+const std::vector<int> kDefaultCudaLengths = {256, 512, 1024, 2048, 4096};
+const std::vector<int> kFullCpuLengths = {256, 512, 1024, 2048, 4096};
+const std::vector<int> kFullCudaLengths = {256, 512, 1024, 2048, 4096, 8192, 16384};
+// The model-prefill prompt when --prefill-tokens is not given.
+constexpr int kQuickPrefillTokens = 256, kDefaultPrefillTokens = 1024, kFullPrefillTokens = 2048;
+
 struct Step02Options {
   llm::CommonOptions common;
   std::vector<int> seq_lens;          // --seq-lens: Sq = Sk of the kernel table (empty: per-device defaults)
   std::vector<int> decode_lens;       // --decode-lens: Sk of the decode table (empty: the kernel table's)
   std::vector<int> heads;             // --heads: query heads (= KV heads) of the kernel table (empty: 8; --quick 4)
   std::vector<int> head_dims;         // --head-dims (empty: 64,128; --quick 64)
-  bool long_run = false;              // --long: the CPU runs the CUDA lengths too
+  bool long_run = false;              // --long: the CPU runs up to 16384 too
   bool causal = true;
   int repeats = 3;
-  int prefill_tokens = 2048;          // prompt length of the model prefill comparison
+  int prefill_tokens = 0;             // --prefill-tokens: the model prefill's prompt (0: by run size, above)
 };
 
 // --list: the table with each row's device and input precision.
@@ -72,8 +84,8 @@ std::optional<int> parse_options(int argc, char** argv, Step02Options& options) 
       options.common,
       [&options](CLI::App& app) {
         llm::at_least(app.add_option("--seq-lens", options.seq_lens,
-                                     "sequence lengths (Sq = Sk) of the kernel table; default 256..4096 on the CPU "
-                                     "(256..16384 on CUDA)")
+                                     "sequence lengths (Sq = Sk) of the kernel table; default 256..2048 on the CPU, "
+                                     "256..4096 on CUDA (--full: 256..4096 and 256..16384)")
                           ->delimiter(','),
                       1);
         llm::at_least(app.add_option("--decode-lens", options.decode_lens,
@@ -82,7 +94,7 @@ std::optional<int> parse_options(int argc, char** argv, Step02Options& options) 
                           ->delimiter(','),
                       1);
         app.add_flag("--long", options.long_run,
-                     "CPU too up to 16384 tokens (naive needs 1 GiB of scores per head there)");
+                     "the CPU too up to 16384 tokens (naive needs 1 GiB of scores per head there)");
         llm::at_least(app.add_option("--heads", options.heads,
                                      "query heads (= KV heads) of the kernel table (default 8; --quick 4)")
                           ->delimiter(','),
@@ -95,7 +107,9 @@ std::optional<int> parse_options(int argc, char** argv, Step02Options& options) 
         llm::at_least(
             app.add_option("--repeats", options.repeats, "timed runs per variant and shape (median reported)"), 1);
         llm::at_least(app.add_option("--prefill-tokens", options.prefill_tokens,
-                                     "prompt length of the model prefill comparison (may exceed the model's context)"),
+                                     fmt::format("prompt length of the model prefill comparison, may exceed the "
+                                                 "model's context (default {}; --full {}; --quick {})",
+                                                 kDefaultPrefillTokens, kFullPrefillTokens, kQuickPrefillTokens)),
                       1);
       },
       &print_variants,
@@ -113,8 +127,10 @@ void apply_quick_and_defaults(Step02Options& options) {
   if (quick) {
     options.repeats = 1;
     if (options.seq_lens.empty()) options.seq_lens = {256, 1024};
-    options.prefill_tokens = std::min(options.prefill_tokens, 256);
   }
+  if (options.prefill_tokens == 0)
+    options.prefill_tokens =
+        llm::by_run_size(options.common, kQuickPrefillTokens, kDefaultPrefillTokens, kFullPrefillTokens);
 }
 
 // What measure_problem runs: the devices, the variants, how often.
@@ -146,9 +162,9 @@ struct KernelTableLengths {
 KernelTableLengths kernel_table_lengths(const Step02Options& options) {
   KernelTableLengths lengths{options.seq_lens, options.seq_lens};
   if (options.seq_lens.empty() && !options.common.quick) {
-    lengths.cpu = {256, 512, 1024, 2048, 4096};
-    lengths.cuda = {256, 512, 1024, 2048, 4096, 8192, 16384};
-    if (options.long_run) lengths.cpu = lengths.cuda;
+    lengths.cpu = options.common.full ? kFullCpuLengths : kDefaultCpuLengths;
+    lengths.cuda = options.common.full ? kFullCudaLengths : kDefaultCudaLengths;
+    if (options.long_run) lengths.cpu = kFullCudaLengths;
   }
   return lengths;
 }
@@ -259,6 +275,11 @@ llm::Results make_results(const Step02Options& options, const Settings& settings
   results.set_config("repeats", static_cast<long long>(settings.repeats));
   results.set_config("check_rows", static_cast<long long>(settings.check_rows));
   results.set_config("quick", options.common.quick);
+  results.set_config("full", options.common.full);
+  results.set_config("prefill_tokens", static_cast<long long>(options.prefill_tokens));
+  results.set_config("speedup_baseline", std::string("kernels: the same device's naive variant (cpu_naive, "
+                                                     "cuda_naive), same shape; model prefill: model_prefill_before "
+                                                     "on the same device"));
   results.set_config("flops_formula", "4 * head_dim * heads * visible (query, key) pairs (causal: ~half of 4*Sq*Sk*d*heads)");
   results.set_config("cpu_tile", fmt::format("Br {} x Bc {}", step02::cpu::kBlockRows, step02::cpu::kBlockCols));
   return results;
@@ -270,6 +291,8 @@ void print_header(const llm::Results& results, int check_rows) {
   fmt::print("{}", results.format_header(llm::Results::ConfigLine::Omitted));
   fmt::print("TFLOP/s = 4 * d * heads * visible (query, key) pairs / time (causal: ~half of 4*Sq*Sk*d*heads);\n"
              "scores mem = memory outside registers/shared memory holding scores or softmax statistics;\n"
+             "speedup = time of the same device's naive variant (cpu_naive, cuda_naive) / this row's time, same "
+             "shape;\n"
              "max_rel = max|got - ref| / max|ref| against float64 over {} sampled query rows.\n",
              check_rows);
 }
@@ -526,7 +549,8 @@ bool run_model_prefill(llm::Results& results, const Step02Options& options, cons
                  ? fmt::format(" (past the trained context of {}: RoPE runs on, and this is a timing run)",
                                trained.seq_len)
                  : std::string());
-  fmt::print("vs before = max_rel against the same device's model_prefill_before; vs cpu = against the CPU's "
+  fmt::print("speedup = time of model_prefill_before / this row's time, same device and prompt;\n"
+             "vs before = max_rel against the same device's model_prefill_before; vs cpu = against the CPU's "
              "(the reference){}\n",
              settings.cpu ? "" : " (not run: CPU rows are off)");
   fmt::print("  {:<5} {:<22} {:>10} {:>12} {:>8} {:>10} {:>10}  {:<4} {}\n", "dev", "variant", "time", "tok/s",

@@ -30,9 +30,10 @@ std::size_t last_level_cache_bytes() {
   return value;
 }
 
-CpuCacheFlusher::CpuCacheFlusher(std::size_t bytes) {
+CpuCacheFlusher::CpuCacheFlusher(std::size_t bytes, std::size_t max_bytes) {
   if (bytes == 0) bytes = 2 * last_level_cache_bytes();
-  bytes = std::clamp<std::size_t>(bytes, std::size_t{8} << 20, std::size_t{1} << 30);
+  const std::size_t min_bytes = std::size_t{8} << 20;
+  bytes = std::clamp<std::size_t>(bytes, min_bytes, std::max(min_bytes, max_bytes));
   buffer_.assign(bytes, 0);
 }
 

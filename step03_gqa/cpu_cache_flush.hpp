@@ -20,11 +20,18 @@ namespace step03 {
 // /sys/devices/system/cpu/cpu0/cache/index3/size), or 0 when unknown.
 std::size_t last_level_cache_bytes();
 
+// The flush buffer's upper bound. A full run (--full) allows 1 GiB: a server
+// CPU reports hundreds of MiB of last-level cache. A default run allows 256
+// MiB, which still evicts a laptop's or desktop's last-level cache (8-64 MiB)
+// several times over and keeps the run under 1 GB of memory.
+constexpr std::size_t kFullRunFlushLimit = std::size_t{1} << 30;
+constexpr std::size_t kDefaultRunFlushLimit = std::size_t{256} << 20;
+
 class CpuCacheFlusher {
  public:
   // bytes = 0: twice the last-level cache (the replacement policy is not
-  // strict LRU), at least 8 MiB and at most 1 GiB.
-  explicit CpuCacheFlusher(std::size_t bytes = 0);
+  // strict LRU), at least 8 MiB and at most `max_bytes`.
+  explicit CpuCacheFlusher(std::size_t bytes = 0, std::size_t max_bytes = kFullRunFlushLimit);
   void flush();  // writes every byte of the buffer (a new value each time)
   std::size_t bytes() const { return buffer_.size(); }
 

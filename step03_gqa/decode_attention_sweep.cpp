@@ -75,7 +75,7 @@ SweepResult run_decode_attention_sweep(const SweepOptions& o) {
   SweepResult result;
   std::unique_ptr<CpuCacheFlusher> flusher;
   if (o.flush_caches && o.cpu) {
-    flusher = std::make_unique<CpuCacheFlusher>();
+    flusher = std::make_unique<CpuCacheFlusher>(0, o.flush_limit_bytes);
     result.flush_bytes = flusher->bytes();
   }
   const auto& table = variants();

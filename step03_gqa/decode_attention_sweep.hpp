@@ -11,6 +11,7 @@
 
 #include "llm/harness/compare.hpp"
 #include "llm/harness/timer.hpp"
+#include "step03_gqa/cpu_cache_flush.hpp"
 
 namespace step03 {
 
@@ -25,6 +26,7 @@ struct SweepOptions {
   int warmup = 1;
   int repeats = 5;
   bool flush_caches = true;     // evict CPU caches before every timed CPU run (cpu_cache_flush.hpp)
+  std::size_t flush_limit_bytes = kFullRunFlushLimit;  // the flush buffer's upper bound
   double max_host_gib = 4.0;    // skip a context whose caches (all KV-head counts) + repeat_kv copy need more host memory
   std::uint64_t seed = 42;
 };

@@ -3,7 +3,8 @@
 // Three measurements, one table (+ JSON with --json):
 //   1. Decode attention (one new token against a long KV cache) for the same
 //      query heads (32, head_dim 128: Llama-like) with 32/16/8/4/1 KV heads,
-//      contexts 1k..32k, on the CPU and (when present) on CUDA, two variants:
+//      contexts 1k and 4k (--full: 1k..32k), on the CPU and (when present) on
+//      CUDA, two variants:
 //        0 repeat_kv    expand K/V to every query head, then MHA (the naive way)
 //        1 group_aware  each KV head read once for all query heads of its group
 //      Every result is checked against common's reference attention.
@@ -36,10 +37,17 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// The decode-attention contexts of each run size (--contexts overrides them).
+// The default run stops at 4k: 372 MiB of caches for all five KV-head counts
+// plus the repeat_kv copy, seconds of work. --full goes to 32k (about 3 GiB).
+constexpr const char* kQuickContexts = "512,2048";
+constexpr const char* kDefaultContexts = "1024,4096";
+constexpr const char* kFullContexts = "1024,2048,4096,8192,16384,32768";
+
 struct Step03Options {
   llm::CommonOptions common;
   int repeats = 5;                                            // --repeats: timed runs per cell
-  std::string contexts = "1024,2048,4096,8192,16384,32768";  // --contexts
+  std::string contexts;                                       // --contexts (empty: by run size, above)
   std::string kv_heads = "32,16,8,4,1";                       // --kv-heads
   int query_heads = 32;
   int head_dim = 128;
@@ -55,8 +63,10 @@ std::optional<int> parse_options(int argc, char** argv, Step03Options& options) 
       "MHA/MQA conversion of a real GQA model.",
       argc, argv, options.common, [&options](CLI::App& app) {
         llm::at_least(app.add_option("--repeats", options.repeats, "timed runs per cell (median reported)"), 1);
-        app.add_option("--contexts", options.contexts, "decode-attention context lengths, comma-separated")
-            ->capture_default_str();
+        app.add_option("--contexts", options.contexts,
+                       fmt::format("decode-attention context lengths, comma-separated (default {}; --full {}; "
+                                   "--quick {})",
+                                   kDefaultContexts, kFullContexts, kQuickContexts));
         app.add_option("--kv-heads", options.kv_heads, "KV-head counts to time (each must divide --query-heads)")
             ->capture_default_str();
         llm::at_least(app.add_option("--query-heads", options.query_heads, "query heads of the timed attention"), 1)
@@ -165,16 +175,24 @@ void print_sweep_pivot(const step03::SweepResult& sweep, const std::vector<int>&
   for (const auto& reason : sweep.skipped) fmt::print("skipped: {}\n", reason);
 }
 
-// The step's claim: group-aware with groups of 8 at 8k+ context is >= 3x
-// faster than MHA. Printed per device as measured (it is a measurement, not a
-// correctness check: it does not change the exit status).
-void print_claim(const step03::SweepResult& sweep) {
+// The chapter expects group-aware with groups of 8 at 8k+ context to be at
+// least 3x faster than MHA. That is a timing: it depends on the machine and
+// on what else runs on it, so it is printed as an observation and never
+// changes the exit status (the checks are the max_rel and ok columns).
+void print_speedup_observation(const step03::SweepResult& sweep) {
+  bool observed = false;
   for (const auto& cell : sweep.cells) {
     if (cell.variant_id != 1 || cell.n_heads / cell.kv_heads != 8 || cell.context < 8192) continue;
     const double speedup = mha_baseline_ms(sweep.cells, cell) / cell.timing.median_ms;
-    fmt::print("claim: {} group_aware, groups of 8 ({}/{}), context {}: {:.2f}x faster than MHA -> {}\n", cell.device,
-               cell.n_heads, cell.kv_heads, cell.context, speedup, speedup >= 3.0 ? "holds (>= 3x)" : "does NOT hold (< 3x)");
+    fmt::print("observed: {} group_aware, groups of 8 ({}/{}), context {}: {:.2f}x faster than MHA ({} the 3x the "
+               "chapter expects)\n",
+               cell.device, cell.n_heads, cell.kv_heads, cell.context, speedup,
+               speedup >= 3.0 ? "at or above" : "below");
+    observed = true;
   }
+  if (!observed)
+    fmt::print("observed: no group_aware cell with groups of 8 at 8k+ context in this run (the chapter's 3x is about "
+               "those; --full runs them)\n");
 }
 
 // ---------------------------------------------------------------------------
@@ -192,6 +210,9 @@ void add_conversion_rows(llm::Results& results, const step03::ConversionExperime
     row.speedup = original.forward_time.median_ms / r.forward_time.median_ms;
     row.max_rel_err = r.logits_vs_original.max_rel_err;
     row.ok = r.ok;
+    // Mean-pooled KV heads change the model: their logits are not meant to
+    // match (a max_rel of 0.5 to 1 is expected), their check is finite logits.
+    row.expected_inexact = !r.conversion.exact;
     row.throughput_key = "tokens_per_s";
     row.throughput = static_cast<double>(experiment.text.size()) / (r.forward_time.median_ms * 1e-3);
     row.extra["kind"] = std::string("conversion");
@@ -305,22 +326,30 @@ llm::JsonTable well_known_cache_sizes(double budget_gib) {
 
 // ---------------------------------------------------------------------------
 
-// The decode-attention sweep's settings, from the flags (--quick: two short
-// contexts, one timed run, warm caches: seconds on a slow CI core, where the
-// checks are the point, not the timings).
+// The decode-attention sweep's settings, from the flags. --quick: two short
+// contexts, one timed run, warm caches (seconds on a slow CI core, where the
+// checks are the point, not the timings). The default run: 1k and 4k, a flush
+// buffer of at most 256 MiB. --full: 1k..32k, a flush buffer of up to 1 GiB.
+std::string contexts_for(const Step03Options& options) {
+  if (!options.contexts.empty()) return options.contexts;
+  return llm::by_run_size<std::string>(options.common, kQuickContexts, kDefaultContexts, kFullContexts);
+}
+
 step03::SweepOptions sweep_options_from(const Step03Options& options) {
   step03::SweepOptions sweep_options;
   sweep_options.n_heads = options.query_heads;
   sweep_options.head_dim = options.head_dim;
   sweep_options.kv_heads = llm::parse_positive_int_list(options.kv_heads, "--kv-heads");
-  sweep_options.contexts = llm::parse_positive_int_list(options.contexts, "--contexts");
+  sweep_options.contexts = llm::parse_positive_int_list(contexts_for(options), "--contexts");
   sweep_options.variant_ids = llm::parse_variant_selection(options.common.variant, llm::variant_ids(step03::variants()));
   sweep_options.repeats = options.repeats;
   sweep_options.flush_caches = !options.no_flush;
+  sweep_options.flush_limit_bytes =
+      llm::by_run_size(options.common, step03::kDefaultRunFlushLimit, step03::kDefaultRunFlushLimit,
+                       step03::kFullRunFlushLimit);  // (--quick does not flush)
   sweep_options.max_host_gib = options.max_host_gib;
   sweep_options.seed = options.common.seed;
   if (options.common.quick) {
-    sweep_options.contexts = {512, 2048};
     sweep_options.repeats = 1;
     sweep_options.flush_caches = false;
   }
@@ -340,6 +369,7 @@ llm::Results make_results(const Step03Options& options, const llm::LoadedModel& 
   results.set_config("attention_query_heads", static_cast<long long>(sweep_options.n_heads));
   results.set_config("attention_head_dim", static_cast<long long>(sweep_options.head_dim));
   results.set_config("attention_kv_heads", options.kv_heads);
+  results.set_config("attention_contexts", contexts_for(options));
   results.set_config("repeats", static_cast<long long>(sweep_options.repeats));
   results.set_config("cpu_cache_flush_bytes", static_cast<long long>(sweep.flush_bytes));
   results.set_config("speedup_baseline", std::string("decode attention: group_aware at kv_heads = query heads (MHA), "
@@ -347,6 +377,12 @@ llm::Results make_results(const Step03Options& options, const llm::LoadedModel& 
   results.set_config("conversion_positions", static_cast<long long>(experiment.text.size()));
   results.set_config("temperature", static_cast<double>(options.common.temperature));
   results.set_config("quick", options.common.quick);
+  results.set_config("full", options.common.full);
+  results.add_note("speedup of decode attention rows = time of group_aware at kv_heads = query heads (MHA) / this "
+                   "row's time, same device and context");
+  results.add_note("speedup of model rows = the original model's forward time / this model's, same text, on the CPU");
+  results.add_note("approx rows: mean-pooled KV heads change the model; their check is finite logits, their quality "
+                   "the KL and top-1 of the conversion table below");
   return results;
 }
 
@@ -364,7 +400,7 @@ int run_step03(int argc, char** argv) {
 
   // 1. Decode attention by KV heads and context; 2. the real-model conversion.
   fmt::print("decode attention: {} query heads, head_dim {}, KV heads {}, contexts {}{}\n", sweep_options.n_heads,
-             sweep_options.head_dim, options.kv_heads, options.common.quick ? "512,2048 (--quick)" : options.contexts,
+             sweep_options.head_dim, options.kv_heads, contexts_for(options),
              sweep_options.flush_caches ? ", CPU caches flushed before every timed run" : "");
   const step03::SweepResult sweep = run_decode_attention_sweep(sweep_options);
   const step03::ConversionExperiment experiment = step03::run_conversion_experiment(
@@ -380,7 +416,7 @@ int run_step03(int argc, char** argv) {
 
   fmt::print("{}\n", results.format_table());
   print_sweep_pivot(sweep, sweep_options.contexts);
-  print_claim(sweep);
+  print_speedup_observation(sweep);
   print_conversion(experiment, loaded.name, loaded.tokenizer);
   // 3. KV-cache sizes: by KV heads, and for well-known models.
   results.add_table(cache_by_kv_heads(sweep_options, sweep));

@@ -249,8 +249,13 @@ llm::Results make_results(const Step04Options& options, const llm::LoadedModel& 
   results.set_config("mode", std::string(sampling.greedy() ? "greedy" : "sampling"));
   results.set_config("repeats", static_cast<long long>(options.repeats));
   results.set_config("quick", options.common.quick);
+  results.set_config("full", options.common.full);
   results.set_config("speedup_measures", std::string("decode only: time per generated token after the first, "
                                                      "plain / speculative"));
+  results.set_config("speedup_baseline", std::string("plain decoding on the same device, timed in alternation with "
+                                                     "each configuration; decode only, excludes prefill"));
+  results.add_note("speedup = plain decoding's time per generated token / this row's, same device; decode only: "
+                   "excludes the prompt's prefill and the first token");
   results.set_config("formula", std::string("predicted = E(alpha,k) / (k c + v(k)), E = (1-alpha^(k+1))/(1-alpha); "
                                             "c, v measured separately; textbook sets v = 1"));
   return results;
@@ -446,7 +451,9 @@ void print_sweep(const std::vector<SweepRow>& sweep, bool greedy, const std::str
                greedy ? (r.identical ? "yes" : "NO") : "n/a");
   }
   fmt::print("measured speedup within 20% of the prediction: {} of {} configurations\n", within, sweep.size());
-  fmt::print("c = draft step / target step; v(k) = target pass over k+1 rows / over 1 row (both measured apart from "
+  fmt::print("speedup = plain decoding's time per generated token / speculative's, same device, decode only "
+             "(excludes prefill);\n"
+             "c = draft step / target step; v(k) = target pass over k+1 rows / over 1 row (both measured apart from "
              "the runs);\npredicted = E / (k c + v), textbook = E / (k c + 1) (v = 1: the memory-bound ideal)\n");
   if (draft_name == "self")
     fmt::print("draft_model(self): no --draft-model given, so the target drafts for itself (alpha = 1 in greedy "

@@ -150,7 +150,7 @@ KernelOverheadResult run_kernel_overhead(const KernelOverheadOptions& o) {
   KernelOverheadResult result;
   std::unique_ptr<step03::CpuCacheFlusher> flusher;
   if (o.cpu && o.flush_caches) {
-    flusher = std::make_unique<step03::CpuCacheFlusher>();
+    flusher = std::make_unique<step03::CpuCacheFlusher>(0, o.flush_limit_bytes);
     result.flush_bytes = flusher->bytes();
   }
   const llm::AttentionShape shape{o.n_heads, o.n_kv_heads, o.head_dim};

@@ -19,6 +19,7 @@
 
 #include "llm/harness/compare.hpp"
 #include "llm/harness/timer.hpp"
+#include "step03_gqa/cpu_cache_flush.hpp"
 
 namespace step05 {
 
@@ -39,6 +40,7 @@ struct KernelOverheadOptions {
   // CpuCacheFlusher), so K/V come from DRAM as inside a real model. (The
   // CUDA timer always flushes the L2.)
   bool flush_caches = true;
+  std::size_t flush_limit_bytes = step03::kFullRunFlushLimit;  // the flush buffer's upper bound
   // Skip the CPU cells of a (context, batch) whose K/V (one layout) exceed
   // this many GiB of host memory; those cells hold the contiguous copy and
   // one pool per block size at once, (1 + block sizes) times that. CUDA

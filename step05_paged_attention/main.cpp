@@ -5,8 +5,9 @@
 //      this model's dims and Llama-2-7B's and Llama-3-8B's: contiguous
 //      max-length reservation vs paged blocks of 8/16/32/64. Bookkeeping only.
 //   2. Kernel overhead: decode attention over the same K/V laid out
-//      contiguously and in shuffled blocks of 8/16/32, contexts 1k-32k, batch
-//      1 and 16, on the CPU and (when present) on CUDA.
+//      contiguously and in shuffled blocks of 16, contexts 1k and 4k, batch 1
+//      and 4 (--full: blocks of 8/16/32, contexts 1k-32k, batch 1 and 16), on
+//      the CPU and (when present) on CUDA.
 //   3. Prefix sharing: N requests with a shared system prompt, with and
 //      without the prefix cache: blocks, prefill rows, time to first token.
 //   4. The model: greedy generation through the paged cache (block sizes 1,
@@ -32,15 +33,29 @@
 
 namespace {
 
+// Part 2's sizes when their flags are not given, per run size. The default
+// run keeps every CPU cell's K/V (the contiguous copy and a paged pool: 256
+// MiB at 4k x 4) and the cache flush under 1 GB; --full is what the chapter
+// quotes (up to 1 GiB of K/V per layout, four layouts at once).
+constexpr const char* kQuickContexts = "1024,4096";
+constexpr const char* kDefaultContexts = "1024,4096";
+constexpr const char* kFullContexts = "1024,2048,4096,8192,16384,32768";
+constexpr const char* kQuickBatches = "1,4";
+constexpr const char* kDefaultBatches = "1,4";
+constexpr const char* kFullBatches = "1,16";
+constexpr const char* kQuickBlockSizes = "16";
+constexpr const char* kDefaultBlockSizes = "16";
+constexpr const char* kFullBlockSizes = "8,16,32";
+
 struct Step05Options {
   llm::CommonOptions common;
   // 1. Memory.
   int requests = 300;            // --requests: the trace's length
   int budget_sequences = 8;      // --budget-sequences: the KV budget, in max-length sequences
-  // 2. Kernel overhead.
-  std::string contexts = "1024,2048,4096,8192,16384,32768";  // --contexts
-  std::string batches = "1,16";                              // --batches
-  std::string overhead_block_sizes = "8,16,32";              // --overhead-block-sizes
+  // 2. Kernel overhead (an empty list: by run size, above).
+  std::string contexts;              // --contexts
+  std::string batches;               // --batches
+  std::string overhead_block_sizes;  // --overhead-block-sizes
   int query_heads = 32;          // --query-heads (Llama-3-8B's attention)
   int kv_heads = 8;              // --kv-heads
   int head_dim = 128;            // --head-dim
@@ -66,10 +81,15 @@ std::optional<int> parse_options(int argc, char** argv, Step05Options& options) 
                                      "the memory part's KV budget, in max-length sequences"),
                       1, 4096)
             ->capture_default_str();
-        app.add_option("--contexts", options.contexts, "kernel-overhead context lengths")->capture_default_str();
-        app.add_option("--batches", options.batches, "kernel-overhead batch sizes")->capture_default_str();
-        app.add_option("--overhead-block-sizes", options.overhead_block_sizes, "kernel-overhead block sizes")
-            ->capture_default_str();
+        app.add_option("--contexts", options.contexts,
+                       fmt::format("kernel-overhead context lengths (default {}; --full {})", kDefaultContexts,
+                                   kFullContexts));
+        app.add_option("--batches", options.batches,
+                       fmt::format("kernel-overhead batch sizes (default {}; --full {})", kDefaultBatches,
+                                   kFullBatches));
+        app.add_option("--overhead-block-sizes", options.overhead_block_sizes,
+                       fmt::format("kernel-overhead block sizes (default {}; --full {})", kDefaultBlockSizes,
+                                   kFullBlockSizes));
         llm::in_range(app.add_option("--query-heads", options.query_heads, "query heads of the timed attention"), 1,
                       256)
             ->capture_default_str();
@@ -103,13 +123,19 @@ std::optional<int> parse_options(int argc, char** argv, Step05Options& options) 
         "its generation is greedy: the paged cache must give the contiguous cache's tokens exactly"}});
 }
 
-// --quick: seconds on a slow CI core. The memory part is bookkeeping and
-// runs whole; the kernels get two short contexts and one timed run.
-void apply_quick(Step05Options& options) {
+// The run size's part 2 sizes for the flags not given. --quick: seconds on a
+// slow CI core. The memory part is bookkeeping and runs whole; the kernels
+// get two short contexts and one timed run on warm caches.
+void apply_run_size(Step05Options& options) {
+  const llm::CommonOptions& run = options.common;
+  if (options.contexts.empty())
+    options.contexts = llm::by_run_size<std::string>(run, kQuickContexts, kDefaultContexts, kFullContexts);
+  if (options.batches.empty())
+    options.batches = llm::by_run_size<std::string>(run, kQuickBatches, kDefaultBatches, kFullBatches);
+  if (options.overhead_block_sizes.empty())
+    options.overhead_block_sizes =
+        llm::by_run_size<std::string>(run, kQuickBlockSizes, kDefaultBlockSizes, kFullBlockSizes);
   if (!options.common.quick) return;
-  options.contexts = "1024,4096";
-  options.batches = "1,4";
-  options.overhead_block_sizes = "16";
   options.repeats = 1;
   options.no_flush = true;
   options.sharing.n_requests = 4;
@@ -133,6 +159,7 @@ Plan plan_from(const Step05Options& options, const llm::DeviceSelection& devices
   plan.overhead.block_sizes = llm::parse_positive_int_list(options.overhead_block_sizes, "--overhead-block-sizes");
   plan.overhead.repeats = options.repeats;
   plan.overhead.flush_caches = !options.no_flush;
+  plan.overhead.flush_limit_bytes = options.common.full ? step03::kFullRunFlushLimit : step03::kDefaultRunFlushLimit;
   plan.overhead.max_host_gib = options.max_host_gib;
   plan.overhead.seed = options.common.seed;
   plan.overhead.cpu = devices.cpu;
@@ -188,6 +215,13 @@ llm::Results make_results(const Step05Options& options, const llm::LoadedModel& 
                                  "same device, context and batch; prefix sharing: TTFT without sharing; model: the "
                                  "contiguous cache on the same device"));
   results.set_config("quick", options.common.quick);
+  results.set_config("full", options.common.full);
+  results.add_note("speedup of memory rows = mean concurrent sequences / contiguous reservation's, same model and "
+                   "budget");
+  results.add_note("speedup of decode rows = time of the contiguous layout / this row's time, same device, context "
+                   "and batch");
+  results.add_note("speedup of prefix sharing rows = TTFT without sharing / this row's TTFT, same device");
+  results.add_note("speedup of generation rows = tokens/s / the contiguous cache's tokens/s, same device");
   return results;
 }
 
@@ -234,7 +268,7 @@ void report(llm::Results& results, const Step05Options& options, const llm::Devi
 int run_step05(int argc, char** argv) {
   Step05Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
-  apply_quick(options);
+  apply_run_size(options);
   const llm::DeviceSelection devices = llm::select_devices(options.common.device);
   const llm::LoadedModel loaded = llm::load_model(options.common);
   const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);

@@ -114,6 +114,7 @@ void print_memory(const std::vector<ModelMemoryReplay>& replays, int budget_sequ
                  r.peak_sequences, r.mean_sequences, r.mean_sequences / contiguous.mean_sequences, r.iterations,
                  r.preemptions);
     }
+    fmt::print("  vs contig. = mean seqs / contiguous reservation's mean seqs, same model and budget\n");
     const MemoryReplayTargets t = check_memory_replay_targets(replay.rows);
     fmt::print("  target, paged B={}: >= {:.0f}% of reserved KV holding tokens: {:.1f}% ({}); >= {:.0f}x the "
                "sequences of contiguous: peak {:.2f}x, mean {:.2f}x ({})\n",

@@ -60,6 +60,7 @@ void print_prefix_sharing(const std::vector<PrefixSharingResult>& sharing, int b
                  r.identical ? "identical" : "DIFFER");
     }
   }
+  fmt::print("hit/miss = TTFT miss / TTFT hit: how many times sooner a request whose system prompt is cached starts\n");
 }
 
 void add_generation_rows(llm::Results& results, const std::vector<GenerationCheck>& checks) {

@@ -158,9 +158,9 @@ KernelTable run_kernel_table(const std::vector<KernelShape>& shapes, const Kerne
   KernelTable table;
   std::unique_ptr<step03::CpuCacheFlusher> flusher;
   if (options.cpu) {
-    table.cpu_read_gbps = measure_cpu_read_bandwidth_gbps(options.repeats);
+    table.cpu_read_gbps = measure_cpu_read_bandwidth_gbps(options.repeats, options.buffer_limit_bytes);
     table.cpu_simd = simd_name(detected_simd());
-    if (options.flush_caches) flusher = std::make_unique<step03::CpuCacheFlusher>();
+    if (options.flush_caches) flusher = std::make_unique<step03::CpuCacheFlusher>(0, options.buffer_limit_bytes);
   }
   for (std::size_t s = 0; s < shapes.size(); ++s) {
     const KernelShape& shape = shapes[s];

@@ -4,12 +4,14 @@
 // 1/4/16 rows: time, GB/s of the weight bytes read, % of the measured memory
 // bandwidth, speedup over fp32 (CPU: Eigen) or cuBLAS fp16 (CUDA), and the
 // error against the fp32 product of the dequantized weights.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "llm/config.hpp"
 #include "llm/harness/compare.hpp"
+#include "step03_gqa/cpu_cache_flush.hpp"
 #include "step06_quantization/quant_format.hpp"
 
 namespace step06 {
@@ -31,6 +33,9 @@ struct KernelTableOptions {
   std::vector<int> batches = {1, 4, 16};
   int repeats = 5;
   bool flush_caches = true;  // CPU: evict the caches before every timed run (weights come from DRAM, as in decode)
+  // The upper bound of the CPU's host buffers: the cache flush and the
+  // bandwidth probe's (step03::kDefaultRunFlushLimit in a default run).
+  std::size_t buffer_limit_bytes = step03::kFullRunFlushLimit;
   bool cpu = true;
   bool cuda = false;
   std::uint64_t seed = 42;

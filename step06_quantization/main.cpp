@@ -4,9 +4,10 @@
 // weights it reads. Stored in 8 or 4 bits, with the kernel dequantizing in
 // registers, the same model reads 4-7x fewer bytes than fp32. Three parts,
 // one results JSON (--json), each with its own table:
-//   1. Kernels: the quantized product alone (formats x batch 1/4/16) on this
-//      model's, the small preset's and Llama-2-7B's matrices: GB/s, % of the
-//      measured bandwidth, speedup over fp32 (CPU) / cuBLAS fp16 (CUDA).
+//   1. Kernels: the quantized product alone (formats x batch 1/16; --full
+//      1/4/16) on this model's and the small preset's matrices (--full adds
+//      Llama-2-7B's): GB/s, % of the measured bandwidth, speedup over fp32
+//      (CPU) / cuBLAS fp16 (CUDA).
 //   2. Speed: greedy decode of the unchanged model with quantized Linear
 //      layers, on the small preset (random weights) and on this model.
 //   3. Quality: each format x algorithm (RTN, GPTQ, AWQ) and the int8 KV
@@ -32,17 +33,39 @@
 
 namespace {
 
+// The sizes of each run when their flags are not given. The default run
+// runs four formats instead of seven, leaves out Llama-2-7B's kernel shapes
+// (1.4 GB of host memory) and batch 4, times fewer runs, flushes the CPU
+// caches and probes the bandwidth with at most 256 MiB, and calibrates and
+// measures quality on half the sequences: seconds, under 1 GB. --full is what
+// the chapter quotes.
+struct RunSizeSettings {
+  const char* variants;       // the formats when neither --variant nor --formats is given
+  const char* batches;        // part 1's rows per product
+  int kernel_repeats;         // part 1's timed runs per cell
+  int calibration_sequences;  // GPTQ/AWQ
+  int heldout_sequences;      // quality
+  int small_decode_positions;  // part 2 on the small preset
+  int small_repeats;
+};
+// Formats: --quick fp32, int8, int4-g32, int4-g128; the default fp32, int8,
+// int4-g64 and nf4 (int8 vs int4 vs NormalFloat, each fitting a 64-column
+// layer); --full every row of --list.
+constexpr RunSizeSettings kQuickRun{"0,1,2,4", "1,4", 1, 4, 2, 8, 1};
+constexpr RunSizeSettings kDefaultRun{"0,1,3,6", "1,16", 3, 8, 4, 32, 3};
+constexpr RunSizeSettings kFullRun{"all", "1,4,16", 5, 16, 8, 128, 5};
+
 struct Step06Options {
   llm::CommonOptions common;
   std::string formats;                      // --formats: names (int4-g256, ...) instead of --variant's table rows
   std::string algorithms = "rtn,gptq,awq";  // --algorithms (part 3)
-  std::string batches = "1,4,16";           // --batches (part 1)
-  int repeats = 5;                          // --repeats: timed runs per kernel cell (median)
+  std::string batches;                      // --batches (part 1; empty: by run size)
+  int repeats = 0;                          // --repeats: timed runs per kernel cell (median; 0: by run size)
   bool no_flush = false;                    // --no-flush: warm CPU caches between kernel runs
-  bool no_llama = false;                    // --no-llama: skip the Llama-2-7B kernel shapes
+  bool no_llama = false;                    // --no-llama: skip the Llama-2-7B kernel shapes of a --full run
   bool no_quality = false;                  // --no-quality: speed only (a random-weight preset too big to calibrate)
-  int calibration_sequences = 16;           // --calibration-sequences (GPTQ/AWQ)
-  int heldout_sequences = 8;                // --heldout-sequences (quality)
+  int calibration_sequences = 0;            // --calibration-sequences (GPTQ/AWQ; 0: by run size)
+  int heldout_sequences = 0;                // --heldout-sequences (quality; 0: by run size)
 };
 
 std::optional<int> parse_options(int argc, char** argv, Step06Options& options) {
@@ -55,38 +78,49 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
                        "(N a multiple of 32), comma-separated");
         app.add_option("--algorithms", options.algorithms, "quality part: rtn, gptq, awq (comma-separated)")
             ->capture_default_str();
-        app.add_option("--batches", options.batches, "kernel part: rows per product (1-64)")->capture_default_str();
-        llm::in_range(app.add_option("--repeats", options.repeats, "timed runs per kernel cell (median reported)"), 1,
-                      1000)
-            ->capture_default_str();
+        app.add_option("--batches", options.batches,
+                       fmt::format("kernel part: rows per product (1-64; default {}, --full {})", kDefaultRun.batches,
+                                   kFullRun.batches));
+        llm::in_range(app.add_option("--repeats", options.repeats,
+                                     fmt::format("timed runs per kernel cell, median reported (default {}, --full {})",
+                                                 kDefaultRun.kernel_repeats, kFullRun.kernel_repeats)),
+                      1, 1000);
         app.add_flag("--no-flush", options.no_flush, "do not evict the CPU caches between timed kernel runs");
-        app.add_flag("--no-llama", options.no_llama, "skip the Llama-2-7B kernel shapes (about 1.4 GB of host memory)");
+        app.add_flag("--no-llama", options.no_llama,
+                     "--full without the Llama-2-7B kernel shapes (about 1.4 GB of host memory; the default and "
+                     "--quick runs leave them out anyway)");
         app.add_flag("--no-quality", options.no_quality,
                      "skip part 3 (quality): speed only, e.g. for a large preset whose weights are random anyway");
         llm::in_range(app.add_option("--calibration-sequences", options.calibration_sequences,
-                                     "GPTQ/AWQ calibration: sequences sampled from the fp32 model"),
-                      1, 4096)
-            ->capture_default_str();
-        llm::in_range(app.add_option("--heldout-sequences", options.heldout_sequences, "quality: held-out sequences"),
-                      1, 4096)
-            ->capture_default_str();
+                                     fmt::format("GPTQ/AWQ calibration: sequences sampled from the fp32 model "
+                                                 "(default {}, --full {})",
+                                                 kDefaultRun.calibration_sequences, kFullRun.calibration_sequences)),
+                      1, 4096);
+        llm::in_range(app.add_option("--heldout-sequences", options.heldout_sequences,
+                                     fmt::format("quality: held-out sequences (default {}, --full {})",
+                                                 kDefaultRun.heldout_sequences, kFullRun.heldout_sequences)),
+                      1, 4096);
       },
       [] { llm::print_variant_list(step06::weight_formats(), 12); },
       {{{"--temperature", "--top-p"},
         "its decode is greedy, and its calibration and held-out text is sampled at temperature 1 without top-p"}});
 }
 
-// --quick: seconds on a slow CI core. Fewer formats and shapes, one timed run.
-void apply_quick(Step06Options& options) {
+const RunSizeSettings& run_size_settings(const llm::CommonOptions& common) {
+  return llm::by_run_size<const RunSizeSettings&>(common, kQuickRun, kDefaultRun, kFullRun);
+}
+
+// The run size's values for the flags not given. --quick: seconds on a slow
+// CI core: fewer formats, one timed run, warm caches.
+void apply_run_size(Step06Options& options) {
+  const RunSizeSettings& run = run_size_settings(options.common);
+  if (options.common.variant == "all" && options.formats.empty()) options.common.variant = run.variants;
+  if (options.batches.empty()) options.batches = run.batches;
+  if (options.repeats == 0) options.repeats = run.kernel_repeats;
+  if (options.calibration_sequences == 0) options.calibration_sequences = run.calibration_sequences;
+  if (options.heldout_sequences == 0) options.heldout_sequences = run.heldout_sequences;
   if (!options.common.quick) return;
-  // fp32, int8, int4-g32, int4-g128
-  if (options.common.variant == "all" && options.formats.empty()) options.common.variant = "0,1,2,4";
-  options.batches = "1,4";
-  options.repeats = 1;
   options.no_flush = true;
-  options.no_llama = true;
-  options.calibration_sequences = std::min(options.calibration_sequences, 4);
-  options.heldout_sequences = std::min(options.heldout_sequences, 2);
   options.common.steps = std::min(options.common.steps, 32);
 }
 
@@ -155,10 +189,11 @@ Plan plan_from(const Step06Options& options, const llm::LoadedModel& loaded, con
     if (rows > 64) throw llm::InputError(fmt::format("--batches: {} rows (at most 64)", rows));
   plan.kernels.repeats = options.repeats;
   plan.kernels.flush_caches = !options.no_flush;
+  plan.kernels.buffer_limit_bytes = options.common.full ? step03::kFullRunFlushLimit : step03::kDefaultRunFlushLimit;
   plan.kernels.cpu = devices.cpu;
   plan.kernels.cuda = devices.cuda;
   plan.kernels.seed = options.common.seed;
-  plan.shapes = step06::kernel_shapes(loaded.weights.config, !options.no_llama);
+  plan.shapes = step06::kernel_shapes(loaded.weights.config, options.common.full && !options.no_llama);
 
   plan.trained_weights = !options.common.model_path.empty();
   plan.this_model.devices = llm::selected_device_names(devices);
@@ -180,8 +215,8 @@ Plan plan_from(const Step06Options& options, const llm::LoadedModel& loaded, con
   plan.small_speed = plan.this_model;
   plan.small_speed.quality = false;
   plan.small_speed.prompt = {1};  // BOS
-  plan.small_speed.decode_positions = options.common.quick ? 8 : 128;
-  plan.small_speed.repeats = options.common.quick ? 1 : 5;  // one core's timings wander: a median of five
+  plan.small_speed.decode_positions = run_size_settings(options.common).small_decode_positions;
+  plan.small_speed.repeats = run_size_settings(options.common).small_repeats;  // one core's timings wander: a median
   return plan;
 }
 
@@ -207,13 +242,15 @@ llm::Results make_results(const Step06Options& options, const llm::LoadedModel& 
   results.set_config("speedup_baseline", std::string("kernels: fp32 Eigen (cpu) / cuBLAS fp16 (cuda), same shape and "
                                                      "rows; models: fp32 weights on the same device and model"));
   results.set_config("quick", options.common.quick);
+  results.set_config("full", options.common.full);
+  results.set_config("llama_kernel_shapes", options.common.full && !options.no_llama);
   return results;
 }
 
 int run_step06(int argc, char** argv) {
   Step06Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
-  apply_quick(options);
+  apply_run_size(options);
   const llm::DeviceSelection devices = llm::select_devices(options.common.device);
   const llm::LoadedModel loaded = llm::load_model(options.common);
   const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);

@@ -255,7 +255,7 @@ void cuda_kernel_targets(const KernelTable* kernels, std::vector<Target>& target
   }
   add_target(targets, "cuda llama2-7b layers, 1 row: W4A16 >= 3.5x cuBLAS fp16",
              worst_speedup_b1 ? std::optional(*worst_speedup_b1 >= 3.5) : std::nullopt,
-             worst_speedup_b1 ? detail : "no CUDA kernel rows on llama2-7b shapes (no GPU, or --quick)");
+             worst_speedup_b1 ? detail : "no CUDA kernel rows on llama2-7b shapes (no GPU, or a run without --full)");
   add_target(targets, "cuda llama2-7b layers: near-flat time from 1 to 16 rows (x16 within 1.5x of x1)",
              worst_flatness ? std::optional(*worst_flatness <= 1.5) : std::nullopt,
              worst_flatness ? detail : "no CUDA kernel rows at 1 and 16 rows on llama2-7b shapes");

@@ -457,7 +457,8 @@ void print_batch_scaling(const std::vector<BatchScaling>& runs) {
              "{} forwards; predicted = max(bytes / bandwidth, FLOPs / compute), fp32, ceilings measured in this run\n",
              runs.front().context, runs.front().points.front().forward.runs);
   for (const BatchScaling& run : runs) print_run(run);
-  fmt::print("logits: every row vs its sequence's solo 1-row forward (fp32 logits tolerance).\n");
+  fmt::print("vs x1 = tok/s / tok/s of the first row count, same device; logits: every row vs its sequence's solo "
+             "1-row forward (fp32 logits tolerance).\n");
   print_computed(runs.front().context);
 }
 

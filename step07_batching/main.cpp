@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <vector>
 
 #include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
@@ -40,13 +41,32 @@
 
 namespace {
 
+// The sizes of each run when their flags are not given. The default run
+// serves a shorter trace once per policy, at three loads (below, at and past
+// what continuous batching sustains) and one chunk size: seconds. --full is
+// what the chapter quotes: 200 requests, the median of 3 runs, five loads,
+// four chunk sizes. (--quick: CI's seconds; its chunk size is the default's.)
+struct RunSizeSettings {
+  int requests;
+  int repeats;
+  std::vector<double> loads;
+};
+const RunSizeSettings kQuickRun{48, 1, {0.5, 1.0}};
+const RunSizeSettings kDefaultRun{64, 1, {0.5, 1.0, 1.25}};
+const RunSizeSettings kFullRun{200, 3, step07::RateSweepOptions{}.load_factors};
+// Chunk sizes of part 4: the default and --quick run one (at least the
+// largest batch: a chunk holds the decode rows too); --full the struct's list.
+constexpr int kDefaultChunkTokens = 32;
+
 struct Step07Options {
   llm::CommonOptions common;
-  int requests = 200;           // --requests: the trace's length
+  int requests = 0;             // --requests: the trace's length (0: by run size)
   step07::ServingLimits limits;  // --max-batch, --block-size, --chunk-tokens (and --kv-contexts)
   int kv_contexts = 6;          // --kv-contexts: the KV budget, in full contexts
-  int repeats = 3;              // --repeats: runs per policy (the median kept)
-  step07::RateSweepOptions sweep;          // --loads
+  int repeats = 0;              // --repeats: runs per policy, the median kept (0: by run size)
+  step07::RateSweepOptions sweep;          // --loads (into `loads` first: empty = by run size)
+  std::vector<double> loads;
+  std::vector<int> chunk_sizes;            // --chunk-sizes (empty: by run size)
   step07::ChunkedPrefillOptions chunking;  // --chunk-sizes, --long-prompt-every, --long-prompt-fraction, --chunk-load
   step07::BatchScalingOptions scaling;     // part 1: --scaling-rows, --scaling-context
   bool loopback = true;                    // part 5 (--no-loopback skips it)
@@ -63,8 +83,10 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
       "iteration-level (continuous) batching, with and without chunked prefill; outputs checked against solo runs.",
       argc, argv, options.common,
       [&options](CLI::App& app) {
-        llm::in_range(app.add_option("--requests", options.requests, "requests in the trace"), 1, 100000)
-            ->capture_default_str();
+        llm::in_range(app.add_option("--requests", options.requests,
+                                     fmt::format("requests in the trace (default {}, --full {})", kDefaultRun.requests,
+                                                 kFullRun.requests)),
+                      1, 100000);
         llm::in_range(
             app.add_option("--max-batch", options.limits.max_sequences, "the largest batch (sequences at once)"), 1,
             1024)
@@ -77,20 +99,23 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
                                      "chunked prefill: rows per forward, decode rows included (at least --max-batch)"),
                       1, 1 << 20)
             ->capture_default_str();
-        llm::in_range(app.add_option("--repeats", options.repeats, "runs per policy (the median run is reported)"), 1,
-                      100)
-            ->capture_default_str();
-        llm::in_range(app.add_option("--loads", options.sweep.load_factors,
-                                     "rate sweep: arrival rates as fractions of continuous batching's offline "
-                                     "requests/s")
+        llm::in_range(app.add_option("--repeats", options.repeats,
+                                     fmt::format("runs per policy, the median run is reported (default {}, --full {})",
+                                                 kDefaultRun.repeats, kFullRun.repeats)),
+                      1, 100);
+        llm::in_range(app.add_option("--loads", options.loads,
+                                     fmt::format("rate sweep: arrival rates as fractions of continuous batching's "
+                                                 "offline requests/s (default {}, --full {})",
+                                                 fmt::join(kDefaultRun.loads, ","), fmt::join(kFullRun.loads, ",")))
                           ->delimiter(','),
-                      0.001, 100.0)
-            ->capture_default_str();
-        llm::in_range(app.add_option("--chunk-sizes", options.chunking.chunk_tokens,
-                                     "chunked prefill part: rows per forward to compare (each at least --max-batch)")
+                      0.001, 100.0);
+        llm::in_range(app.add_option("--chunk-sizes", options.chunk_sizes,
+                                     fmt::format("chunked prefill part: rows per forward to compare, each at least "
+                                                 "--max-batch (default {}, --full {})",
+                                                 kDefaultChunkTokens,
+                                                 fmt::join(step07::ChunkedPrefillOptions{}.chunk_tokens, ",")))
                           ->delimiter(','),
-                      1, 1 << 20)
-            ->capture_default_str();
+                      1, 1 << 20);
         llm::in_range(app.add_option("--long-prompt-every", options.chunking.long_prompt_every,
                                      "chunked prefill part: every k-th request has a long prompt"),
                       1, 100000)
@@ -126,14 +151,19 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
         "every request decodes greedily, to be checked against the same request run alone"}});
 }
 
-// --quick: seconds on a slow CI core.
-void apply_quick(Step07Options& options) {
-  if (!options.common.quick) return;
-  options.requests = std::min(options.requests, 48);
-  options.repeats = 1;
-  options.sweep.load_factors = {0.5, 1.0};
-  options.chunking.chunk_tokens = {std::max(32, options.limits.max_sequences)};
-  step07::apply_quick(options.scaling);
+// The run size's values for the flags not given. --quick: seconds on a slow
+// CI core, part 1 shortened too.
+void apply_run_size(Step07Options& options) {
+  const RunSizeSettings& run = llm::by_run_size<const RunSizeSettings&>(options.common, kQuickRun, kDefaultRun,
+                                                                         kFullRun);
+  if (options.requests == 0) options.requests = run.requests;
+  if (options.repeats == 0) options.repeats = run.repeats;
+  options.sweep.load_factors = options.loads.empty() ? run.loads : options.loads;
+  if (!options.chunk_sizes.empty())
+    options.chunking.chunk_tokens = options.chunk_sizes;
+  else if (!options.common.full)
+    options.chunking.chunk_tokens = {std::max(kDefaultChunkTokens, options.limits.max_sequences)};
+  if (options.common.quick) step07::apply_quick(options.scaling);
 }
 
 // Prompts from the tokenizer when a model file came with one (a trained
@@ -177,6 +207,13 @@ llm::Results make_results(const Step07Options& options, const llm::LoadedModel& 
   results.set_config("clock", std::string("steady clock; idle gaps before an arrival skipped, never work"));
   results.set_config("speedup_baseline", std::string("output tokens/s of static batching on the same device"));
   results.set_config("quick", options.common.quick);
+  results.set_config("full", options.common.full);
+  results.add_note("speedup of decode xN rows = tokens/s / tokens/s of the fewest rows per forward (part 1's first), "
+                   "same device");
+  results.add_note("speedup of policy rows = output tokens/s / static batching's, same device and trace");
+  results.add_note("speedup of prefill rows = p99 inter-token latency without chunks / with this row's chunks (their "
+                   "time is that p99)");
+  results.add_note("speedup of the HTTP row = its output tokens/s / the in-process continuous run's");
   return results;
 }
 
@@ -284,7 +321,7 @@ int load(const Step07Options& options, const std::vector<step07::Request>& trace
 int run_step07(int argc, char** argv) {
   Step07Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
-  apply_quick(options);
+  apply_run_size(options);
   if (options.serve_port >= 0 && options.load_port >= 0)
     throw llm::InputError("--serve and --load are two modes: start the server with --serve PORT, then run the load "
                           "against it with --load PORT from a second process");

@@ -139,8 +139,8 @@ void print_policies(const std::vector<PolicyRun>& runs) {
         metrics.ttft_ms.p50, metrics.ttft_ms.p99, metrics.tpot_ms.p50, metrics.tpot_ms.p99, metrics.preemptions,
         metrics.iterations, run.check.ok() ? "same" : "DIFFER");
   }
-  fmt::print("occup.: sequences per forward / the largest batch, averaged over forwards. tokens: every request's "
-             "tokens vs the same request run alone.\n");
+  fmt::print("vs static = output tok/s / static batching's, same device. occup.: sequences per forward / the largest "
+             "batch, averaged over forwards. tokens: every request's tokens vs the same request run alone.\n");
 }
 
 void add_rate_sweep(llm::Results& results, const std::vector<RateSweepPoint>& points) {

@@ -371,6 +371,63 @@ TEST(Results, TableShowsEveryRowAndMarksFailures) {
   EXPECT_TRUE(HasSubstr(table, "FAIL"));
 }
 
+// The line of `table` that holds `text` (empty when none does).
+std::string line_with(const std::string& table, const std::string& text) {
+  const std::size_t at = table.find(text);
+  if (at == std::string::npos) return {};
+  const std::size_t begin = table.rfind('\n', at) + 1;  // npos + 1 = 0: the first line
+  return table.substr(begin, table.find('\n', at) - begin);
+}
+
+TEST(Results, NotesArePrintedUnderTheRowsAndWrittenToTheJson) {
+  Results results = sample_results();
+  results.add_note("speedup = time of variant 0 (no cache) / this row's time, same device");
+  results.add_note("second \"note\"");
+  const std::string table = results.format_table();
+  const std::size_t last_row = table.find("kv \"cache\"");
+  const std::size_t note = table.find("speedup = time of variant 0 (no cache) / this row's time, same device\n");
+  ASSERT_NE(note, std::string::npos) << table;
+  EXPECT_GT(note, last_row);                        // a caption under the rows, not in the header
+  EXPECT_LT(note, table.find("second \"note\"\n"));  // in the order they were added
+  const std::string json = results.to_json();
+  EXPECT_TRUE(HasSubstr(json, "\"notes\": [\n    \"speedup = time of variant 0 (no cache) / this row's time, same "
+                              "device\",\n    \"second \\\"note\\\"\"\n  ]"))
+      << json;
+  EXPECT_TRUE(well_formed(json));
+  EXPECT_FALSE(HasSubstr(sample_results().to_json(), "\"notes\""));  // no notes, no key
+}
+
+// An approximation by design is neither a failure nor a plain "ok"; its own
+// (weaker) check failing is still a FAIL.
+TEST(Results, AnExpectedInexactRowIsMarkedApproxAndIsNotAFailure) {
+  Results results("s", "t");
+  ResultRow exact;
+  exact.variant = "exact";
+  exact.ok = true;
+  results.add_row(exact);
+  ResultRow pooled;
+  pooled.variant = "pooled";
+  pooled.max_rel_err = 0.81;
+  pooled.ok = true;
+  pooled.expected_inexact = true;
+  results.add_row(pooled);
+  EXPECT_TRUE(results.all_ok());
+  std::string table = results.format_table();
+  EXPECT_TRUE(line_with(table, "pooled").ends_with("  approx")) << table;
+  EXPECT_TRUE(line_with(table, "exact").ends_with("  ok")) << table;
+  EXPECT_TRUE(HasSubstr(table, "approx = an approximation by design"));  // the legend
+  EXPECT_TRUE(HasSubstr(results.to_json(), "\"ok\": true, \"expected_inexact\": true"));
+  EXPECT_FALSE(HasSubstr(sample_results().format_table(), "approx"));  // no such row, no legend
+
+  ResultRow broken = pooled;
+  broken.variant = "broken";
+  broken.ok = false;  // e.g. non-finite logits
+  results.add_row(broken);
+  EXPECT_FALSE(results.all_ok());
+  table = results.format_table();
+  EXPECT_TRUE(line_with(table, "broken").ends_with("  FAIL")) << table;
+}
+
 // --- --variant -------------------------------------------------------------------
 
 TEST(ParseVariantSelection, AllSelectsEveryId) {

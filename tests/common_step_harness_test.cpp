@@ -179,6 +179,42 @@ TEST(StepCommandLine, AnUnusedFlagListNamingNoFlagIsAnError) {
   EXPECT_THROW(parse({"step"}, common, {}, {{{"--promt"}, "a typo"}}), CLI::Error);
 }
 
+// The three run sizes: the default (neither flag), --full, --quick; asking
+// for the complete sweep and for seconds at once is a mistake.
+TEST(StepCommandLine, FullIsACommonFlagAndExcludesQuick) {
+  const auto parse = [](std::vector<std::string> words, CommonOptions& common) {
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    return parse_step_command_line("a step", static_cast<int>(argv.size()), argv.data(), common, {}, {});
+  };
+  CommonOptions neither;
+  EXPECT_FALSE(parse({"step"}, neither).has_value());
+  EXPECT_FALSE(neither.full);
+  EXPECT_FALSE(neither.quick);
+  CommonOptions full;
+  EXPECT_FALSE(parse({"step", "--full"}, full).has_value());
+  EXPECT_TRUE(full.full);
+  EXPECT_FALSE(full.quick);
+  CommonOptions both;
+  ::testing::internal::CaptureStderr();
+  const auto exit_status = parse({"step", "--full", "--quick"}, both);
+  const std::string message = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(exit_status.has_value());
+  EXPECT_NE(*exit_status, 0);
+  EXPECT_TRUE(HasSubstr(message, "--full")) << message;
+  EXPECT_TRUE(HasSubstr(message, "--quick")) << message;
+}
+
+TEST(StepCommandLine, ByRunSizePicksTheValueOfTheRunAskedFor) {
+  CommonOptions options;
+  EXPECT_EQ(by_run_size(options, 1, 2, 3), 2);  // neither flag: the default run
+  options.full = true;
+  EXPECT_EQ(by_run_size(options, 1, 2, 3), 3);
+  options.full = false;
+  options.quick = true;
+  EXPECT_EQ(by_run_size<std::string>(options, "512", "1024", "32768"), "512");
+}
+
 TEST(StepCommandLine, ListPrintsTheVariantsAndStopsWithStatusZero) {
   std::vector<std::string> words = {"step", "--list"};
   std::vector<char*> argv;

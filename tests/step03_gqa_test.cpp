@@ -18,6 +18,7 @@
 #include "llm/harness/compare.hpp"
 #include "llm/sampler.hpp"
 #include "step03_gqa/conversion_experiment.hpp"
+#include "step03_gqa/cpu_cache_flush.hpp"
 #include "step03_gqa/decode_attention_sweep.hpp"
 #include "step03_gqa/gqa_attention.hpp"
 #include "step03_gqa/kv_cache_sizes.hpp"
@@ -310,6 +311,19 @@ TEST(Step03Sweep, SmallSweepChecksEveryCellAndMeasuresTheFormula) {
     EXPECT_EQ(c.kv_bytes_per_token_measured, c.kv_bytes_per_token_formula);
     EXPECT_EQ(c.kv_bytes_per_token_formula, 2u * c.kv_heads * 16 * sizeof(float));
   }
+}
+
+// A default run keeps its flush buffer small (kDefaultRunFlushLimit); the
+// buffer is never below 8 MiB, and an explicit size obeys the limit too.
+TEST(Step03CacheFlush, TheBufferStaysWithinItsLimit) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  EXPECT_EQ(CpuCacheFlusher(64 * kMiB, 16 * kMiB).bytes(), 16 * kMiB);
+  EXPECT_EQ(CpuCacheFlusher(1 * kMiB, 16 * kMiB).bytes(), 8 * kMiB);
+  EXPECT_EQ(CpuCacheFlusher(12 * kMiB, 16 * kMiB).bytes(), 12 * kMiB);
+  const std::size_t from_cache_size = CpuCacheFlusher(0, 16 * kMiB).bytes();  // twice the LLC, limited
+  EXPECT_GE(from_cache_size, 8 * kMiB);
+  EXPECT_LE(from_cache_size, 16 * kMiB);
+  EXPECT_LE(kDefaultRunFlushLimit, 256 * kMiB);
 }
 
 TEST(Step03CacheSizes, WellKnownModelsPerTokenBytes) {

@@ -84,7 +84,10 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--variant", o.variant, "variant ids to run (comma-separated) or 'all'")->capture_default_str();
   app.add_flag("--list", o.list_variants, "list the variants and exit");
   app.add_option("--json", o.json_path, "also write the results as JSON to this file");
-  app.add_flag("--quick", o.quick, "a run of seconds (CI): fewer steps and repetitions");
+  CLI::Option* quick = app.add_flag("--quick", o.quick, "a run of seconds (CI): fewer steps and repetitions");
+  app.add_flag("--full", o.full,
+               "the complete sweep whose numbers the docs quote (minutes); the default is a shorter run")
+      ->excludes(quick);
 }
 
 LoadedModel load_model(const CommonOptions& o) {

@@ -101,11 +101,17 @@ std::string Results::format_table() const {
   out += fmt::format("{:<6} {:>3}  {:<22} {:>11} {:>16} {:>9} {:>10}  {}\n", "device", "id", "variant", "time",
                      "throughput", "speedup", "max_rel", "ok");
   out += std::string(92, '-') + "\n";
+  bool any_inexact = false;
   for (const auto& r : rows_) {
     out += fmt::format("{:<6} {:>3}  {:<22} {:>11} {:>16} {:>8.2f}x {:>10.2e}  {}\n", r.device, r.id, r.variant,
                        format_ms(r.time_ms), format_throughput(r.throughput_key, r.throughput), r.speedup,
-                       r.max_rel_err, r.ok ? "ok" : "FAIL");
+                       r.max_rel_err, !r.ok ? "FAIL" : r.expected_inexact ? "approx" : "ok");
+    any_inexact |= r.expected_inexact;
   }
+  for (const std::string& note : notes_) out += note + "\n";
+  if (any_inexact)
+    out += "approx = an approximation by design: max_rel is reported, not held to a tolerance; the row passed its "
+           "own check\n";
   return out;
 }
 
@@ -139,11 +145,18 @@ std::string Results::to_json() const {
         "\"max_rel_err\": {}, \"ok\": {}",
         i ? "," : "", json_escape(r.device), json_escape(r.variant), r.id, json_number(r.time_ms),
         json_number(r.speedup), json_number(r.max_rel_err), r.ok ? "true" : "false");
+    if (r.expected_inexact) out += ", \"expected_inexact\": true";
     if (!r.throughput_key.empty()) out += fmt::format(", {}: {}", json_escape(r.throughput_key), json_number(r.throughput));
     for (const auto& [k, v] : r.extra) out += fmt::format(", {}: {}", json_escape(k), scalar_json(v));
     out += "}";
   }
   out += "\n  ]";
+  if (!notes_.empty()) {
+    out += ",\n  \"notes\": [";
+    for (std::size_t i = 0; i < notes_.size(); ++i)
+      out += fmt::format("{}\n    {}", i ? "," : "", json_escape(notes_[i]));
+    out += "\n  ]";
+  }
   for (const JsonTable& table : tables_) {
     out += fmt::format(",\n  {}: [", json_escape(table.name));
     for (std::size_t r = 0; r < table.rows.size(); ++r) {

@@ -3,7 +3,7 @@
 // JSON with --json FILE:
 //   {"step": ..., "config": {...}, "device_info": {...}, "rows": [{"device":
 //    "cpu"|"cuda", "variant": ..., "id": ..., "time_ms": ..., "speedup": ...,
-//    "max_rel_err": ..., "ok": true, ...extra keys}]}
+//    "max_rel_err": ..., "ok": true, ...extra keys}], "notes": [...]}
 // Docs quote the JSON, never a number typed by hand.
 #include <map>
 #include <optional>
@@ -35,6 +35,11 @@ struct ResultRow {
   double speedup = 1.0;  // baseline time / this time (same device's baseline)
   double max_rel_err = 0.0;
   bool ok = false;
+  // An approximation by design (step 03's mean-pooled KV heads): max_rel_err
+  // is reported, not held to a tolerance, and `ok` is the row's own weaker
+  // check (finite output, say). The table prints "approx" instead of "ok"
+  // (still "FAIL" when that check fails); the JSON adds "expected_inexact": true.
+  bool expected_inexact = false;
   // Throughput shown in the table, e.g. {"tokens_per_s", 5123.4}.
   std::string throughput_key;
   double throughput = 0.0;
@@ -49,6 +54,10 @@ class Results {
   void set_device_info(const DeviceInfo& info) { device_info_ = info; }
   void add_row(ResultRow row) { rows_.push_back(std::move(row)); }
   void add_table(JsonTable table) { tables_.push_back(std::move(table)); }
+  // A line printed under the table and written to the JSON's "notes": what
+  // the speedup column compares, what a mark in the ok column means.
+  void add_note(std::string note) { notes_.push_back(std::move(note)); }
+  const std::vector<std::string>& notes() const { return notes_; }
   const std::vector<ResultRow>& rows() const { return rows_; }
   bool all_ok() const;
 
@@ -58,7 +67,8 @@ class Results {
   // "== step : title ==", the CPU and GPU lines, the config line, the commit.
   std::string format_header(ConfigLine config_line = ConfigLine::Shown) const;
   // format_header, a blank line, then one line per row:
-  // device | id | variant | time | throughput | speedup | error | ok.
+  // device | id | variant | time | throughput | speedup | error | ok,
+  // then the notes, one per line (and what "approx" means, when a row is).
   std::string format_table() const;
   std::string to_json() const;
   void write_json(const std::string& path) const;  // throws InputError on I/O failure
@@ -70,6 +80,7 @@ class Results {
   DeviceInfo device_info_;
   std::vector<ResultRow> rows_;
   std::vector<JsonTable> tables_;
+  std::vector<std::string> notes_;
 };
 
 // A duration for a table: "850.0 us", "3.25 ms", "1.20 s".
