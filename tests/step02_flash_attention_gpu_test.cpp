@@ -15,6 +15,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <ostream>
 #include <utility>
 #include <vector>
 
@@ -48,6 +49,11 @@ struct Case {
   // algorithm, so those cases check "no overflow, no NaN, still close".
   double fp32_limit = 1e-5;
 };
+
+// GoogleTest prints a parameter it has no printer for as its raw bytes, heap
+// pointers included, and CTest puts that text in the test's name: the name
+// would change on every build. The case's own name is the stable printout.
+void PrintTo(const Case& test_case, std::ostream* out) { *out << test_case.name; }
 
 std::vector<Case> cases() {
   std::vector<Case> c;

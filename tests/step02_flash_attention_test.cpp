@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,6 +39,11 @@ struct Case {
   // algorithm, so those cases check "no overflow, no NaN, still close".
   double fp32_limit = 1e-5;  // Q and K uniform in [-qk_scale, qk_scale]
 };
+
+// GoogleTest prints a parameter it has no printer for as its raw bytes, heap
+// pointers included, and CTest puts that text in the test's name: the name
+// would change on every build. The case's own name is the stable printout.
+void PrintTo(const Case& test_case, std::ostream* out) { *out << test_case.name; }
 
 std::vector<Case> cases() {
   const int tile = step02::cpu::kBlockRows;  // 128: a tile multiple, and tile +- 1

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <ostream>
 
 #include "llm/checkpoint.hpp"
 #include "llm/config.hpp"
@@ -18,6 +19,12 @@
 #include "step05_paged_attention/prefix_sharing.hpp"
 #include "step05_generation_checks.hpp"
 #include "test_support.hpp"
+
+namespace llm {
+// Without a printer GoogleTest shows the parameter as "1-byte object <01>" in
+// the test's CTest name; the element's name is clearer and stable.
+void PrintTo(KvElement element, std::ostream* out) { *out << (element == KvElement::Int8 ? "int8" : "fp32"); }
+}  // namespace llm
 
 namespace {
 
@@ -103,7 +110,7 @@ TEST_P(CopyOnWrite, WritingAForkedSequenceNeverChangesTheOther) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Elements, CopyOnWrite, ::testing::Values(KvElement::Float32, KvElement::Int8),
-                         [](const auto& info) { return info.param == KvElement::Float32 ? "fp32" : "int8"; });
+                         [](const auto& info) { return ::testing::PrintToString(info.param); });
 
 TEST(PagedKvCache, OutOfBlocksIsAClearErrorAndThePoolStaysIntact) {
   const llm::ModelWeights weights = llm::random_weights(tiny_config(), 7);
