@@ -350,5 +350,19 @@ TEST(ResultRows, FormatMs) {
   EXPECT_EQ(format_ms(1200.0), "1.20 s");
 }
 
+// Throughputs from 1,000 to 9,999 once printed as "9.29e+03" beside "10890".
+TEST(ResultRows, FormatRateNeverUsesAnExponent) {
+  EXPECT_EQ(format_rate(0.1234), "0.123");
+  EXPECT_EQ(format_rate(9.294), "9.29");
+  EXPECT_EQ(format_rate(45.61), "45.6");
+  EXPECT_EQ(format_rate(156.1), "156");
+  EXPECT_EQ(format_rate(9290.4), "9290");
+  EXPECT_EQ(format_rate(10890.0), "10890");
+  EXPECT_EQ(format_rate(2345678.0), "2.35M");
+  for (double value : {0.00002, 0.5, 3.0, 1234.5, 99999.0}) {
+    EXPECT_EQ(format_rate(value).find('e'), std::string::npos) << value;
+  }
+}
+
 }  // namespace
 }  // namespace llm

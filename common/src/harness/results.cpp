@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "llm/errors.hpp"
@@ -49,12 +50,24 @@ std::string format_throughput(const std::string& key, double value) {
   if (key == "tokens_per_s") unit = "tok/s";
   else if (key == "gbps") unit = "GB/s";
   else if (key == "tflops") unit = "TFLOP/s";
-  if (value >= 1e6) return fmt::format("{:.2f}M {}", value / 1e6, unit);
-  if (value >= 1e4) return fmt::format("{:.0f} {}", value, unit);
-  return fmt::format("{:.3g} {}", value, unit);
+  return format_rate(value) + " " + unit;
 }
 
 }  // namespace
+
+std::string format_rate(double value) {
+  if (!std::isfinite(value)) return fmt::format("{}", value);
+  if (value >= 1e6) return fmt::format("{:.2f}M", value / 1e6);
+  // Fixed notation with about three significant digits, never an exponent:
+  // a column reads 9290 beside 10890, not 9.29e+03 beside 10890.
+  const double magnitude = std::fabs(value);
+  int decimals = 0;
+  if (magnitude < 1e-3) decimals = 5;
+  else if (magnitude < 1.0) decimals = 3;
+  else if (magnitude < 10.0) decimals = 2;
+  else if (magnitude < 100.0) decimals = 1;
+  return fmt::format("{:.{}f}", value, decimals);
+}
 
 std::string format_ms(double ms) {
   if (ms >= 1000.0) return fmt::format("{:.2f} s", ms / 1000.0);

@@ -83,6 +83,11 @@ class Results {
   std::vector<std::string> notes_;
 };
 
+// A rate for a table, in fixed notation with about three significant digits
+// (never an exponent, so a column lines up): "0.123", "9.29", "45.6", "9290",
+// "10890", "2.35M".
+std::string format_rate(double value);
+
 // A duration for a table: "850.0 us", "3.25 ms", "1.20 s".
 std::string format_ms(double ms);
 
