@@ -372,7 +372,8 @@ void compare_with_runc(const llm::LoadedModel& loaded, const std::vector<Measure
     fmt::print("generated text: differs from character {} (run.c is built with -Ofast: its different summation "
                "order can flip a near-tie)\n", first_difference.first - our_text.begin());
 
-  results.set_config("runc_binary", options.compare_runc);
+  // The program's file name only: a folder would name the machine it ran on.
+  results.set_config("runc_binary", std::filesystem::path(options.compare_runc).filename().string());
   results.set_config("runc_tokens_per_s", runc.median_tokens_per_s);
   results.set_config("runc_gbps", bytes * runc.median_tokens_per_s / 1e9);
   results.set_config("cpu_kv_cache_decode_tokens_per_s", ours->decode_tokens_per_s);
