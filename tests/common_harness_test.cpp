@@ -366,7 +366,7 @@ TEST(Results, TableShowsEveryRowAndMarksFailures) {
   EXPECT_TRUE(HasSubstr(table, "step01_kv_cache"));
   EXPECT_TRUE(HasSubstr(table, "no cache"));
   EXPECT_TRUE(HasSubstr(table, "12.50 ms"));
-  EXPECT_TRUE(HasSubstr(table, "80 tok/s"));
+  EXPECT_TRUE(HasSubstr(table, "80.0 tok/s"));
   EXPECT_TRUE(HasSubstr(table, "5.00x"));
   EXPECT_TRUE(HasSubstr(table, "FAIL"));
 }

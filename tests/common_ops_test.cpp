@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "llm/cpu_ops.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
+#include "llm/huge_page_allocator.hpp"
 #include "llm/kv_cache.hpp"
 #include "llm/linear.hpp"
 #include "llm/sampler.hpp"
@@ -203,13 +205,52 @@ TEST(CpuOps, RopeRotatesAdjacentPairsOfEveryHead) {
   }
 }
 
+// --- huge-page slabs ----------------------------------------------------------
+
+TEST(HugePageAllocator, MidSizedBuffersShareASlabThatIsFreedWithTheLast) {
+  const std::size_t before = huge_pages::slabs_held();
+  {
+    // Three stories15M-sized matrices (288 x 768 floats = 0.84 MiB each).
+    std::vector<HugePageVector<float>> matrices;
+    for (int i = 0; i < 3; ++i) matrices.emplace_back(288 * 768, static_cast<float>(i));
+    EXPECT_LE(huge_pages::slabs_held(), before + 2);  // shared, not one slab each
+    for (const auto& matrix : matrices) {
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(matrix.data()) % huge_pages::kAlignment, 0u);
+      for (std::size_t other = 0; other < matrices.size(); ++other) {
+        if (&matrix == &matrices[other]) continue;
+        const bool disjoint = matrix.data() + matrix.size() <= matrices[other].data() ||
+                              matrices[other].data() + matrices[other].size() <= matrix.data();
+        EXPECT_TRUE(disjoint);
+      }
+    }
+    EXPECT_EQ(matrices[2].back(), 2.0f);
+    EXPECT_EQ(matrices[0].front(), 0.0f);  // writing the third did not touch the first
+  }
+  EXPECT_EQ(huge_pages::slabs_held(), before);
+}
+
+TEST(HugePageAllocator, ABigBufferGetsItsOwnSlabAndASmallOneNone) {
+  const std::size_t before = huge_pages::slabs_held();
+  {
+    const HugePageVector<float> small(1000, 1.0f);  // 4 KB: ordinary memory
+    EXPECT_EQ(huge_pages::slabs_held(), before);
+    const HugePageVector<float> big(huge_pages::kSlabBytes / sizeof(float), 3.0f);  // 32 MiB
+    EXPECT_EQ(huge_pages::slabs_held(), before + 1);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(big.data()) % huge_pages::kPageBytes, 0u);
+    EXPECT_EQ(big.back() + small.back(), 4.0f);
+  }
+  EXPECT_EQ(huge_pages::slabs_held(), before);
+}
+
 // --- DenseLinear ------------------------------------------------------------
 
 TEST(DenseLinear, MatchesFloat64Matmul) {
   struct Shape {
     int out, in;
   };
-  for (const Shape s : {Shape{1, 1}, Shape{7, 33}, Shape{33, 7}, Shape{129, 1000}, Shape{1000, 129}, Shape{1, 129}}) {
+  for (const Shape s : {Shape{1, 1}, Shape{7, 33}, Shape{33, 7}, Shape{129, 1000}, Shape{1000, 129}, Shape{1, 129},
+                       // 16.8 MB: a huge-page slab of its own (llm/huge_page_allocator.hpp)
+                       Shape{4099, 1025}}) {
     const auto weight = random_vector(static_cast<std::size_t>(s.out) * s.in, 1100 + s.out + s.in);
     const DenseLinear linear(weight, s.out, s.in);
     EXPECT_EQ(linear.out_features(), s.out);

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "llm/huge_page_allocator.hpp"
+
 namespace llm {
 
 class Linear {
@@ -57,7 +59,9 @@ class DenseLinear final : public Linear {
   static constexpr std::size_t kSmallBatchMinWeightBytes = 2u << 20;
 
  private:
-  std::vector<float> weight_;  // [out_features, in_features]
+  // [out_features, in_features], on huge pages where the OS allows: decode
+  // reads every weight once per token (llm/huge_page_allocator.hpp).
+  HugePageVector<float> weight_;
   int out_;
   int in_;
 };
