@@ -2,11 +2,16 @@
 // context length, with and without the KV cache, for every variant in the
 // step's table (CPU; the CUDA model too when a device is present).
 //   build/bin/step01_kv_cache_bench --benchmark_filter=kv_cache
+// And the matrix-vector product that decode is made of, three ways, over the
+// `small` preset's 58 MiB of matrices (docs/01_kv_cache.md, section 5.2):
+//   build/bin/step01_kv_cache_bench --benchmark_filter=matvec
+#include <Eigen/Core>
 #include <benchmark/benchmark.h>
 
 #include "llm/harness/benchmark_main.hpp"
 
 #include "llm/cpu_model.hpp"
+#include "llm/huge_page_allocator.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "step01_kv_cache/generation.hpp"
 
@@ -42,7 +47,65 @@ void produce_one_token(benchmark::State& state, llm::Model* model, int variant_i
   state.counters["context"] = context;
 }
 
+// Every matrix a decode step of the `small` preset multiplies (6 layers of
+// wq wk wv wo w1 w2 w3, then the 32000 x 288 classifier), stored as `Storage`.
+template <class Storage>
+struct MatrixSet {
+  struct Matrix {
+    Storage weight;  // [out, in] row-major
+    int out, in;
+  };
+  std::vector<Matrix> matrices;
+  double bytes = 0;
+
+  MatrixSet() {
+    const llm::ModelConfig c = llm::find_preset("small").config;
+    const auto add = [&](int out, int in) {
+      matrices.push_back({Storage(static_cast<std::size_t>(out) * in, 0.01f), out, in});
+      bytes += static_cast<double>(out) * in * sizeof(float);
+    };
+    for (int l = 0; l < c.n_layers; ++l) {
+      for (int i = 0; i < 4; ++i) add(c.dim, c.dim);
+      for (int i = 0; i < 2; ++i) add(c.hidden_dim, c.dim);
+      add(c.dim, c.hidden_dim);
+    }
+    add(c.vocab_size, c.dim);
+  }
+};
+
+using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// y = W x for every matrix of the set. EigenGeneral: Eigen's matrix-vector
+// product, which walks several rows of W side by side. OneRowAtATime: one
+// dot product per row, so W is read front to back as one stream (what
+// DenseLinear does for a single row, and what llama2.c's matmul does).
+template <class Storage, bool EigenGeneral>
+void matvec(benchmark::State& state) {
+  static const MatrixSet<Storage> set;
+  std::vector<float> x(4096, 1.0f), y(40000);
+  for (auto _ : state) {
+    for (const auto& m : set.matrices) {
+      const Eigen::Map<const RowMajor> w(m.weight.data(), m.out, m.in);
+      const Eigen::Map<const Eigen::VectorXf> xv(x.data(), m.in);
+      if constexpr (EigenGeneral) {
+        Eigen::Map<Eigen::VectorXf>(y.data(), m.out).noalias() = w * xv;
+      } else {
+        for (int o = 0; o < m.out; ++o) y[static_cast<std::size_t>(o)] = w.row(o).dot(xv.transpose());
+      }
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * set.bytes));
+}
+
 void register_all() {
+  benchmark::RegisterBenchmark("step01/matvec/eigen_general/4KiB_pages", matvec<std::vector<float>, true>)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("step01/matvec/one_row_at_a_time/4KiB_pages", matvec<std::vector<float>, false>)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("step01/matvec/one_row_at_a_time/huge_pages", matvec<llm::HugePageVector<float>, false>)
+      ->Unit(benchmark::kMillisecond);
+
   static std::vector<std::unique_ptr<llm::Model>> models;
   models.push_back(std::make_unique<llm::CpuModel>(tiny_weights()));
   if (llm::cuda::device_status().usable) models.push_back(llm::cuda::make_cuda_model(tiny_weights()));
