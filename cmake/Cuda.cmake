@@ -46,6 +46,12 @@ if(LLM_WITH_CUDA)
   endif()
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  # Every CUDA target: ptxas warns when a kernel spills registers or uses
+  # local memory (a stack array it could not keep in registers), for each
+  # architecture it compiles. Both cost global-memory traffic the kernels'
+  # bytes-read arithmetic does not count; a build shows none.
+  add_compile_options("$<$<COMPILE_LANGUAGE:CUDA>:SHELL:-Xptxas -warn-spills>"
+                      "$<$<COMPILE_LANGUAGE:CUDA>:SHELL:-Xptxas -warn-lmem-usage>")
   find_package(CUDAToolkit REQUIRED)
   if(LLM_STATIC_CUDART)
     set(LLM_CUDART CUDA::cudart_static)

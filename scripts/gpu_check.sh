@@ -9,8 +9,10 @@
 #
 # Stages, in order (each writes <stage>_*.log / .json / .txt into the report):
 #   info       nvidia-smi's view of the GPU (model, SMs, clocks, driver)
-#   tests      every *_gpu_test binary; a test that skips is a failure here
-#              (a GPU is visible, so a skip means a path did not run)
+#   tests      every *_gpu_test binary, with LLM_EXPECT_GPU=1 (a test that would
+#              skip fails instead: tests/test_support.hpp); a test that skips
+#              is a failure here too (a GPU is visible, so a skip means a path
+#              did not run)
 #   memcheck   compute-sanitizer memcheck over every gpu test binary
 #   racecheck  compute-sanitizer racecheck and synccheck over the attention,
 #              GQA and paged attention kernel tests (step02, step03, step05)
@@ -107,6 +109,10 @@ if ! gpu_list=$(nvidia-smi -L 2>&1) || [[ $gpu_list != *GPU* ]]; then
   echo "gpu_check.sh: no GPU visible: nvidia-smi -L says: $gpu_list" >&2
   exit 2
 fi
+
+# A GPU is visible: every gpu test below (and under compute-sanitizer) must
+# run on it, so one that would skip for want of a device fails instead.
+export LLM_EXPECT_GPU=1
 
 mkdir -p "$out_dir"
 out_dir=$(cd "$out_dir" && pwd)

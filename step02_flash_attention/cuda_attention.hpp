@@ -7,6 +7,7 @@
 #include <cstddef>
 
 #include "step02_flash_attention/attention_problem.hpp"
+#include "step02_flash_attention/kernel_image.hpp"
 
 namespace step02::cuda {
 
@@ -28,6 +29,11 @@ const char* flash1_unsupported(const AttentionProblem& p);
 // each owning 16 query rows (FA2).
 void flash2_fp16_attention(const AttentionProblem& p, const AttentionArgs& args);
 void flash2_bf16_attention(const AttentionProblem& p, const AttentionArgs& args);
+// What their kernels were compiled for, on the current GPU (cudaFuncGetAttributes;
+// {0, 0} when the build holds no image for it). Each call of the two
+// functions above checks it first: DeviceError rather than a trap.
+KernelImage flash2_fp16_kernel_image();
+KernelImage flash2_bf16_kernel_image();
 
 // Variant 6 (v6_cuda_split_kv_decode.cu): Flash-Decoding. Each (query, head) is
 // split over several blocks along the keys; each writes a partial (m, l, o)

@@ -91,10 +91,14 @@ CudaProblem::~CudaProblem() = default;
 std::string CudaProblem::skip_reason(const AttentionVariant& v) const {
   if (v.backend != llm::Backend::Cuda) return "not a CUDA variant";
   if (!v.fn.run) return "not in this build";
-  const int cc = cuda_compute_capability();
-  if (cc < v.fn.min_compute_capability)
-    return fmt::format("{} tensor-core mma needs sm_{}+; this GPU is sm_{}", llm::dtype_name(v.fn.dtype),
-                       v.fn.min_compute_capability, cc);
+  if (v.fn.min_compute_capability > 0) {
+    // The kernel's own architecture decides, not the card's alone (kernel_image.hpp).
+    const KernelImage image = v.fn.kernel_image ? v.fn.kernel_image() : KernelImage{};
+    const std::string why =
+        tensor_core_unavailable(fmt::format("{} tensor-core mma", llm::dtype_name(v.fn.dtype)),
+                                v.fn.min_compute_capability, image, cuda_compute_capability());
+    if (!why.empty()) return why;
+  }
   if (v.fn.unsupported)
     if (const char* why = v.fn.unsupported(impl_->p)) return why;
   if (v.fn.workspace_bytes) {

@@ -29,7 +29,8 @@ class CudaProblem {
   CudaProblem& operator=(const CudaProblem&) = delete;
 
   // "" when the variant can run here, else why not: not in this build, a CPU
-  // row, GPU too old (bf16 needs sm_80), head_dim, not enough memory.
+  // row, GPU too old or kernel compiled too old (bf16 needs sm_80 on both:
+  // kernel_image.hpp), head_dim, not enough memory.
   std::string skip_reason(const AttentionVariant& v) const;
   // Fills the output with NaN, runs the variant once, returns the output
   // [Sq, q_row] (a row the kernel forgot stays NaN and fails the check).

@@ -35,8 +35,10 @@
 //
 // sm_75 (T4) has no m16n8k16 for fp16 but has m16n8k8; one k16 product is two
 // k8 products on the two halves of the A and B registers (same layouts).
-// bf16 mma needs sm_80: the bf16 kernel compiles to a trap below that and
-// the host refuses to launch it there (variants.cpp: min compute capability).
+// bf16 mma needs sm_80: the bf16 kernel compiles to a trap below that, and
+// the host refuses to launch a kernel compiled below it (kernel_image.hpp:
+// decided from the kernel's own attributes, so a compute_75-only build on
+// an sm_90 card, which runs the JIT-compiled compute_75 code, refuses too).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -86,7 +88,7 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const std::uint32_t (
   }
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
   if constexpr (kBf16) {
-    __trap();  // never launched: bf16 mma needs sm_80 (checked on the host)
+    __trap();  // never launched: the host checks the kernel was compiled for sm_80+ (flash2 below)
   } else {
     // k = 0..7: A registers 0 and 1 (columns 2t, 2t+1 of rows g, g+8), B register 0.
     asm volatile(
@@ -315,23 +317,35 @@ void launch(const AttentionProblem& p, const AttentionArgs& args) {
   LLM_CUDA_CHECK_LAUNCH();
 }
 
-// Tensor-core mma needs sm_75 for fp16 and sm_80 for bf16: said in words
-// rather than as a launch failure.
-void require_compute_capability(int needed, const char* what) {
+// What flash2_kernel was compiled for on this GPU: both head dims come from
+// the same compilation, so one instance speaks for both.
+template <bool kBf16>
+KernelImage kernel_image() {
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, flash2_kernel<kBf16, 64>) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return {};
+  }
+  return {attributes.ptxVersion, attributes.binaryVersion};
+}
+
+// Tensor-core mma needs code compiled for sm_75 (fp16) or sm_80 (bf16): said
+// in words rather than as a launch failure or a trap.
+template <bool kBf16>
+void require_tensor_cores(const char* name) {
   int device = 0, major = 0, minor = 0;
   LLM_CUDA_CHECK(cudaGetDevice(&device));
   LLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   LLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major * 10 + minor < needed)
-    throw llm::DeviceError(std::string(what) + " needs compute capability " + std::to_string(needed / 10) + "." +
-                           std::to_string(needed % 10) + " or newer; this GPU is " + std::to_string(major) + "." +
-                           std::to_string(minor));
+  const std::string why = tensor_core_unavailable(kBf16 ? "bf16 tensor-core mma" : "fp16 tensor-core mma",
+                                                  kBf16 ? 80 : 75, kernel_image<kBf16>(), major * 10 + minor);
+  if (!why.empty()) throw llm::DeviceError(std::string(name) + ": " + why);
 }
 
 template <bool kBf16>
 void flash2(const AttentionProblem& p, const AttentionArgs& args, const char* name) {
   if (const char* why = fused_unsupported(p)) throw llm::InputError(std::string(name) + ": " + why);
-  require_compute_capability(kBf16 ? 80 : 75, kBf16 ? "bf16 tensor-core mma" : "fp16 tensor-core mma");
+  require_tensor_cores<kBf16>(name);
   if (p.head_dim == 64) launch<kBf16, 64>(p, args);
   else launch<kBf16, 128>(p, args);
 }
@@ -344,5 +358,7 @@ void flash2_fp16_attention(const AttentionProblem& p, const AttentionArgs& args)
 void flash2_bf16_attention(const AttentionProblem& p, const AttentionArgs& args) {
   flash2<true>(p, args, "cuda_flash2_bf16");
 }
+KernelImage flash2_fp16_kernel_image() { return kernel_image<false>(); }
+KernelImage flash2_bf16_kernel_image() { return kernel_image<true>(); }
 
 }  // namespace step02::cuda

@@ -9,7 +9,7 @@
 //    2  cuda_naive           CUDA    S and P in global memory: three kernels
 //    3  cuda_flash1          CUDA    FA1 style: K/V tiles in shared memory, online softmax, fp32
 //    4  cuda_flash2_fp16     CUDA    FA2 style: warps split queries, tensor-core mma, fp16 in / fp32 accumulate
-//    5  cuda_flash2_bf16     CUDA    the same in bf16 (sm_80+)
+//    5  cuda_flash2_bf16     CUDA    the same in bf16 (sm_80+, and a build compiled for sm_80+)
 //    6  cuda_split_kv_decode CUDA    Flash-Decoding: one query, the cache split across blocks, partials reduced
 //
 // Speedups are against the same device's naive row (0 on the CPU, 2 on CUDA).
@@ -19,6 +19,7 @@
 #include "llm/harness/compare.hpp"
 #include "llm/harness/variant.hpp"
 #include "step02_flash_attention/attention_problem.hpp"
+#include "step02_flash_attention/kernel_image.hpp"
 
 namespace step02 {
 
@@ -26,6 +27,8 @@ using AttentionFn = void (*)(const AttentionProblem& p, const AttentionArgs& arg
 using BytesFn = std::size_t (*)(const AttentionProblem& p);
 // nullptr when the variant handles the problem, else why not (head_dim, ...).
 using UnsupportedFn = const char* (*)(const AttentionProblem& p);
+// The compiled kernel's architecture on the current GPU (kernel_image.hpp).
+using KernelImageFn = KernelImage (*)();
 
 struct AttentionKernel {
   AttentionFn run = nullptr;        // nullptr: not in this build (a CUDA row of a CPU-only build)
@@ -35,6 +38,10 @@ struct AttentionKernel {
   BytesFn workspace_bytes = nullptr;  // scratch the caller allocates and passes as args.workspace (none if null)
   BytesFn score_bytes = nullptr;      // memory outside registers/shared memory holding scores or softmax stats
   UnsupportedFn unsupported = nullptr;
+  // Rows with a min_compute_capability (a tensor-core mma): what the build's
+  // kernel was compiled for, which decides whether the row runs on this GPU
+  // (tensor_core_unavailable), not the card's compute capability alone.
+  KernelImageFn kernel_image = nullptr;
 };
 
 using AttentionVariant = llm::Variant<AttentionKernel>;

@@ -145,25 +145,44 @@ __global__ void softmax_kernel(int length, int score_stride, float* __restrict__
 // Grid (n_kv_heads, ceil(length / kKeysPerChunk)), kValueThreads threads.
 // probabilities [n_heads, score_stride], out [n_heads, head_dim] (zeroed
 // before the launch: every chunk adds its partial sum).
+//
+// The chunk's probabilities of the group are staged in shared memory first
+// (at most kCudaMaxGroup x kKeysPerChunk floats = 8 KiB). Reading them from
+// global memory inside the key loop, as the kernel first did, kept 32 row
+// addresses (64-bit each) live beside the 32 accumulators: 255 registers and
+// spills on sm_75 and sm_80. From shared memory every head's probability is
+// one base register plus a constant offset (g * kKeysPerChunk floats), so
+// the accumulators are all that stays live and nothing spills; each
+// probability is also read from global memory once per block instead of
+// once per thread.
 __global__ void group_values_kernel(llm::AttentionShape shape, llm::KvView kv, int length, int score_stride,
                                     const float* __restrict__ probabilities, float* __restrict__ out) {
+  __shared__ float chunk_probabilities[kCudaMaxGroup * kKeysPerChunk];  // [group, key in the chunk]
   const int group = shape.n_heads / shape.n_kv_heads;
   const int hd = shape.head_dim;
   const int kv_head = static_cast<int>(blockIdx.x);
   const int first_query_head = kv_head * group;
   const int chunk_begin = static_cast<int>(blockIdx.y) * kKeysPerChunk;
-  const int chunk_end = min(length, chunk_begin + kKeysPerChunk);
+  const int chunk_keys = min(length, chunk_begin + kKeysPerChunk) - chunk_begin;
+  // Consecutive threads read consecutive keys of one head's row: coalesced.
+  for (int i = static_cast<int>(threadIdx.x); i < group * kKeysPerChunk; i += blockDim.x) {
+    const int g = i / kKeysPerChunk, k = i % kKeysPerChunk;
+    chunk_probabilities[i] =
+        k < chunk_keys ? probabilities[static_cast<std::size_t>(first_query_head + g) * score_stride + chunk_begin + k]
+                       : 0.0f;
+  }
+  __syncthreads();  // every thread reads every head's probabilities
   for (int d = static_cast<int>(threadIdx.x); d < hd; d += blockDim.x) {
     // One accumulator per query head of the group, in registers: the loops
     // over kCudaMaxGroup are unrolled and masked with g < group.
     float acc[kCudaMaxGroup];
 #pragma unroll
     for (int g = 0; g < kCudaMaxGroup; ++g) acc[g] = 0.0f;
-    for (int t = chunk_begin; t < chunk_end; ++t) {
-      const float v = kv.value_row(t)[static_cast<std::size_t>(kv_head) * hd + d];  // read once per group
+    for (int k = 0; k < chunk_keys; ++k) {
+      const float v = kv.value_row(chunk_begin + k)[static_cast<std::size_t>(kv_head) * hd + d];  // read once per group
 #pragma unroll
       for (int g = 0; g < kCudaMaxGroup; ++g)
-        if (g < group) acc[g] += probabilities[static_cast<std::size_t>(first_query_head + g) * score_stride + t] * v;
+        if (g < group) acc[g] += chunk_probabilities[g * kKeysPerChunk + k] * v;  // a broadcast: one address per warp
     }
 #pragma unroll
     for (int g = 0; g < kCudaMaxGroup; ++g)

@@ -707,7 +707,7 @@ void check_compute_capability() {
 
 void require_device() {
   const llm::cuda::DeviceStatus status = llm::cuda::device_status();
-  if (!status.usable) throw llm::DeviceError("step06: no usable CUDA device: " + status.reason);
+  if (!status.usable) throw llm::DeviceError("step06: " + llm::cuda::unusable_message(status));
   check_compute_capability();
 }
 

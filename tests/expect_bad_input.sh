@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs a step executable on bad input (a CTest entry; see tests/CMakeLists.txt)
 # and passes when it exits with status 1, the status the README documents for
-# bad input, and its output (stdout and stderr) contains every expected text.
+# bad input, and its output (stdout and stderr) contains every expected text,
+# each --expect-once text exactly once (a phrase that must not be doubled).
 #
-#   expect_bad_input.sh [--expect TEXT]... -- COMMAND [ARGS...]
+#   expect_bad_input.sh [--expect TEXT]... [--expect-once TEXT]... -- COMMAND [ARGS...]
 #
 # An argument @models/NAME stands for the file NAME in the real-models folder:
 # $LLM_MODELS_DIR, else $LLM_DEFAULT_MODELS_DIR (set by CTest). When that file
@@ -11,9 +12,13 @@
 set -uo pipefail
 
 expected=()
+expected_once=()
 while (($#)) && [[ $1 != -- ]]; do
-  [[ $1 == --expect ]] || { echo "expect_bad_input.sh: unknown option $1" >&2; exit 2; }
-  expected+=("$2")
+  case $1 in
+    --expect) expected+=("$2") ;;
+    --expect-once) expected_once+=("$2") ;;
+    *) echo "expect_bad_input.sh: unknown option $1" >&2; exit 2 ;;
+  esac
   shift 2
 done
 shift  # --
@@ -43,6 +48,13 @@ fi
 for text in "${expected[@]}"; do
   if ! grep -qF -- "$text" <<<"$out"; then
     echo "FAIL: the output does not say: $text"
+    failed=1
+  fi
+done
+for text in "${expected_once[@]}"; do
+  count=$(grep -oF -- "$text" <<<"$out" | wc -l)
+  if ((count != 1)); then
+    echo "FAIL: the output says \"$text\" $count times, expected once"
     failed=1
   fi
 done

@@ -257,4 +257,40 @@ TEST(step02Variants, TableIsConsistent) {
   EXPECT_EQ(std::adjacent_find(ids.begin(), ids.end()), ids.end()) << "duplicate variant ids";
 }
 
+// Which tensor-core rows exist is decided by what the kernel was compiled
+// for (cudaFuncGetAttributes' ptxVersion / binaryVersion), faked here.
+TEST(step02KernelImage, Bf16RowNeedsCodeCompiledForSm80NotJustTheCard) {
+  using step02::KernelImage;
+  using step02::tensor_core_unavailable;
+  const std::string bf16 = "bf16 tensor-core mma", fp16 = "fp16 tensor-core mma";
+  // A compute_75-only build on an H100: the driver JIT-compiles the
+  // compute_75 PTX to sm_90, and that code has no bf16 mma (it would trap).
+  const KernelImage jit_from_75{75, 90};
+  const std::string why = tensor_core_unavailable(bf16, 80, jit_from_75, 90);
+  EXPECT_TRUE(llm::testing::HasSubstr(why, "compiled for compute_75"));
+  EXPECT_TRUE(llm::testing::HasSubstr(why, "CMAKE_CUDA_ARCHITECTURES"));
+  // ... while its fp16 row runs (sm_75 has the fp16 mma).
+  EXPECT_EQ(tensor_core_unavailable(fp16, 75, jit_from_75, 90), "");
+  // The default 75;80;90 build: sm_90 SASS on an H100, sm_80 SASS on an
+  // sm_86 card, sm_75 SASS on a T4.
+  EXPECT_EQ(tensor_core_unavailable(bf16, 80, {90, 90}, 90), "");
+  EXPECT_EQ(tensor_core_unavailable(bf16, 80, {80, 80}, 86), "");
+  EXPECT_EQ(tensor_core_unavailable(fp16, 75, {75, 75}, 75), "");
+  // A T4 has no bf16 mma whatever the build holds.
+  EXPECT_TRUE(llm::testing::HasSubstr(tensor_core_unavailable(bf16, 80, {75, 75}, 75), "this GPU is sm_75"));
+  // No image for this GPU at all (cudaFuncGetAttributes failed).
+  EXPECT_TRUE(llm::testing::HasSubstr(tensor_core_unavailable(fp16, 75, {}, 90), "no kernel image"));
+  // A cubin without a PTX version (0): its SASS version decides.
+  EXPECT_EQ(tensor_core_unavailable(bf16, 80, {0, 80}, 80), "");
+}
+
+TEST(step02Variants, TensorCoreRowsSayWhatTheirKernelWasCompiledFor) {
+  for (const auto& v : step02::variants()) {
+    if (v.fn.min_compute_capability == 0) continue;
+    // A CUDA build must be able to ask the kernel itself (a build without
+    // CUDA has neither the kernel nor the question).
+    EXPECT_EQ(v.fn.kernel_image != nullptr, v.fn.run != nullptr) << v.name;
+  }
+}
+
 }  // namespace

@@ -60,6 +60,16 @@ void write_bytes(const std::string& path, const std::vector<char>& bytes) {
   return ::testing::AssertionFailure() << "\"" << text << "\" does not contain \"" << part << "\"";
 }
 
+GpuTestGate gpu_test_gate(const ::llm::cuda::DeviceStatus& status, const char* expect_gpu) {
+  if (status.usable) return {GpuTestAction::Run, ""};
+  const std::string why = ::llm::cuda::unusable_message(status);
+  if (!::llm::cuda::no_gpu_present(status.kind))
+    return {GpuTestAction::Fail, why + " (a GPU is present, so this fails rather than skips)"};
+  const bool expected = expect_gpu != nullptr && std::string(expect_gpu) != "" && std::string(expect_gpu) != "0";
+  if (expected) return {GpuTestAction::Fail, why + " (LLM_EXPECT_GPU=" + expect_gpu + ": a GPU must run this test)"};
+  return {GpuTestAction::Skip, why};
+}
+
 std::string temp_path(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / ("llm_tests_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

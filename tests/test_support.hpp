@@ -1,7 +1,8 @@
 #pragma once
 // Helpers shared by the test suites: finding the real model files, fresh
-// random inputs, skipping without a GPU.
+// random inputs, the rule for tests that need a GPU.
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <random>
 #include <string>
@@ -40,13 +41,33 @@ void write_bytes(const std::string& path, const std::vector<char>& bytes);
 void expect_logit_rows_close(const std::vector<float>& got, const std::vector<float>& ref, int vocab,
                              const std::string& what);
 
+// What a test that needs a GPU does, from the device status and the value
+// of $LLM_EXPECT_GPU (nullptr when unset):
+//   Run   a device is usable;
+//   Skip  no GPU can be present here (built without CUDA, no NVIDIA driver,
+//         no device visible);
+//   Fail  a GPU is present but unusable (driver older than the runtime, no
+//         kernel image for its architecture, context creation failed), or
+//         LLM_EXPECT_GPU is set to anything but "" or "0" and the test would
+//         have skipped: on a GPU machine a green run then proves the GPU ran.
+// `message` says why (empty for Run).
+enum class GpuTestAction { Run, Skip, Fail };
+struct GpuTestGate {
+  GpuTestAction action = GpuTestAction::Run;
+  std::string message;
+};
+GpuTestGate gpu_test_gate(const ::llm::cuda::DeviceStatus& status, const char* expect_gpu);
+
 }  // namespace llm::testing
 
-// Skips the current test, with the reason, unless a CUDA device is usable.
-#define LLM_REQUIRE_CUDA_DEVICE()                                                             \
-  do {                                                                                        \
-    const ::llm::cuda::DeviceStatus llm_status_ = ::llm::cuda::device_status();               \
-    if (!llm_status_.usable) GTEST_SKIP() << "no usable CUDA device: " << llm_status_.reason; \
+// Runs the rest of the test only when a CUDA device is usable; otherwise
+// skips or fails it, with the reason, as gpu_test_gate() decides.
+#define LLM_REQUIRE_CUDA_DEVICE()                                                                          \
+  do {                                                                                                     \
+    const ::llm::testing::GpuTestGate llm_gate_ =                                                          \
+        ::llm::testing::gpu_test_gate(::llm::cuda::device_status(), std::getenv("LLM_EXPECT_GPU"));        \
+    if (llm_gate_.action == ::llm::testing::GpuTestAction::Skip) GTEST_SKIP() << llm_gate_.message;        \
+    if (llm_gate_.action == ::llm::testing::GpuTestAction::Fail) FAIL() << llm_gate_.message;              \
   } while (0)
 
 // Skips the current test with a message when the model file is missing.

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -23,18 +24,38 @@ std::string describe_error(cudaError_t error) {
 // CUDA encodes versions as 1000 * major + 10 * minor: 13000 -> "13.0".
 std::string version_string(int version) { return fmt::format("{}.{}", version / 1000, (version % 1000) / 10); }
 
+static_assert(cudaErrorInsufficientDriver == 35 && cudaErrorNoDevice == 100,
+              "status_from_device_count_error (device_status.cpp) names these two errors by value");
+
+// The installed driver's CUDA version, 0 when there is no driver (the runtime
+// could not load libcuda).
+int installed_driver_version() {
+  int version = 0;
+  if (cudaDriverGetVersion(&version) != cudaSuccess) version = 0;
+  static_cast<void>(cudaGetLastError());
+  return version;
+}
+
+DeviceStatus failed(DeviceKind kind, std::string reason) { return {false, kind, std::move(reason)}; }
+
 DeviceStatus query_status() {
   int count = 0;
   const cudaError_t count_error = cudaGetDeviceCount(&count);
   if (count_error != cudaSuccess) {
-    // Any error here means "no device", not a crash: on a machine with the
-    // toolkit but no driver it is 35 (cudaErrorInsufficientDriver, "CUDA driver
-    // version is insufficient for CUDA runtime version"); with
-    // CUDA_VISIBLE_DEVICES="" it is 100 (cudaErrorNoDevice).
+    // Never a crash. Without a driver it is 35 (cudaErrorInsufficientDriver,
+    // "CUDA driver version is insufficient for CUDA runtime version") and the
+    // driver's version is 0: "no NVIDIA driver found"; 35 with a driver is a
+    // driver older than the runtime; with CUDA_VISIBLE_DEVICES="" it is 100
+    // (cudaErrorNoDevice).
     static_cast<void>(cudaGetLastError());  // clear it so later calls start clean
-    return {false, "no usable CUDA device: cudaGetDeviceCount failed with " + describe_error(count_error)};
+    int runtime = 0;
+    static_cast<void>(cudaRuntimeGetVersion(&runtime));
+    DeviceStatus status = status_from_device_count_error(static_cast<int>(count_error), installed_driver_version(),
+                                                         runtime, std::getenv("CUDA_VISIBLE_DEVICES"));
+    if (status.kind == DeviceKind::DeviceFailed) status.reason = "cudaGetDeviceCount failed with " + describe_error(count_error);
+    return status;
   }
-  if (count == 0) return {false, "no CUDA device visible (cudaGetDeviceCount returned 0)"};
+  if (count == 0) return failed(DeviceKind::NoDevice, "no CUDA device visible (cudaGetDeviceCount returned 0)");
 
   // A GPU is there; can this binary run kernels on it? A card older than the
   // architectures the build compiled for (CMAKE_CUDA_ARCHITECTURES) has no
@@ -45,20 +66,26 @@ DeviceStatus query_status() {
   cudaDeviceProp props{};
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) {
     static_cast<void>(cudaGetLastError());
-    return {false, "no usable CUDA device: cudaGetDevice failed with " + describe_error(e)};
+    return failed(DeviceKind::DeviceFailed, "cudaGetDevice failed with " + describe_error(e));
   }
   if (const cudaError_t e = cudaGetDeviceProperties(&props, device); e != cudaSuccess) {
     static_cast<void>(cudaGetLastError());
-    return {false, "no usable CUDA device: cudaGetDeviceProperties failed with " + describe_error(e)};
+    return failed(DeviceKind::DeviceFailed, "cudaGetDeviceProperties failed with " + describe_error(e));
   }
   if (const cudaError_t e = kernels::probe_kernel_image(); e != cudaSuccess) {
     static_cast<void>(cudaGetLastError());
-    return {false, fmt::format("CUDA device {} ({}, compute capability {}.{}) cannot run this build's kernels: {}. "
-                               "Rebuild with -DCMAKE_CUDA_ARCHITECTURES={}{} (or native)",
-                               device, props.name, props.major, props.minor, describe_error(e), props.major,
-                               props.minor)};
+    if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction)
+      return failed(DeviceKind::NoKernelImage,
+                    fmt::format("CUDA device {} ({}, compute capability {}.{}) cannot run this build's kernels: {}. "
+                                "Rebuild with -DCMAKE_CUDA_ARCHITECTURES={}{} (or native)",
+                                device, props.name, props.major, props.minor, describe_error(e), props.major,
+                                props.minor));
+    return failed(DeviceKind::DeviceFailed, fmt::format("CUDA device {} ({}, compute capability {}.{}) failed when "
+                                                        "this build's kernels were loaded (context creation): {}",
+                                                        device, props.name, props.major, props.minor,
+                                                        describe_error(e)));
   }
-  return {true, ""};
+  return {true, DeviceKind::Usable, ""};
 }
 
 }  // namespace
@@ -69,7 +96,7 @@ DeviceStatus device_status() {
   try {
     return query_status();
   } catch (const std::exception& e) {  // fmt or an allocation: still never throw
-    return {false, std::string("no usable CUDA device: ") + e.what()};
+    return failed(DeviceKind::DeviceFailed, std::string("could not query the CUDA device: ") + e.what());
   }
 }
 
@@ -121,7 +148,7 @@ int sm_count() {
 
 double measure_copy_bandwidth_gbps(std::size_t bytes) {
   const DeviceStatus status = device_status();
-  if (!status.usable) throw DeviceError("cannot measure the copy bandwidth: " + status.reason);
+  if (!status.usable) throw DeviceError("cannot measure the copy bandwidth: " + unusable_message(status));
   // Two buffers of `bytes`, filled so the copy moves real data (never time
   // untouched memory).
   DeviceBuffer<unsigned char> source(bytes), destination(bytes);

@@ -113,7 +113,7 @@ DeviceSelection select_devices(const std::string& flag) {
     if (status.usable) {
       s.cuda = true;
     } else if (flag == "cuda") {
-      throw DeviceError("--device cuda: no usable CUDA device (" + status.reason + ")");
+      throw DeviceError("--device cuda: " + cuda::unusable_message(status));
     } else {
       s.skipped_reason = status.reason;
     }

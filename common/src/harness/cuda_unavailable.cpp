@@ -7,7 +7,7 @@ namespace llm::cuda {
 
 bool built_with_cuda() { return false; }
 
-DeviceStatus device_status() { return {false, "built without CUDA"}; }
+DeviceStatus device_status() { return {false, DeviceKind::BuiltWithoutCuda, "built without CUDA"}; }
 
 void fill_device_info(DeviceInfo& info) {
   info.cuda_available = false;

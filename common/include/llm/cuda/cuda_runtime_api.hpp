@@ -14,13 +14,52 @@ namespace llm::cuda {
 
 bool built_with_cuda();
 
+// Why a CUDA device is or is not usable. The first three say that no GPU can
+// be there for this process; the last three that one is there and this build
+// cannot use it (the GPU tests skip on the first kind and fail on the second:
+// tests/test_support.hpp).
+enum class DeviceKind {
+  Usable,
+  BuiltWithoutCuda,  // this build has no CUDA code
+  NoDriver,          // no NVIDIA driver installed (cudaDriverGetVersion reports 0)
+  NoDevice,          // a driver, but no device visible (none, or CUDA_VISIBLE_DEVICES hides them all)
+  DriverTooOld,      // the installed driver is older than this build's CUDA runtime
+  NoKernelImage,     // the build's kernels are not compiled for this GPU's architecture
+  DeviceFailed,      // the device is there but failed (context creation, properties, ...)
+};
+
+// True for the kinds where no GPU can be present: nothing to test, nothing broken.
+constexpr bool no_gpu_present(DeviceKind kind) {
+  return kind == DeviceKind::BuiltWithoutCuda || kind == DeviceKind::NoDriver || kind == DeviceKind::NoDevice;
+}
+
 struct DeviceStatus {
   bool usable = false;
-  std::string reason;  // why not: "built without CUDA", "no CUDA device (driver ...)", ...
+  DeviceKind kind = DeviceKind::BuiltWithoutCuda;
+  // Why not, in a few words ("built without CUDA", "no NVIDIA driver found",
+  // ...); empty when usable. It never starts with "no usable CUDA device":
+  // unusable_message() adds that phrase, once.
+  std::string reason;
 };
-// Never throws. Any error from cudaGetDeviceCount (on a machine with the
-// toolkit but no driver it is 35, "driver version is insufficient") means
-// "no device", not a crash.
+
+// "no usable CUDA device: <reason>": the one place that writes the phrase.
+inline std::string unusable_message(const DeviceStatus& status) {
+  return status.usable ? std::string("CUDA device usable") : "no usable CUDA device: " + status.reason;
+}
+
+// The status when cudaGetDeviceCount fails with `cuda_error` (a cudaError_t
+// value), from what else is known: the installed driver's CUDA version
+// (cudaDriverGetVersion; 0 when no driver is installed), this build's runtime
+// version, and $CUDA_VISIBLE_DEVICES (nullptr when unset). Error 35 with no
+// driver is NoDriver, 35 with one is DriverTooOld, 100 is NoDevice, anything
+// else DeviceFailed. No CUDA calls: defined in every build, tested on the CPU.
+DeviceStatus status_from_device_count_error(int cuda_error, int driver_version, int runtime_version,
+                                            const char* cuda_visible_devices);
+
+// Never throws. Errors from the CUDA runtime become a status (kind and
+// reason), never a crash: on a machine with the toolkit but no driver
+// cudaGetDeviceCount fails with 35 ("driver version is insufficient"), which
+// is reported as NoDriver when no driver is installed at all.
 DeviceStatus device_status();
 
 // Fills the gpu_* and cuda_* fields of `info` when a device is usable.
