@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -320,6 +321,29 @@ TEST(Llama2Tokenizer, EncodesHelloWorldAndRoundTrips) {
   for (const std::string& text : kSentences) {
     SCOPED_TRACE(text);
     EXPECT_EQ(round_trip(tok, text), text);
+  }
+}
+
+// --- The stream reader -------------------------------------------------
+
+// The stream reader behind load(): the same tokenizer from bytes in memory.
+TEST(TokenizerRead, FromMemoryIsTheSameAsFromTheFile) {
+  const std::string path = write_tokenizer_file("synthetic_for_read.bin", kSyntheticPieces);
+  const std::vector<char> bytes = read_bytes(path);
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  const Tokenizer from_memory = Tokenizer::read(in, kSyntheticVocab);
+  const Tokenizer from_file = Tokenizer::load(path, kSyntheticVocab);
+  ASSERT_EQ(from_memory.vocab_size(), from_file.vocab_size());
+  for (int i = 0; i < kSyntheticVocab; ++i) {
+    EXPECT_EQ(from_memory.piece(i), from_file.piece(i));
+    EXPECT_EQ(from_memory.score(i), from_file.score(i));
+  }
+  std::istringstream truncated(std::string(bytes.begin(), bytes.end() - 1));
+  try {
+    Tokenizer::read(truncated, kSyntheticVocab, "in memory");
+    ADD_FAILURE() << "a truncated tokenizer was read";
+  } catch (const InputError& e) {
+    EXPECT_TRUE(HasSubstr(e.what(), "'in memory' is truncated inside token"));
   }
 }
 

@@ -4,6 +4,7 @@
 // Encoding is SentencePiece-style BPE: start from UTF-8 code points (bytes as
 // <0xXX> fallback tokens), then repeatedly merge the adjacent pair whose merged
 // string has the highest score.
+#include <istream>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -21,6 +22,9 @@ class Tokenizer {
   // InputError if the file is missing or truncated, or holds fewer or more
   // tokens than that (a tokenizer for another model).
   static Tokenizer load(const std::string& path, int vocab_size);
+  // The same from a stream (a file, or bytes in memory: the fuzz targets);
+  // `name` stands for the file in the messages.
+  static Tokenizer read(std::istream& in, int vocab_size, const std::string& name = "<memory>");
   // A tokenizer with no file for the built-in presets: ids 0..2 are
   // <unk>,<s>,</s>; id 3+b is the byte b; ids above 258 decode to nothing.
   static Tokenizer byte_level(int vocab_size);
