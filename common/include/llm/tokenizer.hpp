@@ -18,9 +18,9 @@ class Tokenizer {
   static constexpr int kBos = 1;  // beginning of sequence
   static constexpr int kEos = 2;  // end of sequence
 
-  // Loads a tokenizer.bin for a model with `vocab_size` tokens. Throws
-  // InputError if the file is missing or truncated, or holds fewer or more
-  // tokens than that (a tokenizer for another model).
+  // Loads a tokenizer.bin for a model with `vocab_size` tokens (at least 3:
+  // <unk>, <s>, </s>). Throws InputError if the file is missing or truncated,
+  // or holds fewer or more tokens than that (a tokenizer for another model).
   static Tokenizer load(const std::string& path, int vocab_size);
   // The same from a stream (a file, or bytes in memory: the fuzz targets);
   // `name` stands for the file in the messages.
@@ -31,6 +31,9 @@ class Tokenizer {
 
   // Encodes like llama2.c's encode(): optional BOS, a dummy-prefix " " token
   // when the text is non-empty, code points (or byte fallback), BPE merges.
+  // Every id is below vocab_size(): where a vocabulary of fewer than 259
+  // tokens has no byte token (id 3 + byte), the byte becomes <unk> (run.c
+  // would index past its vocabulary).
   std::vector<int> encode(std::string_view text, bool add_bos, bool add_eos) const;
 
   // The text of `token` following `previous`, as llama2.c's decode(): after BOS

@@ -21,7 +21,11 @@ Tokenizer Tokenizer::load(const std::string& path, int vocab_size) {
 }
 
 Tokenizer Tokenizer::read(std::istream& in, int vocab_size, const std::string& name) {
-  if (vocab_size <= 0) throw InputError(fmt::format("a tokenizer needs a positive vocabulary size (got {})", vocab_size));
+  // encode() emits <unk>, <s> and </s> by id (0, 1, 2): a smaller vocabulary
+  // would hand the model ids it has no embedding for.
+  if (vocab_size < 3)
+    throw InputError(fmt::format("tokenizer file '{}': a vocabulary needs at least 3 tokens (<unk>, <s>, </s>), "
+                                 "the model has {}", name, vocab_size));
   std::int32_t max_token_length = 0;
   if (!in.read(reinterpret_cast<char*>(&max_token_length), sizeof(max_token_length)) ||
       max_token_length <= 0 || max_token_length > 4096)
@@ -112,8 +116,13 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add
     if (id >= 0) {
       tokens.push_back(id);
     } else {
-      // The first 3 ids are <unk>, <s>, </s>; bytes start at id 3.
-      for (unsigned char b : code_point) tokens.push_back(static_cast<int>(b) + 3);
+      // The first 3 ids are <unk>, <s>, </s>; bytes start at id 3. A
+      // vocabulary too small to hold the byte (fewer than 259 tokens) has
+      // <unk> for it: its ids must stay in range.
+      for (unsigned char b : code_point) {
+        const int byte_id = static_cast<int>(b) + 3;
+        tokens.push_back(byte_id < vocab_size() ? byte_id : kUnk);
+      }
     }
     code_point.clear();
   }
