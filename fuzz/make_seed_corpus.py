@@ -99,5 +99,8 @@ for name, words in {
     "unknown": "--no-such-flag x",
     "model": "--model m.bin --tokenizer t.bin --preset small",
     "hex": "--steps 0x10 --k 0x7fffffff",
+    # What the target found before parse_command_line caught CLI11's
+    # std::out_of_range (a negatable flag's value past 64 bits).
+    "found_negated_flag_out_of_range": "-rliiaia --off=2136178214 --off=213178261782147483648-",
 }.items():
     put("fuzz_command_line", name, words)
