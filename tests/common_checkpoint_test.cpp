@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -213,6 +214,29 @@ TEST(CheckpointLoad, RejectsATextFile) {
                       << "Its first bytes read as absurd integers.\n";
   EXPECT_TRUE(HasSubstr(load_error(path), "invalid model config"));
 }
+
+// The stream reader behind load_checkpoint (what the fuzz target feeds).
+TEST(CheckpointRead, FromMemoryIsTheSameAsFromTheFile) {
+  const std::string path = saved_small_checkpoint("for_read.bin");
+  const std::vector<char> bytes = read_bytes(path);
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  expect_same_weights(read_checkpoint(in, "in memory"), load_checkpoint(path));
+
+  std::istringstream truncated(std::string(bytes.begin(), bytes.end() - 4));
+  try {
+    read_checkpoint(truncated, "in memory");
+    ADD_FAILURE() << "a truncated checkpoint was read";
+  } catch (const InputError& e) {
+    EXPECT_TRUE(HasSubstr(e.what(), "model file 'in memory' is truncated"));
+  }
+}
+
+TEST(CheckpointRead, HugeButPlausibleHeaderInMemoryIsTruncatedNotAllocated) {
+  const std::int32_t header[7] = {65536, 262144, 1024, 1024, 1024, 1 << 20, 1 << 20};
+  std::istringstream in(std::string(reinterpret_cast<const char*>(header), sizeof(header)) + std::string(64, '\0'));
+  EXPECT_THROW(read_checkpoint(in, "in memory"), InputError);
+}
+
 
 TEST(Stories260KCheckpoint, LoadsWithTheDocumentedShape) {
   LLM_REQUIRE_MODEL_FILE(model_path, "stories260K.bin");

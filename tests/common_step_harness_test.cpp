@@ -117,6 +117,51 @@ TEST(StepCommandLine, CommonRangeErrorsSayWhatIsAllowed) {
   }
 }
 
+// Found by fuzzing (fuzz/fuzz_command_line.cpp): CLI11 reads a negatable
+// flag's value with std::stoll, whose std::out_of_range escaped
+// parse_command_line and ended the program in std::terminate.
+TEST(StepCommandLine, AHugeNumberAsAFlagValueIsAnErrorNotACrash) {
+  for (const std::string& word : {"--no-causal=99999999999999999999", "--no-causal=-99999999999999999999",
+                                  "--no-loopback=99999999999999999999"}) {
+    SCOPED_TRACE(word);
+    CommonOptions common;
+    bool causal = true;
+    bool loopback = true;
+    const ParseOutcome outcome = parse({"step", word}, common, [&](CLI::App& app) {
+      app.add_flag("--causal,!--no-causal", causal, "step 02's flag");
+      app.add_flag("!--no-loopback", loopback, "step 07's flag");
+    });
+    ASSERT_TRUE(outcome.exit_status.has_value());
+    EXPECT_EQ(*outcome.exit_status, 1);
+    EXPECT_TRUE(HasSubstr(outcome.stderr_text, "error: a number on the command line is out of range"));
+  }
+}
+
+// Also found by fuzzing: a --seed past 2^64 - 1 was read as 2^64 - 1.
+TEST(StepCommandLine, ASeedPastSixtyFourBitsIsRefused) {
+  for (const std::string& value : {"18446744073709551616", "99999999999999999999"}) {
+    CommonOptions common;
+    const ParseOutcome outcome = parse({"step", "--seed", value}, common);
+    ASSERT_TRUE(outcome.exit_status.has_value());
+    EXPECT_EQ(*outcome.exit_status, 1);
+    EXPECT_EQ(outcome.stderr_text, "error: --seed must be at most 18446744073709551615 (got " + value + ")\n");
+  }
+  CommonOptions common;
+  const ParseOutcome outcome = parse({"step", "--seed", "18446744073709551615"}, common);
+  EXPECT_FALSE(outcome.exit_status.has_value());
+  EXPECT_EQ(common.seed, UINT64_MAX);
+}
+
+// A number too large for its flag's type is CLI11's conversion error, status 1.
+TEST(StepCommandLine, AHugeStepsIsAConversionError) {
+  CommonOptions common;
+  const ParseOutcome outcome = parse({"step", "--steps", "99999999999999999999"}, common);
+  ASSERT_TRUE(outcome.exit_status.has_value());
+  EXPECT_EQ(*outcome.exit_status, 1);
+  EXPECT_TRUE(HasSubstr(outcome.stderr_text, "error: "));
+  EXPECT_TRUE(HasSubstr(outcome.stderr_text, "--steps"));
+}
+
 TEST(StepCommandLine, ValuesAtTheEdgesOfTheirRangesAreAccepted) {
   CommonOptions common;
   const ParseOutcome outcome =

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -320,6 +321,71 @@ TEST(Llama2Tokenizer, EncodesHelloWorldAndRoundTrips) {
   for (const std::string& text : kSentences) {
     SCOPED_TRACE(text);
     EXPECT_EQ(round_trip(tok, text), text);
+  }
+}
+
+// --- Found by fuzzing (fuzz/fuzz_tokenizer_load.cpp) ----------------------
+
+// A tokenizer file with exactly `pieces` (no byte tokens), scores 0.
+std::string write_small_tokenizer(const std::string& name, const std::vector<std::string>& pieces) {
+  const std::string path = testing::temp_path(name);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  const std::int32_t max_length = 8;
+  out.write(reinterpret_cast<const char*>(&max_length), sizeof(max_length));
+  for (const std::string& piece : pieces) {
+    const float score = static_cast<float>(piece.size());
+    const auto length = static_cast<std::int32_t>(piece.size());
+    out.write(reinterpret_cast<const char*>(&score), sizeof(score));
+    out.write(reinterpret_cast<const char*>(&length), sizeof(length));
+    out.write(piece.data(), length);
+  }
+  return path;
+}
+
+// A vocabulary of fewer than 259 tokens has no byte token for most bytes:
+// byte fallback used to emit id 3 + byte anyway, and the merge loop then read
+// past the end of the pieces (a heap overflow). Such bytes are <unk> now.
+TEST(TokenizerFuzzFindings, ASmallVocabularyEncodesBytesItCannotHoldAsUnk) {
+  const std::string path = write_small_tokenizer("small_vocab.bin", {"<unk>", "\n<s>\n", "\n</s>\n", " ", "a", "b", " a", "ab"});
+  const Tokenizer tok = Tokenizer::load(path, 8);
+  // "z" and the two bytes of "é" have no token: <unk> each.
+  const std::vector<int> ids = tok.encode("ab z\xC3\xA9", /*add_bos=*/true, /*add_eos=*/true);
+  for (int id : ids) {
+    EXPECT_GE(id, 0);
+    EXPECT_LT(id, tok.vocab_size());
+  }
+  // [" ", a, b, " ", <unk> x3]: " a" and "ab" score the same, the first wins.
+  EXPECT_EQ(ids, (std::vector<int>{Tokenizer::kBos, 6, 5, 3, Tokenizer::kUnk, Tokenizer::kUnk, Tokenizer::kUnk,
+                                   Tokenizer::kEos}));
+}
+
+// encode() emits <unk>, <s> and </s> by id: a vocabulary without them is refused.
+TEST(TokenizerFuzzFindings, RejectsAVocabularyWithoutTheThreeSpecialTokens) {
+  const std::string path = write_small_tokenizer("two_tokens.bin", {"<unk>", "\n<s>\n"});
+  EXPECT_TRUE(HasSubstr(load_error(path, 2), "at least 3 tokens"));
+  const std::vector<char> bytes = read_bytes(path);
+  std::istringstream one_token(std::string(bytes.begin(), bytes.begin() + 4 + 8 + 5));  // header, "<unk>"
+  EXPECT_THROW(Tokenizer::read(one_token, 1), InputError);
+}
+
+// The stream reader behind load(): the same tokenizer from bytes in memory.
+TEST(TokenizerRead, FromMemoryIsTheSameAsFromTheFile) {
+  const std::string path = write_tokenizer_file("synthetic_for_read.bin", kSyntheticPieces);
+  const std::vector<char> bytes = read_bytes(path);
+  std::istringstream in(std::string(bytes.begin(), bytes.end()));
+  const Tokenizer from_memory = Tokenizer::read(in, kSyntheticVocab);
+  const Tokenizer from_file = Tokenizer::load(path, kSyntheticVocab);
+  ASSERT_EQ(from_memory.vocab_size(), from_file.vocab_size());
+  for (int i = 0; i < kSyntheticVocab; ++i) {
+    EXPECT_EQ(from_memory.piece(i), from_file.piece(i));
+    EXPECT_EQ(from_memory.score(i), from_file.score(i));
+  }
+  std::istringstream truncated(std::string(bytes.begin(), bytes.end() - 1));
+  try {
+    Tokenizer::read(truncated, kSyntheticVocab, "in memory");
+    ADD_FAILURE() << "a truncated tokenizer was read";
+  } catch (const InputError& e) {
+    EXPECT_TRUE(HasSubstr(e.what(), "'in memory' is truncated inside token"));
   }
 }
 

@@ -6,6 +6,7 @@
 //   wo, ffn_norm, w1, w2, w3, final_norm, freq_cis_real, freq_cis_imag
 //   (seq_len x head_dim/2 each, unused: RoPE is computed), [classifier].
 #include <cstddef>
+#include <istream>
 #include <string>
 
 #include "llm/weights.hpp"
@@ -19,6 +20,11 @@ std::size_t checkpoint_file_bytes(const ModelConfig& config);
 // the file size, then reads the tensors. Throws InputError with the file name
 // and what is wrong: "truncated: header implies N bytes, file has M".
 ModelWeights load_checkpoint(const std::string& path);
+// The same from a stream positioned at the header (a file, or bytes in memory:
+// the fuzz targets). The stream must be seekable: its size, from the current
+// position to the end, is checked against the header before anything is
+// allocated. `name` stands for the file in the messages.
+ModelWeights read_checkpoint(std::istream& in, const std::string& name);
 
 // Writes `weights` in the same format (the RoPE tables are written as llama2.c's
 // export does, so the file is loadable by run.c too).

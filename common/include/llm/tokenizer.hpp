@@ -4,6 +4,7 @@
 // Encoding is SentencePiece-style BPE: start from UTF-8 code points (bytes as
 // <0xXX> fallback tokens), then repeatedly merge the adjacent pair whose merged
 // string has the highest score.
+#include <istream>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -17,16 +18,22 @@ class Tokenizer {
   static constexpr int kBos = 1;  // beginning of sequence
   static constexpr int kEos = 2;  // end of sequence
 
-  // Loads a tokenizer.bin for a model with `vocab_size` tokens. Throws
-  // InputError if the file is missing or truncated, or holds fewer or more
-  // tokens than that (a tokenizer for another model).
+  // Loads a tokenizer.bin for a model with `vocab_size` tokens (at least 3:
+  // <unk>, <s>, </s>). Throws InputError if the file is missing or truncated,
+  // or holds fewer or more tokens than that (a tokenizer for another model).
   static Tokenizer load(const std::string& path, int vocab_size);
+  // The same from a stream (a file, or bytes in memory: the fuzz targets);
+  // `name` stands for the file in the messages.
+  static Tokenizer read(std::istream& in, int vocab_size, const std::string& name = "<memory>");
   // A tokenizer with no file for the built-in presets: ids 0..2 are
   // <unk>,<s>,</s>; id 3+b is the byte b; ids above 258 decode to nothing.
   static Tokenizer byte_level(int vocab_size);
 
   // Encodes like llama2.c's encode(): optional BOS, a dummy-prefix " " token
   // when the text is non-empty, code points (or byte fallback), BPE merges.
+  // Every id is below vocab_size(): where a vocabulary of fewer than 259
+  // tokens has no byte token (id 3 + byte), the byte becomes <unk> (run.c
+  // would index past its vocabulary).
   std::vector<int> encode(std::string_view text, bool add_bos, bool add_eos) const;
 
   // The text of `token` following `previous`, as llama2.c's decode(): after BOS

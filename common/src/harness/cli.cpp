@@ -3,11 +3,14 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -78,8 +81,19 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
       ->capture_default_str();
   at_least(app.add_option("--temperature", o.temperature, "0 = greedy"), 0)->capture_default_str();
   in_range(app.add_option("--top-p", o.top_p, "nucleus sampling mass (0 or 1 = off)"), 0, 1)->capture_default_str();
-  // Unsigned: CLI11 would quietly turn -1 into 2^64 - 1.
-  at_least(app.add_option("--seed", o.seed, "seed for preset weights, inputs and sampling"), 0)->capture_default_str();
+  // Unsigned: CLI11 would quietly turn -1 into 2^64 - 1, and reads a number
+  // past 2^64 - 1 as 2^64 - 1 (strtoull saturates): both are refused.
+  at_least(app.add_option("--seed", o.seed, "seed for preset weights, inputs and sampling"), 0)
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            errno = 0;
+            (void)std::strtoull(text.c_str(), nullptr, 0);
+            if (errno == ERANGE)
+              throw InputError(fmt::format("--seed must be at most {} (got {})", UINT64_MAX, text));
+            return {};
+          },
+          ""))
+      ->capture_default_str();
   app.add_option("--device", o.device, "where to run")->check(CLI::IsMember({"cpu", "cuda", "all"}))->capture_default_str();
   app.add_option("--variant", o.variant, "variant ids to run (comma-separated) or 'all'")->capture_default_str();
   app.add_flag("--list", o.list_variants, "list the variants and exit");
@@ -133,6 +147,20 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
     // Everything else is a bad command line: CLI11's message, then status 1
     // like all bad input (CLI11's own codes, 105 to 109, say nothing more).
     std::fprintf(stderr, "error: %s\nRun with --help for every flag and the values it takes.\n", e.what());
+    return 1;
+  } catch (const std::out_of_range& e) {
+    // CLI11 reads a negatable flag's value (--no-causal=N) with std::stoll
+    // and lets its out_of_range escape for a number past 64 bits.
+    std::fprintf(stderr,
+                 "error: a number on the command line is out of range (%s)\n"
+                 "Run with --help for every flag and the values it takes.\n",
+                 e.what());
+    return 1;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr,
+                 "error: a value on the command line cannot be read (%s)\n"
+                 "Run with --help for every flag and the values it takes.\n",
+                 e.what());
     return 1;
   }
   return std::nullopt;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <istream>
 
 #include "llm/errors.hpp"
 
@@ -36,14 +37,26 @@ ModelWeights load_checkpoint(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
     throw InputError(fmt::format("model file '{}' does not exist or is not a file", path));
-  const auto file_bytes = static_cast<std::size_t>(std::filesystem::file_size(path, ec));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(fmt::format("cannot open model file '{}'", path));
+  return read_checkpoint(in, path);
+}
+
+ModelWeights read_checkpoint(std::istream& in, const std::string& name) {
+  // The size first: the header is checked against it before anything is
+  // allocated, so a header claiming gigabytes costs nothing.
+  const std::istream::pos_type start = in.tellg();
+  if (start == std::istream::pos_type(-1) || !in.seekg(0, std::ios::end))
+    throw InputError(fmt::format("model file '{}' cannot be read (not a seekable file)", name));
+  const std::istream::pos_type end = in.tellg();
+  in.seekg(start);
+  if (!in || end < start) throw InputError(fmt::format("model file '{}' cannot be read", name));
+  const auto file_bytes = static_cast<std::size_t>(end - start);
 
   std::int32_t header[kHeaderInts];
   if (file_bytes < sizeof(header) || !in.read(reinterpret_cast<char*>(header), sizeof(header)))
     throw InputError(fmt::format("model file '{}' is too short to hold a llama2.c header ({} bytes)",
-                                 path, file_bytes));
+                                 name, file_bytes));
   ModelConfig c;
   c.dim = header[0];
   c.hidden_dim = header[1];
@@ -58,14 +71,14 @@ ModelWeights load_checkpoint(const std::string& path) {
   try {
     c.validate();
   } catch (const InputError& e) {
-    throw InputError(fmt::format("model file '{}': {}", path, e.what()));
+    throw InputError(fmt::format("model file '{}': {}", name, e.what()));
   }
 
   const std::size_t expected = checkpoint_file_bytes(c);
   if (file_bytes != expected) {
     throw InputError(fmt::format(
         "model file '{}' is {}: its header ({}; {} classifier) implies {} bytes, the file has {}",
-        path, file_bytes < expected ? "truncated" : "larger than its header says", c.describe(),
+        name, file_bytes < expected ? "truncated" : "larger than its header says", c.describe(),
         c.shared_classifier ? "shared" : "separate", expected, file_bytes));
   }
 
@@ -88,7 +101,7 @@ ModelWeights load_checkpoint(const std::string& path) {
   std::vector<float> rope_tables(2 * rope_table_floats(c));  // unused: RoPE is computed
   read(rope_tables);
   if (!c.shared_classifier) read(w.classifier);
-  if (!in) throw InputError(fmt::format("model file '{}': read failed", path));
+  if (!in) throw InputError(fmt::format("model file '{}': read failed", name));
   return w;
 }
 

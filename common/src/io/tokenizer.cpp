@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdint>
 #include <fstream>
+#include <istream>
 #include <string>
 
 #include "llm/errors.hpp"
@@ -16,14 +17,23 @@ Tokenizer Tokenizer::load(const std::string& path, int vocab_size) {
   if (vocab_size <= 0) throw InputError(fmt::format("a tokenizer needs a positive vocabulary size (got {})", vocab_size));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(fmt::format("cannot open tokenizer file '{}'", path));
+  return read(in, vocab_size, path);
+}
+
+Tokenizer Tokenizer::read(std::istream& in, int vocab_size, const std::string& name) {
+  // encode() emits <unk>, <s> and </s> by id (0, 1, 2): a smaller vocabulary
+  // would hand the model ids it has no embedding for.
+  if (vocab_size < 3)
+    throw InputError(fmt::format("tokenizer file '{}': a vocabulary needs at least 3 tokens (<unk>, <s>, </s>), "
+                                 "the model has {}", name, vocab_size));
   std::int32_t max_token_length = 0;
   if (!in.read(reinterpret_cast<char*>(&max_token_length), sizeof(max_token_length)) ||
       max_token_length <= 0 || max_token_length > 4096)
-    throw InputError(fmt::format("tokenizer file '{}' has no valid header", path));
+    throw InputError(fmt::format("tokenizer file '{}' has no valid header", name));
 
   Tokenizer t;
-  t.pieces_.resize(static_cast<std::size_t>(vocab_size));
-  t.scores_.resize(static_cast<std::size_t>(vocab_size));
+  // Grown entry by entry: memory follows what the file holds, not what the
+  // caller's vocab_size claims.
   for (int i = 0; i < vocab_size; ++i) {
     float score = 0.0f;
     std::int32_t length = 0;
@@ -31,14 +41,14 @@ Tokenizer Tokenizer::load(const std::string& path, int vocab_size) {
         !in.read(reinterpret_cast<char*>(&length), sizeof(length)))
       throw InputError(fmt::format(
           "tokenizer file '{}' ends after {} tokens; the model needs {} (wrong tokenizer for this model?)",
-          path, i, vocab_size));
+          name, i, vocab_size));
     if (length < 0 || length > max_token_length)
-      throw InputError(fmt::format("tokenizer file '{}': token {} has impossible length {}", path, i, length));
+      throw InputError(fmt::format("tokenizer file '{}': token {} has impossible length {}", name, i, length));
     std::string piece(static_cast<std::size_t>(length), '\0');
     if (length > 0 && !in.read(piece.data(), length))
-      throw InputError(fmt::format("tokenizer file '{}' is truncated inside token {}", path, i));
-    t.scores_[static_cast<std::size_t>(i)] = score;
-    t.pieces_[static_cast<std::size_t>(i)] = std::move(piece);
+      throw InputError(fmt::format("tokenizer file '{}' is truncated inside token {}", name, i));
+    t.scores_.push_back(score);
+    t.pieces_.push_back(std::move(piece));
   }
   // The file has no token count of its own: the model's vocab_size says how
   // many entries to read. Bytes after them mean a file written for a larger
@@ -48,7 +58,7 @@ Tokenizer Tokenizer::load(const std::string& path, int vocab_size) {
     throw InputError(fmt::format(
         "tokenizer file '{}' has data left after the model's {} tokens: it was written for a larger vocabulary "
         "(wrong tokenizer for this model?)",
-        path, vocab_size));
+        name, vocab_size));
   for (int i = vocab_size - 1; i >= 0; --i) t.piece_to_id_[t.pieces_[static_cast<std::size_t>(i)]] = i;
   return t;
 }
@@ -106,8 +116,13 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add
     if (id >= 0) {
       tokens.push_back(id);
     } else {
-      // The first 3 ids are <unk>, <s>, </s>; bytes start at id 3.
-      for (unsigned char b : code_point) tokens.push_back(static_cast<int>(b) + 3);
+      // The first 3 ids are <unk>, <s>, </s>; bytes start at id 3. A
+      // vocabulary too small to hold the byte (fewer than 259 tokens) has
+      // <unk> for it: its ids must stay in range.
+      for (unsigned char b : code_point) {
+        const int byte_id = static_cast<int>(b) + 3;
+        tokens.push_back(byte_id < vocab_size() ? byte_id : kUnk);
+      }
     }
     code_point.clear();
   }
