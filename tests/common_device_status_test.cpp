@@ -16,13 +16,8 @@ using llm::cuda::DeviceKind;
 using llm::cuda::DeviceStatus;
 using llm::testing::HasSubstr;
 
-constexpr const char* kPhrase = "no usable CUDA device";
-
-int occurrences(const std::string& text, const std::string& part) {
-  int n = 0;
-  for (std::size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + part.size())) ++n;
-  return n;
-}
+constexpr const char* kPhrase = llm::testing::kUnusableDevicePhrase;
+using llm::testing::count_occurrences;
 
 // ---------------------------------------------------------------------------
 // cudaGetDeviceCount's errors, named.
@@ -69,8 +64,8 @@ TEST(UnusableMessage, ReasonsNeverCarryThePhrase) {
                                 llm::cuda::status_from_device_count_error(100, 13000, 13000, ""),
                                 llm::cuda::status_from_device_count_error(999, 13000, 13000, nullptr),
                                 llm::cuda::device_status()}) {
-    EXPECT_EQ(occurrences(s.reason, kPhrase), 0) << s.reason;
-    if (!s.usable) EXPECT_EQ(occurrences(llm::cuda::unusable_message(s), kPhrase), 1);
+    EXPECT_EQ(count_occurrences(s.reason, kPhrase), 0) << s.reason;
+    if (!s.usable) EXPECT_EQ(count_occurrences(llm::cuda::unusable_message(s), kPhrase), 1);
   }
 }
 
@@ -82,7 +77,7 @@ TEST(UnusableMessage, DeviceCudaSaysThePhraseOnce) {
     FAIL() << "--device cuda without a usable device must throw";
   } catch (const llm::DeviceError& e) {
     const std::string message = e.what();
-    EXPECT_EQ(occurrences(message, kPhrase), 1) << message;
+    EXPECT_EQ(count_occurrences(message, kPhrase), 1) << message;
     EXPECT_TRUE(HasSubstr(message, status.reason));
   }
 }

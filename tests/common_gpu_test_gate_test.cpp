@@ -15,13 +15,8 @@ using llm::testing::GpuTestAction;
 using llm::testing::gpu_test_gate;
 using llm::testing::HasSubstr;
 
-constexpr const char* kPhrase = "no usable CUDA device";
-
-int occurrences(const std::string& text, const std::string& part) {
-  int n = 0;
-  for (std::size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + part.size())) ++n;
-  return n;
-}
+constexpr const char* kPhrase = llm::testing::kUnusableDevicePhrase;
+using llm::testing::count_occurrences;
 
 DeviceStatus unusable(DeviceKind kind, std::string reason) { return {false, kind, std::move(reason)}; }
 
@@ -61,7 +56,7 @@ TEST(GpuTestGate, FailsWhenAGpuIsPresentButUnusable) {
       EXPECT_EQ(gate.action, GpuTestAction::Fail) << status.reason;
       EXPECT_TRUE(HasSubstr(gate.message, status.reason));
       EXPECT_TRUE(HasSubstr(gate.message, "a GPU is present"));
-      EXPECT_EQ(occurrences(gate.message, kPhrase), 1) << gate.message;
+      EXPECT_EQ(count_occurrences(gate.message, kPhrase), 1) << gate.message;
     }
   }
 }
@@ -73,7 +68,7 @@ TEST(GpuTestGate, ExpectGpuTurnsEverySkipIntoAFailure) {
       EXPECT_EQ(gate.action, GpuTestAction::Fail) << status.reason;
       EXPECT_TRUE(HasSubstr(gate.message, status.reason));
       EXPECT_TRUE(HasSubstr(gate.message, std::string("LLM_EXPECT_GPU=") + expect));
-      EXPECT_EQ(occurrences(gate.message, kPhrase), 1) << gate.message;
+      EXPECT_EQ(count_occurrences(gate.message, kPhrase), 1) << gate.message;
     }
   }
 }

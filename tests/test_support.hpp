@@ -35,6 +35,13 @@ void write_bytes(const std::string& path, const std::vector<char>& bytes);
 // separate package); on failure it prints both strings.
 ::testing::AssertionResult HasSubstr(const std::string& text, const std::string& part);
 
+// How many times `part` appears in `text`, without overlaps.
+int count_occurrences(const std::string& text, const std::string& part);
+
+// The phrase device messages begin with, owned by llm::cuda::unusable_message:
+// tests check that it is written exactly once.
+inline constexpr const char* kUnusableDevicePhrase = "no usable CUDA device";
+
 // Expects every vocab-sized row of `got` to match `ref` within the fp32
 // tolerance for a whole model's logits (every layer's rounding compounds);
 // a failure names `what` and the row.
