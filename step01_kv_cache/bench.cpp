@@ -8,6 +8,8 @@
 #include <Eigen/Core>
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+
 #include "llm/harness/benchmark_main.hpp"
 
 #include "llm/cpu_model.hpp"
@@ -57,12 +59,15 @@ struct MatrixSet {
   };
   std::vector<Matrix> matrices;
   double bytes = 0;
+  int widest_in = 0, widest_out = 0;  // the sizes x and y must hold
 
   MatrixSet() {
     const llm::ModelConfig c = llm::find_preset("small").config;
     const auto add = [&](int out, int in) {
       matrices.push_back({Storage(static_cast<std::size_t>(out) * in, 0.01f), out, in});
       bytes += static_cast<double>(out) * in * sizeof(float);
+      widest_in = std::max(widest_in, in);
+      widest_out = std::max(widest_out, out);
     };
     for (int l = 0; l < c.n_layers; ++l) {
       for (int i = 0; i < 4; ++i) add(c.dim, c.dim);
@@ -82,7 +87,7 @@ using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Row
 template <class Storage, bool EigenGeneral>
 void matvec(benchmark::State& state) {
   static const MatrixSet<Storage> set;
-  std::vector<float> x(4096, 1.0f), y(40000);
+  std::vector<float> x(static_cast<std::size_t>(set.widest_in), 1.0f), y(static_cast<std::size_t>(set.widest_out));
   for (auto _ : state) {
     for (const auto& m : set.matrices) {
       const Eigen::Map<const RowMajor> w(m.weight.data(), m.out, m.in);

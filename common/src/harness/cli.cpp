@@ -135,6 +135,16 @@ DeviceSelection select_devices(const std::string& flag) {
   return s;
 }
 
+namespace {
+
+// A command line that cannot be read: the message, where to look, status 1.
+int refuse_command_line(const std::string& message) {
+  std::fprintf(stderr, "error: %s\nRun with --help for every flag and the values it takes.\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
@@ -146,22 +156,13 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);
     // Everything else is a bad command line: CLI11's message, then status 1
     // like all bad input (CLI11's own codes, 105 to 109, say nothing more).
-    std::fprintf(stderr, "error: %s\nRun with --help for every flag and the values it takes.\n", e.what());
-    return 1;
+    return refuse_command_line(e.what());
   } catch (const std::out_of_range& e) {
     // CLI11 reads a negatable flag's value (--no-causal=N) with std::stoll
     // and lets its out_of_range escape for a number past 64 bits.
-    std::fprintf(stderr,
-                 "error: a number on the command line is out of range (%s)\n"
-                 "Run with --help for every flag and the values it takes.\n",
-                 e.what());
-    return 1;
+    return refuse_command_line(fmt::format("a number on the command line is out of range ({})", e.what()));
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr,
-                 "error: a value on the command line cannot be read (%s)\n"
-                 "Run with --help for every flag and the values it takes.\n",
-                 e.what());
-    return 1;
+    return refuse_command_line(fmt::format("a value on the command line cannot be read ({})", e.what()));
   }
   return std::nullopt;
 }
