@@ -9,32 +9,23 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "llm/errors.hpp"
 #include "llm/tokenizer.hpp"
-
-#ifndef LLM_DEFAULT_MODELS_DIR
-#define LLM_DEFAULT_MODELS_DIR "../shared/models"
-#endif
+#include "model_file.hpp"  // tests/: the real model files, found as the tests find them
 
 namespace {
 
 const llm::Tokenizer& tokenizer() {
   static const std::unique_ptr<llm::Tokenizer> t = [] {
-    std::vector<std::filesystem::path> dirs;
-    if (const char* env = std::getenv("LLM_MODELS_DIR")) dirs.emplace_back(env);
-    dirs.emplace_back(LLM_DEFAULT_MODELS_DIR);
-    for (const auto& dir : dirs) {
-      std::error_code ec;
-      if (std::filesystem::is_regular_file(dir / "tok512.bin", ec)) {
-        std::fprintf(stderr, "fuzz_tokenizer_encode: %s (vocab 512)\n", (dir / "tok512.bin").c_str());
-        return std::make_unique<llm::Tokenizer>(llm::Tokenizer::load((dir / "tok512.bin").string(), 512));
-      }
+    if (const std::optional<std::string> path = llm::testing::model_file("tok512.bin")) {
+      std::fprintf(stderr, "fuzz_tokenizer_encode: %s (vocab 512)\n", path->c_str());
+      return std::make_unique<llm::Tokenizer>(llm::Tokenizer::load(*path, 512));
     }
     std::fprintf(stderr, "fuzz_tokenizer_encode: tok512.bin not found; the byte-level tokenizer (vocab 512)\n");
     return std::make_unique<llm::Tokenizer>(llm::Tokenizer::byte_level(512));

@@ -5,7 +5,7 @@
 # behaviour, an escaped exception or an oversized allocation (the input is
 # saved as BUILD_DIR/fuzz/artifacts/<target>-crash-*, the report is printed).
 #   fuzz/run.sh [--build-dir DIR] [--seconds N] [--jobs J] [TARGET...]
-# Defaults: build-sanitize, 30 s, one target at a time, all four targets.
+# Defaults: build-sanitize, 30 s, one target at a time, every target.
 # --jobs 2 runs two targets at once (each is single-threaded). Extra libFuzzer
 # flags go in $FUZZ_FLAGS (FUZZ_FLAGS=-runs=10000000 --seconds 0: no time limit).
 set -euo pipefail
@@ -24,7 +24,10 @@ while (($#)); do
     *) targets+=("$1"); shift ;;
   esac
 done
-((${#targets[@]})) || targets=(fuzz_checkpoint fuzz_tokenizer_load fuzz_tokenizer_encode fuzz_command_line)
+# No target named: every fuzz/fuzz_*.cpp (as fuzz/CMakeLists.txt builds them).
+if ((${#targets[@]} == 0)); then
+  for source in fuzz/fuzz_*.cpp; do targets+=("$(basename "$source" .cpp)"); done
+fi
 
 artifacts=$build_dir/fuzz/artifacts
 mkdir -p "$artifacts"

@@ -62,7 +62,7 @@ export LD_LIBRARY_PATH=$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [[ -d $cuda_libs ]] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cuda_libs
 # No single command may hang the check: each gets this many seconds.
 command_timeout=${GPU_CHECK_TIMEOUT:-1800}
-# The gpu tests that need stories260K look here (tests/test_support.hpp).
+# The gpu tests that need stories260K look here (tests/model_file.hpp).
 [[ -n ${LLM_MODELS_DIR:-} ]] || export LLM_MODELS_DIR=$repo_root/../shared/models
 
 want() { [[ ",$stages," == *",$1,"* ]]; }

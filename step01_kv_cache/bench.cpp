@@ -69,10 +69,14 @@ struct MatrixSet {
       widest_in = std::max(widest_in, in);
       widest_out = std::max(widest_out, out);
     };
-    for (int l = 0; l < c.n_layers; ++l) {
-      for (int i = 0; i < 4; ++i) add(c.dim, c.dim);
-      for (int i = 0; i < 2; ++i) add(c.hidden_dim, c.dim);
-      add(c.dim, c.hidden_dim);
+    for (int l = 0; l < c.n_layers; ++l) {  // the shapes of llm/weights.hpp's LayerWeights
+      add(c.dim, c.dim);                      // wq
+      add(c.kv_dim(), c.dim);                 // wk
+      add(c.kv_dim(), c.dim);                 // wv
+      add(c.dim, c.dim);                      // wo
+      add(c.hidden_dim, c.dim);               // w1
+      add(c.dim, c.hidden_dim);               // w2
+      add(c.hidden_dim, c.dim);               // w3
     }
     add(c.vocab_size, c.dim);
   }

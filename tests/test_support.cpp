@@ -2,32 +2,15 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <span>
 #include <unistd.h>
 
-#ifndef LLM_DEFAULT_MODELS_DIR
-#define LLM_DEFAULT_MODELS_DIR "../shared/models"
-#endif
-
 #include "llm/harness/compare.hpp"
 
 namespace llm::testing {
-
-std::optional<std::string> model_file(const std::string& name) {
-  std::vector<std::filesystem::path> dirs;
-  if (const char* env = std::getenv("LLM_MODELS_DIR")) dirs.emplace_back(env);
-  dirs.emplace_back(LLM_DEFAULT_MODELS_DIR);
-  for (const auto& dir : dirs) {
-    const auto path = dir / name;
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(path, ec)) return path.string();
-  }
-  return std::nullopt;
-}
 
 std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale) {
   std::mt19937_64 rng(seed);

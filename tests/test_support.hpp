@@ -11,12 +11,9 @@
 #include <gtest/gtest.h>
 
 #include "llm/cuda/cuda_runtime_api.hpp"
+#include "model_file.hpp"  // model_file(): the real model files
 
 namespace llm::testing {
-
-// Path of a file in the real-models folder ($LLM_MODELS_DIR, else
-// ../shared/models beside the project), or nullopt when it is absent.
-std::optional<std::string> model_file(const std::string& name);
 
 // Fresh random values in [-scale, scale]; never all zeros.
 std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.0f);

@@ -21,9 +21,6 @@ std::string describe_error(cudaError_t error) {
   return fmt::format("error {} ({}: {})", static_cast<int>(error), cudaGetErrorName(error), cudaGetErrorString(error));
 }
 
-// CUDA encodes versions as 1000 * major + 10 * minor: 13000 -> "13.0".
-std::string version_string(int version) { return fmt::format("{}.{}", version / 1000, (version % 1000) / 10); }
-
 static_assert(cudaErrorInsufficientDriver == 35 && cudaErrorNoDevice == 100,
               "status_from_device_count_error (device_status.cpp) names these two errors by value");
 
@@ -107,8 +104,8 @@ void fill_device_info(DeviceInfo& info) {
     info.cuda_note = status.reason;
     // Versions are useful even without a device ("driver 0.0": no driver).
     int version = 0;
-    if (cudaRuntimeGetVersion(&version) == cudaSuccess) info.cuda_runtime = version_string(version);
-    if (cudaDriverGetVersion(&version) == cudaSuccess && version > 0) info.cuda_driver = version_string(version);
+    if (cudaRuntimeGetVersion(&version) == cudaSuccess) info.cuda_runtime = cuda_version_string(version);
+    if (cudaDriverGetVersion(&version) == cudaSuccess && version > 0) info.cuda_driver = cuda_version_string(version);
     static_cast<void>(cudaGetLastError());
     if (!status.usable) return;
 

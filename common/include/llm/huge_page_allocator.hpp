@@ -33,8 +33,9 @@ inline constexpr std::size_t kAlignment = 64;                         // a cache
 
 // `bytes` (at least kSmallestBytes), kAlignment-aligned, from a huge-page slab.
 void* allocate(std::size_t bytes);
-// Returns what allocate(bytes) gave; frees the slab when it was its last.
-void release(void* memory, std::size_t bytes) noexcept;
+// Returns what allocate() gave (its slab is found from the address); frees
+// the slab when it was the slab's last live allocation.
+void release(void* memory) noexcept;
 // Slabs currently held from the system (for tests: 0 once every allocation is released).
 std::size_t slabs_held();
 
@@ -59,7 +60,7 @@ struct HugePageAllocator {
     if (n * sizeof(T) < huge_pages::kSmallestBytes)
       ::operator delete(memory);
     else
-      huge_pages::release(memory, n * sizeof(T));
+      huge_pages::release(memory);
   }
 
   template <class U>

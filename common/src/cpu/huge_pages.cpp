@@ -57,7 +57,7 @@ void* allocate(std::size_t bytes) {
   return memory;
 }
 
-void release(void* memory, std::size_t) noexcept {
+void release(void* memory) noexcept {
   const std::lock_guard lock(slabs_mutex);
   const char* address = static_cast<const char*>(memory);
   for (auto slab = slabs.begin(); slab != slabs.end(); ++slab) {

@@ -1,6 +1,7 @@
 // The CUDA-free half of device_status() (llm/cuda/cuda_runtime_api.hpp):
-// naming why cudaGetDeviceCount failed. Compiled in every build, so the CPU
-// tests check the wording and the kind without a GPU or a driver.
+// naming why cudaGetDeviceCount failed, and CUDA versions in words. Compiled
+// in every build, so the CPU tests check the wording and the kind without a
+// GPU or a driver.
 #include <fmt/format.h>
 
 #include <string>
@@ -15,10 +16,11 @@ namespace {
 constexpr int kInsufficientDriver = 35;  // cudaErrorInsufficientDriver
 constexpr int kNoDevice = 100;           // cudaErrorNoDevice
 
-// CUDA encodes versions as 1000 * major + 10 * minor: 13000 -> "13.0".
-std::string version_string(int version) { return fmt::format("{}.{}", version / 1000, (version % 1000) / 10); }
-
 }  // namespace
+
+std::string cuda_version_string(int version) {
+  return fmt::format("{}.{}", version / 1000, (version % 1000) / 10);
+}
 
 DeviceStatus status_from_device_count_error(int cuda_error, int driver_version, int runtime_version,
                                             const char* cuda_visible_devices) {
@@ -30,8 +32,8 @@ DeviceStatus status_from_device_count_error(int cuda_error, int driver_version, 
     return {false, DeviceKind::DriverTooOld,
             fmt::format("the NVIDIA driver supports CUDA up to {}, older than this build's CUDA runtime {}; "
                         "update the driver (or build with a CUDA toolkit no newer than {})",
-                        version_string(driver_version), version_string(runtime_version),
-                        version_string(driver_version))};
+                        cuda_version_string(driver_version), cuda_version_string(runtime_version),
+                        cuda_version_string(driver_version))};
   }
   if (cuda_error == kNoDevice) {
     if (cuda_visible_devices != nullptr)

@@ -47,6 +47,10 @@ inline std::string unusable_message(const DeviceStatus& status) {
   return status.usable ? std::string("CUDA device usable") : "no usable CUDA device: " + status.reason;
 }
 
+// A CUDA version as CUDA encodes it (1000 * major + 10 * minor) in words:
+// 13000 -> "13.0". No CUDA calls: defined in every build.
+std::string cuda_version_string(int version);
+
 // The status when cudaGetDeviceCount fails with `cuda_error` (a cudaError_t
 // value), from what else is known: the installed driver's CUDA version
 // (cudaDriverGetVersion; 0 when no driver is installed), this build's runtime
