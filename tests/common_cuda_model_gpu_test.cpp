@@ -1,9 +1,11 @@
 // The CUDA fp32 baseline against the CPU reference: same logits (fp32
 // tolerance) and the same greedy tokens, for prefill, decode, chunked prefill
 // and mixed batches, on the tiny preset and on configs with awkward sizes.
-// Every test skips with the reason when no CUDA device is usable (always in a
-// CPU-only build), except the device-status test, which checks that the
-// status and device info are sane with or without a GPU.
+// Every test skips with the reason where no GPU can be present (always in a
+// CPU-only build) and fails where one is present but unusable
+// (LLM_REQUIRE_CUDA_DEVICE, tests/test_support.hpp), except the device-status
+// test, which checks that the status and device info are sane with or
+// without a GPU.
 //
 // Only llm/cuda/cuda_runtime_api.hpp is used, so this file also compiles in a
 // build without CUDA.

@@ -8,8 +8,10 @@
 // with an InputError. Then the model: a CudaModel with
 // the FA1 kernel in its attention hook against the default CudaModel and the
 // CPU reference, every logits row, one prefill and a second chunk after it.
-// Every test that needs a GPU skips with the reason when no CUDA device is
-// usable (always in a CPU-only build); the argument checks run everywhere.
+// Every test that needs a GPU skips with the reason where no GPU can be
+// present (always in a CPU-only build) and fails where one is present but
+// unusable (LLM_REQUIRE_CUDA_DEVICE, tests/test_support.hpp); the argument
+// checks run everywhere.
 #include <gtest/gtest.h>
 
 #include <random>

@@ -1,7 +1,8 @@
 // Step 03 (grouped-query attention), CUDA: both GPU variants against the CPU
 // reference for groups 1, 2, 3, 4, 8, 32 (MQA) at odd lengths, lengths that are
 // not multiples of the kernels' 64-key chunks, and head sizes up to 256.
-// Skips with the reason when no CUDA device is usable.
+// Skips with the reason where no GPU can be present, fails where one is
+// present but unusable (LLM_REQUIRE_CUDA_DEVICE, tests/test_support.hpp).
 #include <gtest/gtest.h>
 
 #include <limits>

@@ -1,6 +1,7 @@
 // Step 04 on CUDA: greedy speculative decoding with the target and the model
 // drafters on the GPU is token-for-token plain greedy decoding on the GPU.
-// Skips with the reason when no CUDA device is usable.
+// Skips with the reason where no GPU can be present, fails where one is
+// present but unusable (LLM_REQUIRE_CUDA_DEVICE, tests/test_support.hpp).
 #include <gtest/gtest.h>
 
 #include "llm/cuda/cuda_runtime_api.hpp"

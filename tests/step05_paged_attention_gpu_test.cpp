@@ -5,8 +5,9 @@
 // (the long ones split into partitions and merged, the short ones leaving
 // partitions empty), GQA groups 1 to 8 and MQA, head_dim 8, 13, 64, 80, 128;
 // prefill with n_past > 0; query rows mapped through `rows`; the CUDA model
-// with the paged hook against the CPU model. Skips with the reason when no
-// CUDA device is usable.
+// with the paged hook against the CPU model. Skips with the reason where no
+// GPU can be present, fails where one is present but unusable
+// (LLM_REQUIRE_CUDA_DEVICE, tests/test_support.hpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -10,8 +10,9 @@
 //
 // The kernels poison their outputs with NaN before a launch, and
 // llm::compare counts non-finite values as failures: an output the kernel
-// never writes cannot pass. Every test skips with the reason when no CUDA
-// device is usable (always in a build without CUDA).
+// never writes cannot pass. Every test skips with the reason where no GPU
+// can be present (always in a build without CUDA) and fails where one is
+// present but unusable (LLM_REQUIRE_CUDA_DEVICE, tests/test_support.hpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,8 +1,10 @@
 // Step 07's engine on the GPU: the CUDA paged model serves every policy under
 // a KV pool of one full context (preemption, chunked prefill), and each
 // request's greedy tokens equal its solo tokens on the CUDA model with its
-// own contiguous cache; on the tiny preset and on stories260K. Skips without
-// a CUDA device (and stories260K without its files).
+// own contiguous cache; on the tiny preset and on stories260K. Skips where no
+// GPU can be present and fails where one is present but unusable
+// (LLM_REQUIRE_CUDA_DEVICE, tests/test_support.hpp); stories260K's cases skip
+// without its files.
 #include <gtest/gtest.h>
 
 #include "llm/checkpoint.hpp"
