@@ -16,9 +16,7 @@ function(llm_add_step name)
   # variants.hpp never collide when one step links another's library.
   target_include_directories(${lib} PUBLIC ${PROJECT_SOURCE_DIR})
   target_link_libraries(${lib} PUBLIC llm_common ${STEP_LINK})
-  # Eigen's AVX-512 code trips GCC 12's -Wmaybe-uninitialized (false positives).
-  target_compile_options(${lib} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>
-  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wno-maybe-uninitialized>)
+  llm_enable_warnings(${lib})  # cmake/Warnings.cmake
   if(LLM_WITH_CUDA AND STEP_CUDA_SOURCES)
     target_sources(${lib} PRIVATE ${STEP_CUDA_SOURCES})
     # -lineinfo: profilers (Nsight Compute) map instructions back to source lines.

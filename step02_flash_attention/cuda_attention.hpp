@@ -29,6 +29,11 @@ const char* flash1_unsupported(const AttentionProblem& p);
 // each owning 16 query rows (FA2).
 void flash2_fp16_attention(const AttentionProblem& p, const AttentionArgs& args);
 void flash2_bf16_attention(const AttentionProblem& p, const AttentionArgs& args);
+// The oldest architecture whose mma.sync each of them uses exists on (the
+// variants table and the kernels' own launch check both read these):
+// fp16 m16n8k8 from sm_75 (Turing), bf16 m16n8k16 from sm_80 (Ampere).
+inline constexpr int kFlash2Fp16MinComputeCapability = 75;
+inline constexpr int kFlash2Bf16MinComputeCapability = 80;
 // What their kernels were compiled for, on the current GPU (cudaFuncGetAttributes;
 // {0, 0} when the build holds no image for it). Each call of the two
 // functions above checks it first: DeviceError rather than a trap.

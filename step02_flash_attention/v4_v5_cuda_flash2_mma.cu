@@ -337,8 +337,9 @@ void require_tensor_cores(const char* name) {
   LLM_CUDA_CHECK(cudaGetDevice(&device));
   LLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   LLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  const std::string why = tensor_core_unavailable(kBf16 ? "bf16 tensor-core mma" : "fp16 tensor-core mma",
-                                                  kBf16 ? 80 : 75, kernel_image<kBf16>(), major * 10 + minor);
+  const int needed = kBf16 ? kFlash2Bf16MinComputeCapability : kFlash2Fp16MinComputeCapability;
+  const std::string why = tensor_core_unavailable(kBf16 ? "bf16 tensor-core mma" : "fp16 tensor-core mma", needed,
+                                                  kernel_image<kBf16>(), major * 10 + minor);
   if (!why.empty()) throw llm::DeviceError(std::string(name) + ": " + why);
 }
 

@@ -24,6 +24,15 @@ std::string describe_error(cudaError_t error) {
 static_assert(cudaErrorInsufficientDriver == 35 && cudaErrorNoDevice == 100,
               "status_from_device_count_error (device_status.cpp) names these two errors by value");
 
+// This build's CUDA runtime version, as CUDA encodes it (13000 for 13.0); 0
+// if it cannot be read.
+int runtime_version() {
+  int version = 0;
+  if (cudaRuntimeGetVersion(&version) != cudaSuccess) version = 0;
+  static_cast<void>(cudaGetLastError());
+  return version;
+}
+
 // The installed driver's CUDA version, 0 when there is no driver (the runtime
 // could not load libcuda).
 int installed_driver_version() {
@@ -45,10 +54,8 @@ DeviceStatus query_status() {
     // driver older than the runtime; with CUDA_VISIBLE_DEVICES="" it is 100
     // (cudaErrorNoDevice).
     static_cast<void>(cudaGetLastError());  // clear it so later calls start clean
-    int runtime = 0;
-    static_cast<void>(cudaRuntimeGetVersion(&runtime));
     DeviceStatus status = status_from_device_count_error(static_cast<int>(count_error), installed_driver_version(),
-                                                         runtime, std::getenv("CUDA_VISIBLE_DEVICES"));
+                                                         runtime_version(), std::getenv("CUDA_VISIBLE_DEVICES"));
     if (status.kind == DeviceKind::DeviceFailed) status.reason = "cudaGetDeviceCount failed with " + describe_error(count_error);
     return status;
   }
@@ -103,10 +110,8 @@ void fill_device_info(DeviceInfo& info) {
     info.cuda_available = status.usable;
     info.cuda_note = status.reason;
     // Versions are useful even without a device ("driver 0.0": no driver).
-    int version = 0;
-    if (cudaRuntimeGetVersion(&version) == cudaSuccess) info.cuda_runtime = cuda_version_string(version);
-    if (cudaDriverGetVersion(&version) == cudaSuccess && version > 0) info.cuda_driver = cuda_version_string(version);
-    static_cast<void>(cudaGetLastError());
+    if (const int runtime = runtime_version(); runtime > 0) info.cuda_runtime = cuda_version_string(runtime);
+    if (const int driver = installed_driver_version(); driver > 0) info.cuda_driver = cuda_version_string(driver);
     if (!status.usable) return;
 
     int device = 0;
