@@ -1,3 +1,10 @@
+# llm_step_cuda_options(<target>): how a step's .cu files are compiled (also
+# used by tests/CMakeLists.txt to compile one again with spills as errors).
+# -lineinfo: profilers (Nsight Compute) map instructions back to source lines.
+function(llm_step_cuda_options target)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+endfunction()
+
 # llm_add_step(<step> SOURCES ... [CUDA_SOURCES ...] [NO_CUDA_SOURCES ...] [LINK ...])
 #
 # Every step folder builds the same three things from its own sources:
@@ -19,8 +26,7 @@ function(llm_add_step name)
   llm_enable_warnings(${lib})  # cmake/Warnings.cmake
   if(LLM_WITH_CUDA AND STEP_CUDA_SOURCES)
     target_sources(${lib} PRIVATE ${STEP_CUDA_SOURCES})
-    # -lineinfo: profilers (Nsight Compute) map instructions back to source lines.
-    target_compile_options(${lib} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+    llm_step_cuda_options(${lib})
   elseif(NOT LLM_WITH_CUDA AND STEP_NO_CUDA_SOURCES)
     target_sources(${lib} PRIVATE ${STEP_NO_CUDA_SOURCES})
   endif()

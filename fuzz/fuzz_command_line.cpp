@@ -2,11 +2,11 @@
 // whitespace, as a shell would (no quoting), and parsed with the flags every
 // step registers (add_common_options) plus step flags of each kind the steps
 // use (an int, a comma-separated int list, a double, a string, flags, negated
-// flags) under
-// the range checks at_least, greater_than and in_range. parse_command_line
-// must either accept the words, or print "error: ..." and return 1 (0 after
-// --help): any exception escaping it, a crash or undefined behaviour is a
-// finding. Run with -close_fd_mask=3: each refusal prints its message.
+// flags) under the range checks at_least, greater_than and in_range.
+// parse_command_line must either accept the words, or print "error: ..." and
+// return 1 (0 after --help): any exception escaping it, a crash or undefined
+// behaviour is a finding. Run with -close_fd_mask=3: each refusal prints its
+// message.
 #include <CLI/CLI.hpp>
 
 #include <cstddef>

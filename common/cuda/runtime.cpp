@@ -56,7 +56,10 @@ DeviceStatus query_status() {
     static_cast<void>(cudaGetLastError());  // clear it so later calls start clean
     DeviceStatus status = status_from_device_count_error(static_cast<int>(count_error), installed_driver_version(),
                                                          runtime_version(), std::getenv("CUDA_VISIBLE_DEVICES"));
-    if (status.kind == DeviceKind::DeviceFailed) status.reason = "cudaGetDeviceCount failed with " + describe_error(count_error);
+    // Any other error: its CUDA name and text, which the CUDA-free half
+    // (device_status.cpp) has only as a number.
+    if (status.kind == DeviceKind::DeviceFailed)
+      status.reason = "cudaGetDeviceCount failed with " + describe_error(count_error);
     return status;
   }
   if (count == 0) return failed(DeviceKind::NoDevice, "no CUDA device visible (cudaGetDeviceCount returned 0)");
