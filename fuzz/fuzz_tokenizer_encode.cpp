@@ -9,28 +9,26 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "llm/errors.hpp"
 #include "llm/tokenizer.hpp"
 #include "model_file.hpp"  // tests/: the real model files, found as the tests find them
 
 namespace {
 
 const llm::Tokenizer& tokenizer() {
-  static const std::unique_ptr<llm::Tokenizer> t = [] {
+  static const llm::Tokenizer t = [] {
     if (const std::optional<std::string> path = llm::testing::model_file("tok512.bin")) {
       std::fprintf(stderr, "fuzz_tokenizer_encode: %s (vocab 512)\n", path->c_str());
-      return std::make_unique<llm::Tokenizer>(llm::Tokenizer::load(*path, 512));
+      return llm::Tokenizer::load(*path, 512);
     }
     std::fprintf(stderr, "fuzz_tokenizer_encode: tok512.bin not found; the byte-level tokenizer (vocab 512)\n");
-    return std::make_unique<llm::Tokenizer>(llm::Tokenizer::byte_level(512));
+    return llm::Tokenizer::byte_level(512);
   }();
-  return *t;
+  return t;
 }
 
 }  // namespace

@@ -237,7 +237,6 @@ TEST(CheckpointRead, HugeButPlausibleHeaderInMemoryIsTruncatedNotAllocated) {
   EXPECT_THROW(read_checkpoint(in, "in memory"), InputError);
 }
 
-
 TEST(Stories260KCheckpoint, LoadsWithTheDocumentedShape) {
   LLM_REQUIRE_MODEL_FILE(model_path, "stories260K.bin");
   const ModelWeights weights = load_checkpoint(model_path);

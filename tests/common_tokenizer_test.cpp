@@ -50,16 +50,9 @@ std::string round_trip(const Tokenizer& tok, const std::string& text) {
   return decoded;
 }
 
-// A tokenizer file in llama2.c's format: <unk>, <s>, </s>, the 256 byte
-// tokens (ids 3..258), then `extra` (piece, score) pairs from id 259.
-std::string write_tokenizer_file(const std::string& name, const std::vector<std::pair<std::string, float>>& extra) {
-  std::vector<std::pair<std::string, float>> pieces = {{"<unk>", 0.0f}, {"\n<s>\n", 0.0f}, {"\n</s>\n", 0.0f}};
-  for (int b = 0; b < 256; ++b) {
-    char hex[8];
-    std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
-    pieces.emplace_back(hex, 0.0f);
-  }
-  pieces.insert(pieces.end(), extra.begin(), extra.end());
+// A tokenizer file in llama2.c's format holding exactly `pieces` ((piece,
+// score) pairs, id 0 first): max_token_length, then score, length, bytes each.
+std::string write_pieces_file(const std::string& name, const std::vector<std::pair<std::string, float>>& pieces) {
   const std::string path = testing::temp_path(name);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   const std::int32_t max_length = 16;
@@ -71,6 +64,19 @@ std::string write_tokenizer_file(const std::string& name, const std::vector<std:
     out.write(piece.data(), length);
   }
   return path;
+}
+
+// A full tokenizer file: <unk>, <s>, </s>, the 256 byte tokens (ids 3..258),
+// then `extra` (piece, score) pairs from id 259.
+std::string write_tokenizer_file(const std::string& name, const std::vector<std::pair<std::string, float>>& extra) {
+  std::vector<std::pair<std::string, float>> pieces = {{"<unk>", 0.0f}, {"\n<s>\n", 0.0f}, {"\n</s>\n", 0.0f}};
+  for (int b = 0; b < 256; ++b) {
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
+    pieces.emplace_back(hex, 0.0f);
+  }
+  pieces.insert(pieces.end(), extra.begin(), extra.end());
+  return write_pieces_file(name, pieces);
 }
 
 // ids 259..265 of the synthetic vocabulary.
@@ -326,27 +332,14 @@ TEST(Llama2Tokenizer, EncodesHelloWorldAndRoundTrips) {
 
 // --- Found by fuzzing (fuzz/fuzz_tokenizer_load.cpp) ----------------------
 
-// A tokenizer file with exactly `pieces` (no byte tokens), scores 0.
-std::string write_small_tokenizer(const std::string& name, const std::vector<std::string>& pieces) {
-  const std::string path = testing::temp_path(name);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  const std::int32_t max_length = 8;
-  out.write(reinterpret_cast<const char*>(&max_length), sizeof(max_length));
-  for (const std::string& piece : pieces) {
-    const float score = static_cast<float>(piece.size());
-    const auto length = static_cast<std::int32_t>(piece.size());
-    out.write(reinterpret_cast<const char*>(&score), sizeof(score));
-    out.write(reinterpret_cast<const char*>(&length), sizeof(length));
-    out.write(piece.data(), length);
-  }
-  return path;
-}
-
 // A vocabulary of fewer than 259 tokens has no byte token for most bytes:
 // byte fallback used to emit id 3 + byte anyway, and the merge loop then read
 // past the end of the pieces (a heap overflow). Such bytes are <unk> now.
 TEST(TokenizerFuzzFindings, ASmallVocabularyEncodesBytesItCannotHoldAsUnk) {
-  const std::string path = write_small_tokenizer("small_vocab.bin", {"<unk>", "\n<s>\n", "\n</s>\n", " ", "a", "b", " a", "ab"});
+  // No byte tokens; a piece's score is its length.
+  const std::string path = write_pieces_file("small_vocab.bin", {{"<unk>", 5.0f}, {"\n<s>\n", 5.0f}, {"\n</s>\n", 6.0f},
+                                                                  {" ", 1.0f}, {"a", 1.0f}, {"b", 1.0f}, {" a", 2.0f},
+                                                                  {"ab", 2.0f}});
   const Tokenizer tok = Tokenizer::load(path, 8);
   // "z" and the two bytes of "é" have no token: <unk> each.
   const std::vector<int> ids = tok.encode("ab z\xC3\xA9", /*add_bos=*/true, /*add_eos=*/true);
@@ -361,7 +354,7 @@ TEST(TokenizerFuzzFindings, ASmallVocabularyEncodesBytesItCannotHoldAsUnk) {
 
 // encode() emits <unk>, <s> and </s> by id: a vocabulary without them is refused.
 TEST(TokenizerFuzzFindings, RejectsAVocabularyWithoutTheThreeSpecialTokens) {
-  const std::string path = write_small_tokenizer("two_tokens.bin", {"<unk>", "\n<s>\n"});
+  const std::string path = write_pieces_file("two_tokens.bin", {{"<unk>", 5.0f}, {"\n<s>\n", 5.0f}});
   EXPECT_TRUE(HasSubstr(load_error(path, 2), "at least 3 tokens"));
   const std::vector<char> bytes = read_bytes(path);
   std::istringstream one_token(std::string(bytes.begin(), bytes.begin() + 4 + 8 + 5));  // header, "<unk>"
