@@ -14,6 +14,7 @@
 
 #include "llm/cpu_model.hpp"
 #include "llm/huge_page_allocator.hpp"
+#include "llm/linear.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "step01_kv_cache/generation.hpp"
 
@@ -85,21 +86,21 @@ struct MatrixSet {
 using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // y = W x for every matrix of the set. EigenGeneral: Eigen's matrix-vector
-// product, which walks several rows of W side by side. OneRowAtATime: one
-// dot product per row, so W is read front to back as one stream (what
-// DenseLinear does for a single row, and what llama2.c's matmul does).
+// product, which walks several rows of W side by side. Otherwise
+// llm::matvec_row_by_row, DenseLinear's own decode product: one dot product
+// per row, so W is read front to back as one stream (what llama2.c's matmul
+// does too).
 template <class Storage, bool EigenGeneral>
 void matvec(benchmark::State& state) {
   static const MatrixSet<Storage> set;
   std::vector<float> x(static_cast<std::size_t>(set.widest_in), 1.0f), y(static_cast<std::size_t>(set.widest_out));
   for (auto _ : state) {
     for (const auto& m : set.matrices) {
-      const Eigen::Map<const RowMajor> w(m.weight.data(), m.out, m.in);
-      const Eigen::Map<const Eigen::VectorXf> xv(x.data(), m.in);
       if constexpr (EigenGeneral) {
-        Eigen::Map<Eigen::VectorXf>(y.data(), m.out).noalias() = w * xv;
+        const Eigen::Map<const RowMajor> w(m.weight.data(), m.out, m.in);
+        Eigen::Map<Eigen::VectorXf>(y.data(), m.out).noalias() = w * Eigen::Map<const Eigen::VectorXf>(x.data(), m.in);
       } else {
-        for (int o = 0; o < m.out; ++o) y[static_cast<std::size_t>(o)] = w.row(o).dot(xv.transpose());
+        llm::matvec_row_by_row(m.weight.data(), m.out, m.in, x.data(), y.data());
       }
     }
     benchmark::DoNotOptimize(y.data());

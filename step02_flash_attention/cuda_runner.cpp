@@ -96,7 +96,7 @@ std::string CudaProblem::skip_reason(const AttentionVariant& v) const {
     const KernelImage image = v.fn.kernel_image ? v.fn.kernel_image() : KernelImage{};
     const std::string why =
         tensor_core_unavailable(fmt::format("{} tensor-core mma", llm::dtype_name(v.fn.dtype)),
-                                v.fn.min_compute_capability, image, cuda_compute_capability());
+                                v.fn.min_compute_capability, image, llm::cuda::compute_capability());
     if (!why.empty()) return why;
   }
   if (v.fn.unsupported)
@@ -129,20 +129,6 @@ llm::TimingStats CudaProblem::time(const AttentionVariant& v, int warmup, int ru
   Impl& m = *impl_;
   const AttentionArgs args = m.args_for(v);
   return llm::cuda::time_cuda([&] { v.fn.run(m.p, args); }, warmup, runs, /*flush_l2=*/true);
-}
-
-int cuda_compute_capability() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    static_cast<void>(cudaGetLastError());
-    return 0;
-  }
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    static_cast<void>(cudaGetLastError());
-    return 0;
-  }
-  return major * 10 + minor;
 }
 
 std::unique_ptr<llm::Model> make_cuda_model(const llm::ModelWeights& weights, CudaModelPrefill prefill) {

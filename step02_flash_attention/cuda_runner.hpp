@@ -43,9 +43,6 @@ class CudaProblem {
   std::unique_ptr<Impl> impl_;
 };
 
-// Compute capability of the current GPU as 75, 80, 90 (0 when none).
-int cuda_compute_capability();
-
 // Which attention a CUDA model's prefill runs (decode keeps the model's
 // default kernel either way).
 enum class CudaModelPrefill {

@@ -20,7 +20,6 @@ std::vector<float> CudaProblem::run_once(const AttentionVariant&) {
 llm::TimingStats CudaProblem::time(const AttentionVariant&, int, int) {
   throw llm::DeviceError("step02: built without CUDA");
 }
-int cuda_compute_capability() { return 0; }
 std::unique_ptr<llm::Model> make_cuda_model(const llm::ModelWeights&, CudaModelPrefill) {
   throw llm::DeviceError("step02: built without CUDA");
 }

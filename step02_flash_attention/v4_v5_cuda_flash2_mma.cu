@@ -44,6 +44,7 @@
 
 #include <cstdint>
 
+#include "llm/cuda/cuda_runtime_api.hpp"
 #include "step02_flash_attention/cuda_attention.hpp"
 #include "step02_flash_attention/cuda_common.cuh"
 
@@ -330,16 +331,15 @@ KernelImage kernel_image() {
 }
 
 // Tensor-core mma needs code compiled for sm_75 (fp16) or sm_80 (bf16): said
-// in words rather than as a launch failure or a trap.
+// in words rather than as a launch failure or a trap. Decided once per
+// process (neither the card nor the kernel's image changes between calls),
+// not on every call: the step's timing loops call flash2 back to back.
 template <bool kBf16>
 void require_tensor_cores(const char* name) {
-  int device = 0, major = 0, minor = 0;
-  LLM_CUDA_CHECK(cudaGetDevice(&device));
-  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  const int needed = kBf16 ? kFlash2Bf16MinComputeCapability : kFlash2Fp16MinComputeCapability;
-  const std::string why = tensor_core_unavailable(kBf16 ? "bf16 tensor-core mma" : "fp16 tensor-core mma", needed,
-                                                  kernel_image<kBf16>(), major * 10 + minor);
+  static const std::string why = tensor_core_unavailable(
+      kBf16 ? "bf16 tensor-core mma" : "fp16 tensor-core mma",
+      kBf16 ? kFlash2Bf16MinComputeCapability : kFlash2Fp16MinComputeCapability, kernel_image<kBf16>(),
+      llm::cuda::compute_capability());
   if (!why.empty()) throw llm::DeviceError(std::string(name) + ": " + why);
 }
 

@@ -696,13 +696,9 @@ std::span<T> span_of(std::vector<T>& v) {
 
 // fp16 tensor-core MMAs need sm_75 (Turing) or later.
 void check_compute_capability() {
-  int device = 0, major = 0, minor = 0;
-  LLM_CUDA_CHECK(cudaGetDevice(&device));
-  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major * 10 + minor < 75)
+  if (const int capability = llm::cuda::compute_capability(); capability < 75)
     throw llm::DeviceError(text("step06: the quantized kernels use fp16 tensor-core MMAs, which need compute "
-                                "capability 7.5+ (this GPU: ", major, ".", minor, ")"));
+                                "capability 7.5+ (this GPU: ", capability / 10, ".", capability % 10, ")"));
 }
 
 void require_device() {

@@ -24,20 +24,13 @@ std::string describe_error(cudaError_t error) {
 static_assert(cudaErrorInsufficientDriver == 35 && cudaErrorNoDevice == 100,
               "status_from_device_count_error (device_status.cpp) names these two errors by value");
 
-// This build's CUDA runtime version, as CUDA encodes it (13000 for 13.0); 0
-// if it cannot be read.
-int runtime_version() {
+// A CUDA version as CUDA encodes it (13000 for 13.0), read with `query`:
+// cudaRuntimeGetVersion (this build's runtime) or cudaDriverGetVersion (the
+// installed driver's; 0 when there is no driver, as the runtime could not
+// load libcuda). 0 if it cannot be read.
+int read_cuda_version(cudaError_t (*query)(int*)) {
   int version = 0;
-  if (cudaRuntimeGetVersion(&version) != cudaSuccess) version = 0;
-  static_cast<void>(cudaGetLastError());
-  return version;
-}
-
-// The installed driver's CUDA version, 0 when there is no driver (the runtime
-// could not load libcuda).
-int installed_driver_version() {
-  int version = 0;
-  if (cudaDriverGetVersion(&version) != cudaSuccess) version = 0;
+  if (query(&version) != cudaSuccess) version = 0;
   static_cast<void>(cudaGetLastError());
   return version;
 }
@@ -54,8 +47,9 @@ DeviceStatus query_status() {
     // driver older than the runtime; with CUDA_VISIBLE_DEVICES="" it is 100
     // (cudaErrorNoDevice).
     static_cast<void>(cudaGetLastError());  // clear it so later calls start clean
-    DeviceStatus status = status_from_device_count_error(static_cast<int>(count_error), installed_driver_version(),
-                                                         runtime_version(), std::getenv("CUDA_VISIBLE_DEVICES"));
+    DeviceStatus status = status_from_device_count_error(
+        static_cast<int>(count_error), read_cuda_version(cudaDriverGetVersion),
+        read_cuda_version(cudaRuntimeGetVersion), std::getenv("CUDA_VISIBLE_DEVICES"));
     // Any other error: its CUDA name and text, which the CUDA-free half
     // (device_status.cpp) has only as a number.
     if (status.kind == DeviceKind::DeviceFailed)
@@ -113,8 +107,10 @@ void fill_device_info(DeviceInfo& info) {
     info.cuda_available = status.usable;
     info.cuda_note = status.reason;
     // Versions are useful even without a device ("driver 0.0": no driver).
-    if (const int runtime = runtime_version(); runtime > 0) info.cuda_runtime = cuda_version_string(runtime);
-    if (const int driver = installed_driver_version(); driver > 0) info.cuda_driver = cuda_version_string(driver);
+    if (const int runtime = read_cuda_version(cudaRuntimeGetVersion); runtime > 0)
+      info.cuda_runtime = cuda_version_string(runtime);
+    if (const int driver = read_cuda_version(cudaDriverGetVersion); driver > 0)
+      info.cuda_driver = cuda_version_string(driver);
     if (!status.usable) return;
 
     int device = 0;
@@ -149,6 +145,17 @@ int sm_count() {
     return sms;
   }();
   return count;
+}
+
+int compute_capability() {
+  static const int capability = [] {
+    int device = 0, major = 0, minor = 0;
+    LLM_CUDA_CHECK(cudaGetDevice(&device));
+    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    LLM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major * 10 + minor;
+  }();
+  return capability;
 }
 
 double measure_copy_bandwidth_gbps(std::size_t bytes) {

@@ -43,6 +43,12 @@ struct LinearSite {
   auto operator<=>(const LinearSite&) const = default;
 };
 
+// y[out_features] = W[out_features, in_features] x[in_features], W row-major,
+// one weight row at a time: W is read front to back as a single stream.
+// DenseLinear's decode product (why this order: linear.cpp), and the loop
+// step 01's benchmark measures against Eigen's general product.
+void matvec_row_by_row(const float* weight, int out_features, int in_features, const float* x, float* y);
+
 // fp32 weights, [out_features, in_features] row-major, multiplied with Eigen.
 class DenseLinear final : public Linear {
  public:

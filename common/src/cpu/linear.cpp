@@ -7,6 +7,14 @@
 
 namespace llm {
 
+using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+void matvec_row_by_row(const float* weight, int out_features, int in_features, const float* x, float* y) {
+  const Eigen::Map<const RowMajor> w(weight, out_features, in_features);  // [out, in]
+  const Eigen::Map<const Eigen::RowVectorXf> x_row(x, in_features);       // [in]
+  for (int row = 0; row < out_features; ++row) y[row] = w.row(row).dot(x_row);
+}
+
 DenseLinear::DenseLinear(const std::vector<float>& weight, int out_features, int in_features)
     : weight_(weight.begin(), weight.end()), out_(out_features), in_(in_features) {
   if (weight_.size() != static_cast<std::size_t>(out_features) * in_features)
@@ -15,7 +23,6 @@ DenseLinear::DenseLinear(const std::vector<float>& weight, int out_features, int
 }
 
 void DenseLinear::forward(const float* x, int rows, float* y) const {
-  using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const Eigen::Map<const RowMajor> w(weight_.data(), out_, in_);  // [out, in]
   if (rows == 1) {
     // Decode: a matrix-vector product. Each output is the dot product of a
@@ -26,8 +33,7 @@ void DenseLinear::forward(const float* x, int rows, float* y) const {
     // AMD EPYC that reached 16-20 GB/s, where reading W front to back as a
     // single sequential stream reached 28-32 GB/s, the rate llama2.c's
     // one-row loop gets (docs/01_kv_cache.md, section 5.2).
-    const Eigen::Map<const Eigen::VectorXf> x_vector(x, in_);
-    for (int o = 0; o < out_; ++o) y[o] = w.row(o).dot(x_vector.transpose());
+    matvec_row_by_row(weight_.data(), out_, in_, x, y);
     return;
   }
   if (rows <= kSmallBatchRows && weight_bytes() > kSmallBatchMinWeightBytes) {

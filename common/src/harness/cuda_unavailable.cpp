@@ -16,6 +16,10 @@ void fill_device_info(DeviceInfo& info) {
 
 int sm_count() { throw DeviceError("this build has no CUDA support (configure with a CUDA toolkit installed)"); }
 
+int compute_capability() {
+  throw DeviceError("this build has no CUDA support (configure with a CUDA toolkit installed)");
+}
+
 double measure_copy_bandwidth_gbps(std::size_t) {
   throw DeviceError("this build has no CUDA support (configure with a CUDA toolkit installed)");
 }

@@ -74,6 +74,11 @@ void fill_device_info(DeviceInfo& info);
 // Throws DeviceError when no device is usable.
 int sm_count();
 
+// Compute capability of the current GPU as 75, 80, 90 (read once): which
+// tensor-core instructions the card has (step 02's mma rows, step 06's fp16
+// mma). Throws DeviceError when no device is usable.
+int compute_capability();
+
 // The GPU's practical memory bandwidth ceiling, measured: a device-to-device
 // copy of `bytes` (1 GiB by default, far beyond any L2), median of 10 timed
 // copies after 3 warm-ups, counting bytes read plus bytes written (GB/s,
