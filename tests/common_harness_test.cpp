@@ -12,6 +12,7 @@
 
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
+#include "llm/harness/device_info.hpp"
 #include "llm/harness/json_writer.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/timer.hpp"
@@ -28,6 +29,19 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr Tolerance kHugeTolerance{1e30, 1e30};
 
 // --- compare ----------------------------------------------------------------
+
+// Both forms of /proc/driver/nvidia/version's first line: the proprietary
+// module's, and the open module's (seen on an H100), where the word after
+// "Kernel Module" is "for", not the release.
+TEST(DeviceInfo, NvidiaDriverReleaseIsReadFromBothModuleForms) {
+  EXPECT_EQ(nvidia_driver_release("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct 16 2025"),
+            "580.159.04");
+  EXPECT_EQ(nvidia_driver_release(
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U16)"),
+            "580.159.04");
+  EXPECT_EQ(nvidia_driver_release("NVRM version: no module named here"), "");
+  EXPECT_EQ(nvidia_driver_release("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64"), "");
+}
 
 TEST(Compare, IdenticalValuesAreOk) {
   const auto ref = testing::random_vector(100, 1);

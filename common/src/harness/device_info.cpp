@@ -1,11 +1,23 @@
 #include "llm/harness/device_info.hpp"
 
+#include <cctype>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "llm/cuda/cuda_runtime_api.hpp"
 
 namespace llm {
+
+std::string nvidia_driver_release(std::string_view version_line) {
+  const auto module = version_line.find("Kernel Module");
+  if (module == std::string_view::npos) return "";
+  std::istringstream words{std::string(version_line.substr(module + 13))};
+  std::string word;
+  while (words >> word)
+    if (std::isdigit(static_cast<unsigned char>(word.front()))) return word;
+  return "";
+}
 
 DeviceInfo query_device_info() {
   DeviceInfo info;
@@ -22,18 +34,10 @@ DeviceInfo query_device_info() {
   info.cpu_threads = 1;  // the CPU reference is single-threaded for stable numbers
   cuda::fill_device_info(info);
   // The NVIDIA kernel driver's release ("580.159.04"): the CUDA API only knows
-  // the CUDA version it supports. Linux writes it here:
-  //   NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  <date>
+  // the CUDA version it supports. Linux writes it in this file.
   if (info.cuda_available) {
     std::ifstream version("/proc/driver/nvidia/version");
-    if (std::getline(version, line)) {
-      const auto module = line.find("Kernel Module");
-      if (module != std::string::npos) {
-        const auto start = line.find_first_not_of(' ', module + 13);
-        const auto end = line.find(' ', start);
-        if (start != std::string::npos) info.nvidia_driver = line.substr(start, end - start);
-      }
-    }
+    if (std::getline(version, line)) info.nvidia_driver = nvidia_driver_release(line);
   }
   return info;
 }

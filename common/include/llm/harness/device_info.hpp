@@ -1,6 +1,7 @@
 #pragma once
 // What a result was measured on: the CPU model, and the GPU when one is used.
 #include <string>
+#include <string_view>
 
 namespace llm {
 
@@ -22,5 +23,12 @@ struct DeviceInfo {
 };
 
 DeviceInfo query_device_info();  // never throws: missing pieces are left empty
+
+// The release in the first line of /proc/driver/nvidia/version: the first
+// word after "Kernel Module" that starts with a digit ("580.159.04"), "" when
+// there is none. Two forms exist:
+//   NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  <date>
+//   NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ...
+std::string nvidia_driver_release(std::string_view version_line);
 
 }  // namespace llm
