@@ -6,6 +6,8 @@
 #   scripts/gpu_check.sh --build-dir build-gpu --out report
 #   scripts/gpu_check.sh --stages tests,steps  # a subset (see --help)
 #   scripts/gpu_check.sh --dry-run             # finds the binaries, runs nothing
+#   scripts/gpu_check.sh --only step05         # the binaries whose names match (a
+#                                              # regex), e.g. to rerun one after a fix
 #
 # Stages, in order (each writes <stage>_*.log / .json / .txt into the report):
 #   info       nvidia-smi's view of the GPU (model, SMs, clocks, driver)
@@ -42,6 +44,7 @@ build_dir=build
 out_dir=gpu-report
 stages="info,tests,memcheck,racecheck,steps,presets,sdpa"
 dry_run=0
+only=.
 
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 while (($#)); do
@@ -50,6 +53,7 @@ while (($#)); do
     --out) out_dir=$2; shift 2 ;;
     --stages) stages=$2; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
+    --only) only=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 1 ;;
   esac
@@ -77,6 +81,18 @@ steps=()
 for step_dir in "$repo_root"/step[0-9][0-9]_*/; do steps+=("$(basename "$step_dir")"); done
 gpu_tests=()
 for source in "$repo_root"/tests/*_gpu_test.cpp; do gpu_tests+=("$(basename "$source" .cpp)"); done
+# --only keeps the binaries whose names match; the preset runs check it by step name.
+selected() { [[ $1 =~ $only ]]; }
+filtered=()
+for name in "${steps[@]}"; do selected "$name" && filtered+=("$name"); done
+steps=("${filtered[@]}")
+filtered=()
+for name in "${gpu_tests[@]}"; do selected "$name" && filtered+=("$name"); done
+gpu_tests=("${filtered[@]}")
+if ((${#steps[@]} + ${#gpu_tests[@]} == 0)); then
+  echo "gpu_check.sh: --only '$only' matches no step and no gpu test binary" >&2
+  exit 1
+fi
 missing=()
 for name in "${steps[@]}" "${gpu_tests[@]}"; do [[ -x $bin/$name ]] || missing+=("$name"); done
 if ((${#missing[@]})); then
@@ -162,6 +178,7 @@ fi
 sanitizer=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 sanitize() {  # sanitize <tool> <binary> [gtest args...]
   local tool=$1 name=$2; shift 2
+  selected "$name" || return 0
   local log=$out_dir/${tool}_$name.log
   if [[ ! -x $sanitizer ]]; then
     record "$tool" FAIL "compute-sanitizer not found (set COMPUTE_SANITIZER)"
@@ -202,6 +219,7 @@ fi
 # --- step executables -----------------------------------------------------------------
 run_step() {  # run_step <stage> <label> <step> [args...]
   local stage=$1 label=$2 step=$3; shift 3
+  selected "$step" || return 0
   local base=$out_dir/${step}_$label
   local start=$SECONDS
   timeout "$command_timeout" "$bin/$step" "$@" --json "$base.json" >"$base.txt" 2>"$base.err"
@@ -250,7 +268,7 @@ if want presets; then
 fi
 
 # --- PyTorch SDPA, same shapes --------------------------------------------------------
-if want sdpa; then
+if want sdpa && selected step02_flash_attention; then
   python=${PYTHON:-python3}
   if "$python" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
     for mode in causal noncausal; do
@@ -260,7 +278,7 @@ if want sdpa; then
       if timeout "$command_timeout" "$python" "$repo_root/step02_flash_attention/sdpa_compare.py" --heads 16 \
         --head-dims 128,64 --seq-lens 512,1024,2048,4096,8192,16384 \
         "${flag[@]}" --json "$out_dir/step02_sdpa_$mode.json" >"$log" 2>&1; then
-        record sdpa PASS "sdpa_compare.py $mode: $(grep -c ' ms' "$log") rows"
+        record sdpa PASS "sdpa_compare.py $mode: $(grep -cE '[0-9]ms ' "$log") rows"
       else
         record sdpa FAIL "sdpa_compare.py $mode: $(tail -1 "$log")"
       fi
