@@ -188,7 +188,7 @@ sanitize() {  # sanitize <tool> <binary> [gtest args...]
   timeout "$command_timeout" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 "$bin/$name" "$@" >"$log" 2>&1
   local rc=$?
   local summary_line
-  summary_line=$(grep -m1 -oP 'ERROR SUMMARY: \K.*' "$log" || echo "no summary")
+  summary_line=$(grep -m1 -oP '(ERROR|RACECHECK) SUMMARY: \K.*' "$log" || echo "no summary")
   if ((rc == 0)); then
     record "$tool" PASS "$name: $summary_line"
   else
