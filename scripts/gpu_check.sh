@@ -83,12 +83,14 @@ gpu_tests=()
 for source in "$repo_root"/tests/*_gpu_test.cpp; do gpu_tests+=("$(basename "$source" .cpp)"); done
 # --only keeps the binaries whose names match; the preset runs check it by step name.
 selected() { [[ $1 =~ $only ]]; }
-filtered=()
-for name in "${steps[@]}"; do selected "$name" && filtered+=("$name"); done
-steps=("${filtered[@]}")
-filtered=()
-for name in "${gpu_tests[@]}"; do selected "$name" && filtered+=("$name"); done
-gpu_tests=("${filtered[@]}")
+keep_selected() {  # keep_selected <array name>: drops the names --only does not match
+  local -n names=$1
+  local kept=() name
+  for name in "${names[@]}"; do selected "$name" && kept+=("$name"); done
+  names=("${kept[@]}")
+}
+keep_selected steps
+keep_selected gpu_tests
 if ((${#steps[@]} + ${#gpu_tests[@]} == 0)); then
   echo "gpu_check.sh: --only '$only' matches no step and no gpu test binary" >&2
   exit 1

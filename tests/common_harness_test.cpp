@@ -30,19 +30,6 @@ constexpr Tolerance kHugeTolerance{1e30, 1e30};
 
 // --- compare ----------------------------------------------------------------
 
-// Both forms of /proc/driver/nvidia/version's first line: the proprietary
-// module's, and the open module's (seen on an H100), where the word after
-// "Kernel Module" is "for", not the release.
-TEST(DeviceInfo, NvidiaDriverReleaseIsReadFromBothModuleForms) {
-  EXPECT_EQ(nvidia_driver_release("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct 16 2025"),
-            "580.159.04");
-  EXPECT_EQ(nvidia_driver_release(
-                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U16)"),
-            "580.159.04");
-  EXPECT_EQ(nvidia_driver_release("NVRM version: no module named here"), "");
-  EXPECT_EQ(nvidia_driver_release("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64"), "");
-}
-
 TEST(Compare, IdenticalValuesAreOk) {
   const auto ref = testing::random_vector(100, 1);
   const CompareResult r = compare(ref, ref, tolerance_for(DType::F32));
@@ -481,6 +468,21 @@ TEST(VariantTable, VariantIdsListsTheTableInOrder) {
   EXPECT_EQ(variant_ids(table), (std::vector<int>{0, 1, 90}));
   EXPECT_STREQ(backend_name(table[2].backend), "cuda");
   EXPECT_STREQ(backend_name(table[0].backend), "cpu");
+}
+
+// --- device info -----------------------------------------------------------------
+
+// Both forms of /proc/driver/nvidia/version's first line: the proprietary
+// module's, and the open module's (seen on an H100), where the word after
+// "Kernel Module" is "for", not the release.
+TEST(DeviceInfo, NvidiaDriverReleaseIsReadFromBothModuleForms) {
+  EXPECT_EQ(nvidia_driver_release("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu Oct 16 2025"),
+            "580.159.04");
+  EXPECT_EQ(nvidia_driver_release(
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U16)"),
+            "580.159.04");
+  EXPECT_EQ(nvidia_driver_release("NVRM version: no module named here"), "");
+  EXPECT_EQ(nvidia_driver_release("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64"), "");
 }
 
 }  // namespace

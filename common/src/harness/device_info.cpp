@@ -10,9 +10,10 @@
 namespace llm {
 
 std::string nvidia_driver_release(std::string_view version_line) {
-  const auto module = version_line.find("Kernel Module");
+  constexpr std::string_view kMarker = "Kernel Module";
+  const auto module = version_line.find(kMarker);
   if (module == std::string_view::npos) return "";
-  std::istringstream words{std::string(version_line.substr(module + 13))};
+  std::istringstream words{std::string(version_line.substr(module + kMarker.size()))};
   std::string word;
   while (words >> word)
     if (std::isdigit(static_cast<unsigned char>(word.front()))) return word;
