@@ -48,10 +48,10 @@ Problem& problem(int kv_heads, int capacity) {
     p.shape = {kQueryHeads, kv_heads, kHeadDim};
     p.cache = std::make_unique<llm::CpuKvCache>(c, 1, capacity);
     const llm::KvView view = p.cache->view(0, 0);
-    step03::fill_uniform(view.keys, static_cast<std::size_t>(capacity) * c.kv_dim(), 1);
-    step03::fill_uniform(view.values, static_cast<std::size_t>(capacity) * c.kv_dim(), 2);
+    llm::fill_uniform(view.keys, static_cast<std::size_t>(capacity) * c.kv_dim(), 1);
+    llm::fill_uniform(view.values, static_cast<std::size_t>(capacity) * c.kv_dim(), 2);
     p.query.resize(static_cast<std::size_t>(kQueryHeads) * kHeadDim);
-    step03::fill_uniform(p.query.data(), p.query.size(), 3);
+    llm::fill_uniform(p.query.data(), p.query.size(), 3);
     if (llm::cuda::device_status().usable)
       p.device = std::make_unique<step03::CudaDecodeProblem>(p.shape, view, capacity, p.query);
   }

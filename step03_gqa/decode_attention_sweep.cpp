@@ -9,8 +9,8 @@
 
 #include "llm/attention.hpp"
 #include "llm/kv_cache.hpp"
-#include "llm/splitmix64.hpp"
-#include "step03_gqa/cpu_cache_flush.hpp"
+#include "llm/harness/cpu_cache_flush.hpp"
+#include "llm/harness/random_fill.hpp"
 #include "step03_gqa/cuda_gqa_attention.hpp"
 #include "step03_gqa/gqa_attention.hpp"
 
@@ -40,14 +40,6 @@ double kv_bytes(const SweepOptions& o, int heads, int context) {
 
 }  // namespace
 
-void fill_uniform(float* data, std::size_t n, std::uint64_t seed) {
-  llm::SplitMix64 generator(seed);  // one multiply-xorshift step per value
-  for (std::size_t i = 0; i < n; ++i) {
-    // Top 24 bits -> [0, 1) exactly representable in float, then [-1, 1).
-    data[i] = static_cast<float>(generator.next() >> 40) * (2.0f / 16777216.0f) - 1.0f;
-  }
-}
-
 namespace {
 
 // One KV-head configuration: a real cache as long as its longest context (the
@@ -73,15 +65,15 @@ struct PendingCell {
 
 SweepResult run_decode_attention_sweep(const SweepOptions& o) {
   SweepResult result;
-  std::unique_ptr<CpuCacheFlusher> flusher;
+  std::unique_ptr<llm::CpuCacheFlusher> flusher;
   if (o.flush_caches && o.cpu) {
-    flusher = std::make_unique<CpuCacheFlusher>(0, o.flush_limit_bytes);
+    flusher = std::make_unique<llm::CpuCacheFlusher>(0, o.flush_limit_bytes);
     result.flush_bytes = flusher->bytes();
   }
   const auto& table = variants();
   const std::size_t q_floats = static_cast<std::size_t>(o.n_heads) * o.head_dim;
   std::vector<float> query(q_floats);  // [n_heads, head_dim], the same for every cell
-  fill_uniform(query.data(), q_floats, o.seed + 7);
+  llm::fill_uniform(query.data(), q_floats, o.seed + 7);
 
   // All configurations live at once (so their timings can be interleaved,
   // below): the contexts that fit in the memory limit all together.
@@ -107,8 +99,8 @@ SweepResult run_decode_attention_sweep(const SweepOptions& o) {
     c.cache = std::make_unique<llm::CpuKvCache>(c.config, 1, capacity);
     c.view = c.cache->view(0, 0);
     const std::size_t kv_floats = static_cast<std::size_t>(capacity) * c.config.kv_dim();
-    fill_uniform(c.view.keys, kv_floats, o.seed + 1000 * kv_heads + 1);
-    fill_uniform(c.view.values, kv_floats, o.seed + 1000 * kv_heads + 2);
+    llm::fill_uniform(c.view.keys, kv_floats, o.seed + 1000 * kv_heads + 1);
+    llm::fill_uniform(c.view.values, kv_floats, o.seed + 1000 * kv_heads + 2);
     c.per_token_measured = c.cache->bytes_allocated() / static_cast<std::size_t>(capacity);
     if (o.cuda)
       c.device = std::make_unique<CudaDecodeProblem>(llm::AttentionShape{o.n_heads, kv_heads, o.head_dim}, c.view,
@@ -168,7 +160,7 @@ SweepResult run_decode_attention_sweep(const SweepOptions& o) {
         const llm::AttentionShape shape{o.n_heads, p.configuration->kv_heads, o.head_dim};
         const llm::KvView view_array[1] = {p.configuration->view};
         const std::span<const llm::KvView> views(view_array);
-        const double ms = time_one_run([&] { p.fns->cpu(shape, query.data(), views, lengths, out.data()); },
+        const double ms = llm::time_one_run([&] { p.fns->cpu(shape, query.data(), views, lengths, out.data()); },
                                        flusher.get());
         if (run >= o.warmup) p.samples_ms.push_back(ms);
       }

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "llm/harness/compare.hpp"
+#include "llm/harness/cpu_cache_flush.hpp"
 #include "llm/harness/timer.hpp"
-#include "step03_gqa/cpu_cache_flush.hpp"
 
 namespace step03 {
 
@@ -26,7 +26,7 @@ struct SweepOptions {
   int warmup = 1;
   int repeats = 5;
   bool flush_caches = true;     // evict CPU caches before every timed CPU run (cpu_cache_flush.hpp)
-  std::size_t flush_limit_bytes = kFullRunFlushLimit;  // the flush buffer's upper bound
+  std::size_t flush_limit_bytes = llm::kFullRunFlushLimit;  // the flush buffer's upper bound
   double max_host_gib = 4.0;    // skip a context whose caches (all KV-head counts) + repeat_kv copy need more host memory
   std::uint64_t seed = 42;
 };
@@ -52,9 +52,5 @@ struct SweepResult {
 };
 
 SweepResult run_decode_attention_sweep(const SweepOptions& options);
-
-// Fills n floats with uniform values in [-1, 1) from a seeded splitmix64
-// stream (fast enough for the GiB-sized caches of long contexts).
-void fill_uniform(float* data, std::size_t n, std::uint64_t seed);
 
 }  // namespace step03

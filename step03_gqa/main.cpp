@@ -295,8 +295,8 @@ llm::JsonTable well_known_cache_sizes(double budget_gib) {
   fmt::print("\nKV cache of well-known models (fp16), and sequences that fit in {:.0f} GiB of KV memory:\n", budget_gib);
   fmt::print("{:<12} {:>7} {:>8} {:>11} {:>11} {:>19} {:>19} {:>19}\n", "model", "layers", "q/kv", "per token",
              "if MHA", "4k (seqs)", "32k (seqs)", "128k (seqs)");
-  for (const auto& m : step03::well_known_models()) {
-    const llm::ModelConfig config = step03::attention_config(m);
+  for (const auto& m : llm::well_known_models()) {
+    const llm::ModelConfig config = llm::attention_config(m);
     llm::ModelConfig as_mha = config;
     as_mha.n_kv_heads = m.n_heads;
     const double per_token = static_cast<double>(config.kv_bytes_per_token(2));
@@ -345,8 +345,8 @@ step03::SweepOptions sweep_options_from(const Step03Options& options) {
   sweep_options.repeats = options.repeats;
   sweep_options.flush_caches = !options.no_flush;
   sweep_options.flush_limit_bytes =
-      llm::by_run_size(options.common, step03::kDefaultRunFlushLimit, step03::kDefaultRunFlushLimit,
-                       step03::kFullRunFlushLimit);  // (--quick does not flush)
+      llm::by_run_size(options.common, llm::kDefaultRunFlushLimit, llm::kDefaultRunFlushLimit,
+                       llm::kFullRunFlushLimit);  // (--quick does not flush)
   sweep_options.max_host_gib = options.max_host_gib;
   sweep_options.seed = options.common.seed;
   if (options.common.quick) {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "llm/kv_cache.hpp"
-#include "step03_gqa/decode_attention_sweep.hpp"
+#include "llm/harness/random_fill.hpp"
 #include "step05_paged_attention/block_manager.hpp"
 #include "step05_paged_attention/memory_replay.hpp"
 #include "step05_paged_attention/paged_attention.hpp"
@@ -65,11 +65,11 @@ DecodeProblem make_decode_problem(int context) {
   const llm::ModelConfig config = step05::one_layer_config(p.shape, context);
   p.contiguous = std::make_unique<llm::CpuKvCache>(config, 1, context);
   const llm::KvView view = p.contiguous->view(0, 0);
-  step03::fill_uniform(view.keys, static_cast<std::size_t>(context) * config.kv_dim(), 1);
-  step03::fill_uniform(view.values, static_cast<std::size_t>(context) * config.kv_dim(), 2);
+  llm::fill_uniform(view.keys, static_cast<std::size_t>(context) * config.kv_dim(), 1);
+  llm::fill_uniform(view.values, static_cast<std::size_t>(context) * config.kv_dim(), 2);
   p.paged = std::make_unique<step05::ShuffledKvPool>(std::span<const llm::KvView>(&view, 1), context, 16, 3);
   p.query.resize(static_cast<std::size_t>(p.shape.n_heads) * p.shape.head_dim);
-  step03::fill_uniform(p.query.data(), p.query.size(), 4);
+  llm::fill_uniform(p.query.data(), p.query.size(), 4);
   p.out.resize(p.query.size());
   return p;
 }

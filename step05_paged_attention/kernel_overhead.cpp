@@ -10,8 +10,8 @@
 #include "llm/attention.hpp"
 #include "llm/errors.hpp"
 #include "llm/kv_cache.hpp"
-#include "step03_gqa/cpu_cache_flush.hpp"
-#include "step03_gqa/decode_attention_sweep.hpp"  // fill_uniform
+#include "llm/harness/cpu_cache_flush.hpp"
+#include "llm/harness/random_fill.hpp"
 #include "step05_paged_attention/cuda_paged_runner.hpp"
 #include "step05_paged_attention/paged_attention.hpp"
 #include "step05_paged_attention/shuffled_kv_pool.hpp"
@@ -88,7 +88,7 @@ struct CpuLayout {
 // (step 03 does the same).
 void measure_cpu(const KernelOverheadOptions& o, const llm::AttentionShape& shape, const llm::CpuKvCache& cache,
                  int context, int batch, std::span<const float> query, std::span<const float> reference,
-                 std::size_t kv_bytes, step03::CpuCacheFlusher* flusher, std::vector<KernelOverheadCell>& out) {
+                 std::size_t kv_bytes, llm::CpuCacheFlusher* flusher, std::vector<KernelOverheadCell>& out) {
   std::vector<CpuLayout> layouts(1);
   for (int s = 0; s < batch; ++s) layouts[0].views.push_back(cache.view(0, s));
   for (const int block_size : o.block_sizes) {
@@ -110,7 +110,7 @@ void measure_cpu(const KernelOverheadOptions& o, const llm::AttentionShape& shap
   }
   for (int run = 0; run < o.warmup + o.repeats; ++run) {
     for (CpuLayout& l : layouts) {
-      const double ms = step03::time_one_run(
+      const double ms = llm::time_one_run(
           [&] { paged_decode_attention(shape, query.data(), l.views, lengths, output.data()); }, flusher);
       if (run >= o.warmup) l.samples_ms.push_back(ms);
     }
@@ -148,9 +148,9 @@ void measure_cuda(const KernelOverheadOptions& o, CudaKvLayouts& device, int con
 KernelOverheadResult run_kernel_overhead(const KernelOverheadOptions& o) {
   check_options(o);
   KernelOverheadResult result;
-  std::unique_ptr<step03::CpuCacheFlusher> flusher;
+  std::unique_ptr<llm::CpuCacheFlusher> flusher;
   if (o.cpu && o.flush_caches) {
-    flusher = std::make_unique<step03::CpuCacheFlusher>(0, o.flush_limit_bytes);
+    flusher = std::make_unique<llm::CpuCacheFlusher>(0, o.flush_limit_bytes);
     result.flush_bytes = flusher->bytes();
   }
   const llm::AttentionShape shape{o.n_heads, o.n_kv_heads, o.head_dim};
@@ -168,7 +168,7 @@ KernelOverheadResult run_kernel_overhead(const KernelOverheadOptions& o) {
       if (!run_cpu && !o.cuda) continue;
 
       std::vector<float> query(static_cast<std::size_t>(batch) * q_row);  // [batch, n_heads, head_dim]
-      step03::fill_uniform(query.data(), query.size(), o.seed);
+      llm::fill_uniform(query.data(), query.size(), o.seed);
       // Host K/V: every sequence when the CPU cells run; else one sequence at
       // a time, which only feeds the reference and the upload to the GPU.
       llm::CpuKvCache cache(one_layer_config(shape, context), run_cpu ? batch : 1, context);
@@ -181,8 +181,8 @@ KernelOverheadResult run_kernel_overhead(const KernelOverheadOptions& o) {
         const std::size_t floats = static_cast<std::size_t>(context) * kv_dim;
         float* keys = view.key_row(0);  // [context, kv_dim]: the sequence's rows (view.keys is the layer's pool)
         float* values = view.value_row(0);
-        step03::fill_uniform(keys, floats, key_seed(o, s));
-        step03::fill_uniform(values, floats, value_seed(o, s));
+        llm::fill_uniform(keys, floats, key_seed(o, s));
+        llm::fill_uniform(values, floats, value_seed(o, s));
         const llm::KvView one_view[1] = {view};
         llm::cpu::reference_decode_attention(shape, query.data() + s * q_row, one_view, one_length,
                                              reference.data() + s * q_row);

@@ -19,7 +19,7 @@
 
 #include "llm/harness/compare.hpp"
 #include "llm/harness/timer.hpp"
-#include "step03_gqa/cpu_cache_flush.hpp"
+#include "llm/harness/cpu_cache_flush.hpp"
 
 namespace step05 {
 
@@ -36,11 +36,11 @@ struct KernelOverheadOptions {
   bool cuda = false;
   int warmup = 1;
   int repeats = 5;
-  // Evict the CPU caches before every timed CPU run (step03's
-  // CpuCacheFlusher), so K/V come from DRAM as inside a real model. (The
+  // Evict the CPU caches before every timed CPU run (llm::CpuCacheFlusher,
+  // common/harness), so K/V come from DRAM as inside a real model. (The
   // CUDA timer always flushes the L2.)
   bool flush_caches = true;
-  std::size_t flush_limit_bytes = step03::kFullRunFlushLimit;  // the flush buffer's upper bound
+  std::size_t flush_limit_bytes = llm::kFullRunFlushLimit;  // the flush buffer's upper bound
   // Skip the CPU cells of a (context, batch) whose K/V (one layout) exceed
   // this many GiB of host memory; those cells hold the contiguous copy and
   // one pool per block size at once, (1 + block sizes) times that. CUDA

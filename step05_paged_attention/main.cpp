@@ -159,7 +159,7 @@ Plan plan_from(const Step05Options& options, const llm::DeviceSelection& devices
   plan.overhead.block_sizes = llm::parse_positive_int_list(options.overhead_block_sizes, "--overhead-block-sizes");
   plan.overhead.repeats = options.repeats;
   plan.overhead.flush_caches = !options.no_flush;
-  plan.overhead.flush_limit_bytes = options.common.full ? step03::kFullRunFlushLimit : step03::kDefaultRunFlushLimit;
+  plan.overhead.flush_limit_bytes = options.common.full ? llm::kFullRunFlushLimit : llm::kDefaultRunFlushLimit;
   plan.overhead.max_host_gib = options.max_host_gib;
   plan.overhead.seed = options.common.seed;
   plan.overhead.cpu = devices.cpu;

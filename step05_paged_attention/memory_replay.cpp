@@ -9,7 +9,7 @@
 
 #include "llm/errors.hpp"
 #include "llm/harness/timer.hpp"
-#include "step03_gqa/kv_cache_sizes.hpp"
+#include "llm/harness/well_known_models.hpp"
 #include "step05_paged_attention/block_manager.hpp"
 
 namespace step05 {
@@ -114,11 +114,11 @@ constexpr PublishedContext kReplayedModels[] = {{"Llama-2-7B", 4096}, {"Llama-3-
 std::vector<ModelDims> memory_replay_models(const std::string& this_model_name, const llm::ModelConfig& this_model) {
   std::vector<ModelDims> models = {{this_model_name, this_model.seq_len, this_model.kv_bytes_per_token(sizeof(float))}};
   for (const PublishedContext& published : kReplayedModels) {
-    const auto& table = step03::well_known_models();
+    const auto& table = llm::well_known_models();
     const auto found =
         std::find_if(table.begin(), table.end(), [&](const auto& m) { return m.name == published.name; });
     if (found == table.end()) throw std::logic_error(fmt::format("{} is missing from step 03's table", published.name));
-    models.push_back({published.name, published.context, step03::attention_config(*found).kv_bytes_per_token(2)});
+    models.push_back({published.name, published.context, llm::attention_config(*found).kv_bytes_per_token(2)});
   }
   return models;
 }

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "llm/harness/timer.hpp"
-#include "step03_gqa/cpu_cache_flush.hpp"
+#include "llm/harness/cpu_cache_flush.hpp"
 
 namespace step06 {
 
@@ -14,7 +14,7 @@ double measure_cpu_read_bandwidth_gbps(int runs, std::size_t max_bytes) {
   // most `max_bytes` (a virtual machine may report the whole host's cache):
   // every pass streams from DRAM, and the buffer stays within a laptop's memory.
   const std::size_t min_bytes = std::min(std::size_t{256} << 20, max_bytes);
-  const std::size_t bytes = std::clamp<std::size_t>(2 * step03::last_level_cache_bytes(), min_bytes, max_bytes);
+  const std::size_t bytes = std::clamp<std::size_t>(2 * llm::last_level_cache_bytes(), min_bytes, max_bytes);
   std::vector<std::uint64_t> buffer(bytes / sizeof(std::uint64_t));  // [words]
   for (std::size_t i = 0; i < buffer.size(); ++i) buffer[i] = i * 0x9E3779B97F4A7C15ull;
   // Integer sums: associative, so the compiler vectorizes the loop with

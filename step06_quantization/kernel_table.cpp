@@ -10,7 +10,7 @@
 #include "llm/errors.hpp"
 #include "llm/harness/timer.hpp"
 #include "llm/linear.hpp"
-#include "step03_gqa/cpu_cache_flush.hpp"
+#include "llm/harness/cpu_cache_flush.hpp"
 #include "step06_quantization/cpu_bandwidth.hpp"
 #include "step06_quantization/cpu_quantized_linear.hpp"
 #include "step06_quantization/cuda_quantized_kernels.hpp"
@@ -33,10 +33,10 @@ std::vector<float> random_matrix(int rows, int columns, std::uint64_t seed) {
 
 // Median time of `product` over `repeats` runs after one warm-up, each after
 // a cache flush when `flusher` is given (its time not counted).
-llm::TimingStats time_product(const std::function<void()>& product, int repeats, step03::CpuCacheFlusher* flusher) {
+llm::TimingStats time_product(const std::function<void()>& product, int repeats, llm::CpuCacheFlusher* flusher) {
   product();  // warm-up: page faults, scratch buffers
   std::vector<double> samples_ms;
-  for (int run = 0; run < repeats; ++run) samples_ms.push_back(step03::time_one_run(product, flusher));
+  for (int run = 0; run < repeats; ++run) samples_ms.push_back(llm::time_one_run(product, flusher));
   return llm::TimingStats::from_samples(samples_ms);
 }
 
@@ -56,7 +56,7 @@ KernelCell new_cell(const std::string& device, const KernelShape& shape, int var
 constexpr llm::Tolerance kKernelTolerance = {1e-4, 1e-4};
 
 void run_cpu_shape(const KernelShape& shape, const std::vector<float>& weight, const KernelTableOptions& options,
-                   step03::CpuCacheFlusher* flusher, std::vector<KernelCell>& cells) {
+                   llm::CpuCacheFlusher* flusher, std::vector<KernelCell>& cells) {
   const llm::DenseLinear fp32(weight, shape.out_features, shape.in_features);
   std::vector<double> fp32_ms;  // [batches]
   for (const int rows : options.batches) {
@@ -156,11 +156,11 @@ std::vector<KernelShape> kernel_shapes(const llm::ModelConfig& this_model, bool 
 
 KernelTable run_kernel_table(const std::vector<KernelShape>& shapes, const KernelTableOptions& options) {
   KernelTable table;
-  std::unique_ptr<step03::CpuCacheFlusher> flusher;
+  std::unique_ptr<llm::CpuCacheFlusher> flusher;
   if (options.cpu) {
     table.cpu_read_gbps = measure_cpu_read_bandwidth_gbps(options.repeats, options.buffer_limit_bytes);
     table.cpu_simd = simd_name(detected_simd());
-    if (options.flush_caches) flusher = std::make_unique<step03::CpuCacheFlusher>(0, options.buffer_limit_bytes);
+    if (options.flush_caches) flusher = std::make_unique<llm::CpuCacheFlusher>(0, options.buffer_limit_bytes);
   }
   for (std::size_t s = 0; s < shapes.size(); ++s) {
     const KernelShape& shape = shapes[s];

@@ -11,7 +11,7 @@
 
 #include "llm/config.hpp"
 #include "llm/harness/compare.hpp"
-#include "step03_gqa/cpu_cache_flush.hpp"
+#include "llm/harness/cpu_cache_flush.hpp"
 #include "step06_quantization/quant_format.hpp"
 
 namespace step06 {
@@ -34,8 +34,8 @@ struct KernelTableOptions {
   int repeats = 5;
   bool flush_caches = true;  // CPU: evict the caches before every timed run (weights come from DRAM, as in decode)
   // The upper bound of the CPU's host buffers: the cache flush and the
-  // bandwidth probe's (step03::kDefaultRunFlushLimit in a default run).
-  std::size_t buffer_limit_bytes = step03::kFullRunFlushLimit;
+  // bandwidth probe's (llm::kDefaultRunFlushLimit in a default run).
+  std::size_t buffer_limit_bytes = llm::kFullRunFlushLimit;
   bool cpu = true;
   bool cuda = false;
   std::uint64_t seed = 42;

@@ -189,7 +189,7 @@ Plan plan_from(const Step06Options& options, const llm::LoadedModel& loaded, con
     if (rows > 64) throw llm::InputError(fmt::format("--batches: {} rows (at most 64)", rows));
   plan.kernels.repeats = options.repeats;
   plan.kernels.flush_caches = !options.no_flush;
-  plan.kernels.buffer_limit_bytes = options.common.full ? step03::kFullRunFlushLimit : step03::kDefaultRunFlushLimit;
+  plan.kernels.buffer_limit_bytes = options.common.full ? llm::kFullRunFlushLimit : llm::kDefaultRunFlushLimit;
   plan.kernels.cpu = devices.cpu;
   plan.kernels.cuda = devices.cuda;
   plan.kernels.seed = options.common.seed;

@@ -14,8 +14,8 @@
 #include "llm/harness/result_rows.hpp"
 #include "llm/linear.hpp"
 #include "step01_kv_cache/generation.hpp"  // decode_bytes_per_token
-#include "step03_gqa/cpu_cache_flush.hpp"  // last_level_cache_bytes
-#include "step03_gqa/decode_attention_sweep.hpp"  // fill_uniform
+#include "llm/harness/cpu_cache_flush.hpp"  // last_level_cache_bytes
+#include "llm/harness/random_fill.hpp"
 #include "step05_paged_attention/paged_kv_cache.hpp"
 #include "step07_batching/workload.hpp"  // PromptSource
 
@@ -102,10 +102,10 @@ double measure_bandwidth_gbps(const std::string& device, std::size_t last_level_
 double measure_cpu_product_gflops(int runs, std::uint64_t seed, std::string& how) {
   constexpr int kRows = 256, kOut = 1024, kIn = 1024;
   std::vector<float> weight(static_cast<std::size_t>(kOut) * kIn);  // [out, in]
-  step03::fill_uniform(weight.data(), weight.size(), seed);
+  llm::fill_uniform(weight.data(), weight.size(), seed);
   const llm::DenseLinear product(weight, kOut, kIn);
   std::vector<float> x(static_cast<std::size_t>(kRows) * kIn);  // [rows, in]
-  step03::fill_uniform(x.data(), x.size(), seed + 1);
+  llm::fill_uniform(x.data(), x.size(), seed + 1);
   std::vector<float> y(static_cast<std::size_t>(kRows) * kOut);  // [rows, out]
   const llm::TimingStats time = llm::time_cpu([&] { product.forward(x.data(), kRows, y.data()); }, 1, runs);
   how = fmt::format("the CPU model's product, {} rows x {}x{} weights, median of {}", kRows, kOut, kIn, runs);
@@ -265,7 +265,7 @@ BatchScaling measure_batch_scaling(const std::string& device, llm::Model& model,
   result.device = device;
   result.config = config;
   result.context = options.context;
-  if (device == "cpu") result.last_level_cache_bytes = step03::last_level_cache_bytes();
+  if (device == "cpu") result.last_level_cache_bytes = llm::last_level_cache_bytes();
   result.ceilings.bandwidth_gb_per_s =
       measure_bandwidth_gbps(device, result.last_level_cache_bytes, options, result.ceilings.bandwidth_measured_by);
 

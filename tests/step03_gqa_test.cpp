@@ -18,7 +18,7 @@
 #include "llm/harness/compare.hpp"
 #include "llm/sampler.hpp"
 #include "step03_gqa/conversion_experiment.hpp"
-#include "step03_gqa/cpu_cache_flush.hpp"
+#include "llm/harness/cpu_cache_flush.hpp"
 #include "step03_gqa/decode_attention_sweep.hpp"
 #include "step03_gqa/gqa_attention.hpp"
 #include "step03_gqa/kv_cache_sizes.hpp"
@@ -317,18 +317,18 @@ TEST(Step03Sweep, SmallSweepChecksEveryCellAndMeasuresTheFormula) {
 // buffer is never below 8 MiB, and an explicit size obeys the limit too.
 TEST(Step03CacheFlush, TheBufferStaysWithinItsLimit) {
   constexpr std::size_t kMiB = std::size_t{1} << 20;
-  EXPECT_EQ(CpuCacheFlusher(64 * kMiB, 16 * kMiB).bytes(), 16 * kMiB);
-  EXPECT_EQ(CpuCacheFlusher(1 * kMiB, 16 * kMiB).bytes(), 8 * kMiB);
-  EXPECT_EQ(CpuCacheFlusher(12 * kMiB, 16 * kMiB).bytes(), 12 * kMiB);
-  const std::size_t from_cache_size = CpuCacheFlusher(0, 16 * kMiB).bytes();  // twice the LLC, limited
+  EXPECT_EQ(llm::CpuCacheFlusher(64 * kMiB, 16 * kMiB).bytes(), 16 * kMiB);
+  EXPECT_EQ(llm::CpuCacheFlusher(1 * kMiB, 16 * kMiB).bytes(), 8 * kMiB);
+  EXPECT_EQ(llm::CpuCacheFlusher(12 * kMiB, 16 * kMiB).bytes(), 12 * kMiB);
+  const std::size_t from_cache_size = llm::CpuCacheFlusher(0, 16 * kMiB).bytes();  // twice the LLC, limited
   EXPECT_GE(from_cache_size, 8 * kMiB);
   EXPECT_LE(from_cache_size, 16 * kMiB);
-  EXPECT_LE(kDefaultRunFlushLimit, 256 * kMiB);
+  EXPECT_LE(llm::kDefaultRunFlushLimit, 256 * kMiB);
 }
 
 TEST(Step03CacheSizes, WellKnownModelsPerTokenBytes) {
   std::map<std::string, std::size_t> fp16_per_token;
-  for (const auto& m : well_known_models()) fp16_per_token[m.name] = attention_config(m).kv_bytes_per_token(2);
+  for (const auto& m : llm::well_known_models()) fp16_per_token[m.name] = llm::attention_config(m).kv_bytes_per_token(2);
   EXPECT_EQ(fp16_per_token["Llama-2-7B"], 2u * 32 * 32 * 128 * 2);   // 512 KiB
   EXPECT_EQ(fp16_per_token["Llama-2-70B"], 2u * 80 * 8 * 128 * 2);   // 320 KiB
   EXPECT_EQ(fp16_per_token["Llama-3-8B"], 2u * 32 * 8 * 128 * 2);    // 128 KiB

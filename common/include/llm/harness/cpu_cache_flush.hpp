@@ -14,7 +14,7 @@
 
 #include "llm/harness/timer.hpp"
 
-namespace step03 {
+namespace llm {
 
 // Bytes of the last-level cache as the OS reports it (sysconf, then
 // /sys/devices/system/cpu/cpu0/cache/index3/size), or 0 when unknown.
@@ -44,4 +44,4 @@ class CpuCacheFlusher {
 // flush, warm caches). The flush itself is not timed.
 double time_one_run(const std::function<void()>& fn, CpuCacheFlusher* flusher);
 
-}  // namespace step03
+}  // namespace llm

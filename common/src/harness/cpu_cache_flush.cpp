@@ -1,4 +1,4 @@
-#include "step03_gqa/cpu_cache_flush.hpp"
+#include "llm/harness/cpu_cache_flush.hpp"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-namespace step03 {
+namespace llm {
 
 std::size_t last_level_cache_bytes() {
 #ifdef _SC_LEVEL3_CACHE_SIZE
@@ -46,9 +46,9 @@ void CpuCacheFlusher::flush() {
 
 double time_one_run(const std::function<void()>& fn, CpuCacheFlusher* flusher) {
   if (flusher != nullptr) flusher->flush();
-  llm::Stopwatch watch;
+  Stopwatch watch;
   fn();
   return watch.elapsed_ms();
 }
 
-}  // namespace step03
+}  // namespace llm
