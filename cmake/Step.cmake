@@ -10,8 +10,8 @@ endfunction()
 # Every step folder builds the same three things from its own sources:
 #   <step>_lib    the step's code (linked by its executable, its benchmark,
 #                 tests/<step>_*_test.cpp, and by later steps that build on it)
-#   <step>        main.cpp: the executable that prints the step's table
-#   <step>_bench  bench.cpp: the Google Benchmark (when LLM_BUILD_BENCHMARKS)
+#   <step>        measure/main.cpp: the executable that prints the step's table
+#   <step>_bench  measure/bench.cpp: the Google Benchmark (when LLM_BUILD_BENCHMARKS)
 # CUDA_SOURCES join the library when the build has CUDA; NO_CUDA_SOURCES (the
 # same entry points, reporting "built without CUDA") when it has not.
 function(llm_add_step name)
@@ -31,11 +31,17 @@ function(llm_add_step name)
     target_sources(${lib} PRIVATE ${STEP_NO_CUDA_SOURCES})
   endif()
 
-  add_executable(${name} main.cpp)
+  # The executable and the benchmark are measurement: they live in the step's
+  # measure/ folder, beside the idea's files at the step's top level.
+  set(measure_dir ${CMAKE_CURRENT_SOURCE_DIR}/measure)
+  if(NOT EXISTS ${measure_dir}/main.cpp)
+    set(measure_dir ${CMAKE_CURRENT_SOURCE_DIR})  # a step not yet laid out (transitional)
+  endif()
+  add_executable(${name} ${measure_dir}/main.cpp)
   target_link_libraries(${name} PRIVATE ${lib})
 
   if(LLM_BUILD_BENCHMARKS)
-    add_executable(${name}_bench bench.cpp)
+    add_executable(${name}_bench ${measure_dir}/bench.cpp)
     target_link_libraries(${name}_bench PRIVATE ${lib} benchmark::benchmark)
   endif()
 endfunction()
