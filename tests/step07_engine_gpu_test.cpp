@@ -12,8 +12,8 @@
 #include "llm/harness/model_on_device.hpp"
 #include "llm/tokenizer.hpp"
 #include "llm/weights.hpp"
-#include "step05_paged_attention/paged_generation.hpp"
-#include "step07_batching/replay.hpp"
+#include "step05_paged_attention/measure/paged_generation.hpp"
+#include "step07_batching/measure/replay.hpp"
 #include "step07_serving_checks.hpp"
 #include "test_support.hpp"
 

@@ -25,12 +25,12 @@
 #include "llm/harness/model_on_device.hpp"
 #include "llm/tokenizer.hpp"
 #include "llm/weights.hpp"
-#include "step05_paged_attention/paged_generation.hpp"
-#include "step07_batching/completion_api.hpp"
-#include "step07_batching/load_client.hpp"
-#include "step07_batching/replay.hpp"
-#include "step07_batching/server.hpp"
-#include "step07_batching/serving_metrics.hpp"
+#include "step05_paged_attention/measure/paged_generation.hpp"
+#include "step07_batching/serve/completion_api.hpp"
+#include "step07_batching/serve/load_client.hpp"
+#include "step07_batching/measure/replay.hpp"
+#include "step07_batching/serve/server.hpp"
+#include "step07_batching/measure/serving_metrics.hpp"
 #include "test_support.hpp"
 
 namespace {

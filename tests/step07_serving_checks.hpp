@@ -12,9 +12,9 @@
 #include "llm/model.hpp"
 #include "llm/tokenizer.hpp"
 #include "step07_batching/policies.hpp"
-#include "step07_batching/replay.hpp"
+#include "step07_batching/measure/replay.hpp"
 #include "step07_batching/request.hpp"
-#include "step07_batching/workload.hpp"
+#include "step07_batching/measure/workload.hpp"
 
 namespace step07::testing {
 

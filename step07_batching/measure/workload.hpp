@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "llm/tokenizer.hpp"
-#include "step05_paged_attention/request_trace.hpp"
+#include "step05_paged_attention/measure/request_trace.hpp"
 #include "step07_batching/request.hpp"
 
 namespace step07 {

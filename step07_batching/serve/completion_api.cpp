@@ -1,4 +1,4 @@
-#include "step07_batching/completion_api.hpp"
+#include "step07_batching/serve/completion_api.hpp"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "step07_batching/server.hpp"
+#include "step07_batching/serve/server.hpp"
 
 #include <fmt/format.h>
 #include <httplib.h>

@@ -1,4 +1,4 @@
-#include "step07_batching/workload.hpp"
+#include "step07_batching/measure/workload.hpp"
 
 #include <fmt/format.h>
 

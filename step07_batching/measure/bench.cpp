@@ -8,10 +8,10 @@
 
 #include "llm/config.hpp"
 #include "llm/weights.hpp"
-#include "step05_paged_attention/paged_generation.hpp"
+#include "step05_paged_attention/measure/paged_generation.hpp"
 #include "step07_batching/policies.hpp"
-#include "step07_batching/replay.hpp"
-#include "step07_batching/workload.hpp"
+#include "step07_batching/measure/replay.hpp"
+#include "step07_batching/measure/workload.hpp"
 
 namespace {
 

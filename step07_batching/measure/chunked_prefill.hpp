@@ -15,8 +15,8 @@
 
 #include "llm/model.hpp"
 #include "step07_batching/policies.hpp"
-#include "step07_batching/replay.hpp"
-#include "step07_batching/workload.hpp"
+#include "step07_batching/measure/replay.hpp"
+#include "step07_batching/measure/workload.hpp"
 
 namespace step07 {
 

@@ -1,4 +1,4 @@
-#include "step07_batching/batch_scaling.hpp"
+#include "step07_batching/measure/batch_scaling.hpp"
 
 #include <CLI/CLI.hpp>
 #include <Eigen/Core>
@@ -17,7 +17,7 @@
 #include "llm/harness/cpu_cache_flush.hpp"  // last_level_cache_bytes
 #include "llm/harness/random_fill.hpp"
 #include "step05_paged_attention/paged_kv_cache.hpp"
-#include "step07_batching/workload.hpp"  // PromptSource
+#include "step07_batching/measure/workload.hpp"  // PromptSource
 
 namespace step07 {
 

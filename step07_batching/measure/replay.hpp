@@ -16,7 +16,7 @@
 #include "llm/model.hpp"
 #include "step07_batching/engine.hpp"
 #include "step07_batching/request.hpp"
-#include "step07_batching/serving_metrics.hpp"
+#include "step07_batching/measure/serving_metrics.hpp"
 
 namespace step07 {
 

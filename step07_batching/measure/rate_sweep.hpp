@@ -13,7 +13,7 @@
 
 #include "llm/model.hpp"
 #include "step07_batching/policies.hpp"
-#include "step07_batching/replay.hpp"
+#include "step07_batching/measure/replay.hpp"
 
 namespace step07 {
 

@@ -9,9 +9,9 @@
 
 #include "llm/model.hpp"
 #include "llm/tokenizer.hpp"
-#include "step07_batching/load_client.hpp"
+#include "step07_batching/serve/load_client.hpp"
 #include "step07_batching/policies.hpp"
-#include "step07_batching/replay.hpp"
+#include "step07_batching/measure/replay.hpp"
 
 namespace step07 {
 

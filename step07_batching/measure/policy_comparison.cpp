@@ -1,4 +1,4 @@
-#include "step07_batching/policy_comparison.hpp"
+#include "step07_batching/measure/policy_comparison.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "step07_batching/load_client.hpp"
+#include "step07_batching/serve/load_client.hpp"
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "llm/errors.hpp"
-#include "step07_batching/completion_api.hpp"
+#include "step07_batching/serve/completion_api.hpp"
 #include "step07_batching/serving_clock.hpp"
 
 namespace step07 {

@@ -30,7 +30,7 @@
 
 #include "llm/model.hpp"
 #include "llm/tokenizer.hpp"
-#include "step07_batching/completion_api.hpp"
+#include "step07_batching/serve/completion_api.hpp"
 #include "step07_batching/engine.hpp"
 #include "step07_batching/serving_clock.hpp"
 

@@ -1,4 +1,4 @@
-#include "step07_batching/serving_metrics.hpp"
+#include "step07_batching/measure/serving_metrics.hpp"
 
 #include <fmt/format.h>
 

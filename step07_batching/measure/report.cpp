@@ -1,4 +1,4 @@
-#include "step07_batching/report.hpp"
+#include "step07_batching/measure/report.hpp"
 
 #include <fmt/format.h>
 

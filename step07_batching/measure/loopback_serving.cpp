@@ -1,6 +1,6 @@
-#include "step07_batching/loopback_serving.hpp"
+#include "step07_batching/measure/loopback_serving.hpp"
 
-#include "step07_batching/server.hpp"
+#include "step07_batching/serve/server.hpp"
 
 namespace step07 {
 

@@ -1,10 +1,10 @@
-#include "step07_batching/rate_sweep.hpp"
+#include "step07_batching/measure/rate_sweep.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "step07_batching/workload.hpp"  // with_arrivals
+#include "step07_batching/measure/workload.hpp"  // with_arrivals
 
 namespace step07 {
 

@@ -1,4 +1,4 @@
-#include "step07_batching/chunked_prefill.hpp"
+#include "step07_batching/measure/chunked_prefill.hpp"
 
 #include <fmt/format.h>
 

@@ -1,10 +1,10 @@
-#include "step07_batching/replay.hpp"
+#include "step07_batching/measure/replay.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
-#include "step05_paged_attention/paged_generation.hpp"
+#include "step05_paged_attention/measure/paged_generation.hpp"
 
 namespace step07 {
 

@@ -4,13 +4,13 @@
 #include <vector>
 
 #include "llm/harness/results.hpp"
-#include "step05_paged_attention/request_trace.hpp"
-#include "step07_batching/chunked_prefill.hpp"
-#include "step07_batching/load_client.hpp"
-#include "step07_batching/loopback_serving.hpp"
-#include "step07_batching/policy_comparison.hpp"
-#include "step07_batching/rate_sweep.hpp"
-#include "step07_batching/serving_metrics.hpp"
+#include "step05_paged_attention/measure/request_trace.hpp"
+#include "step07_batching/measure/chunked_prefill.hpp"
+#include "step07_batching/serve/load_client.hpp"
+#include "step07_batching/measure/loopback_serving.hpp"
+#include "step07_batching/measure/policy_comparison.hpp"
+#include "step07_batching/measure/rate_sweep.hpp"
+#include "step07_batching/measure/serving_metrics.hpp"
 
 namespace step07 {
 
