@@ -4,7 +4,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,6 +20,7 @@
 #include "llm/errors.hpp"
 #include "llm/harness/generated_text.hpp"
 #include "llm/harness/model_on_device.hpp"
+#include "llm/harness/progress.hpp"
 #include "llm/harness/result_rows.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
@@ -387,6 +394,50 @@ TEST(ResultRows, HeaderWithAndWithoutTheConfigLine) {
   EXPECT_EQ(without.find("config:"), std::string::npos);
   EXPECT_TRUE(HasSubstr(without, "commit: "));
   EXPECT_EQ(results.format_table().rfind(with_config, 0), 0u);  // the table starts with the header
+}
+
+// A sampled run can be repeated from its JSON alone: every step's config
+// records the sampling flags and the prompt text (finish_run adds them).
+TEST(ResultRows, TheJsonConfigRecordsSamplingAndThePrompt) {
+  CommonOptions options;
+  options.temperature = 0.75f;
+  options.top_p = 0.5f;
+  options.seed = 7;
+  options.prompt = "Once upon a \"time\"";
+  options.json_path = (std::filesystem::temp_directory_path() /
+                       ("step_harness_sampling_config_" + std::to_string(::getpid()) + ".json"))
+                          .string();
+  Results results("stepXX", "a title");
+  results.set_config("quick", true);
+  ResultRow row;
+  row.ok = true;
+  results.add_row(row);
+  ::testing::internal::CaptureStdout();  // "results written to ..."
+  EXPECT_EQ(finish_run(results, options, DeviceSelection{true, false, ""}), 0);
+  ::testing::internal::GetCapturedStdout();
+  std::ifstream file(options.json_path);
+  const std::string json((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(options.json_path);
+  EXPECT_TRUE(HasSubstr(json, "\"temperature\": 0.75")) << json;
+  EXPECT_TRUE(HasSubstr(json, "\"top_p\": 0.5")) << json;
+  EXPECT_TRUE(HasSubstr(json, "\"seed\": 7")) << json;
+  EXPECT_TRUE(HasSubstr(json, R"("prompt": "Once upon a \"time\"")")) << json;
+  EXPECT_TRUE(HasSubstr(json, "\"quick\": true")) << json;  // the step's own keys stay
+
+  // A seed past a JSON integer's signed 64 bits keeps every digit, as a string.
+  options.seed = UINT64_MAX;
+  set_sampling_config(results, options);
+  EXPECT_TRUE(HasSubstr(results.to_json(), "\"seed\": \"18446744073709551615\"")) << results.to_json();
+}
+
+TEST(RunProgress, EachPartIsALineOnStderr) {
+  RunProgress progress("stepXX", 2);
+  ::testing::internal::CaptureStderr();
+  progress.start("the kernel table");
+  progress.start("the model's prefill");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "stepXX: part 1 of 2: the kernel table\nstepXX: part 2 of 2: the model's prefill\n");
+  EXPECT_EQ(progress.parts_started(), 2);
 }
 
 TEST(ResultRows, FormatMs) {

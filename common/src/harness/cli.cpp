@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -173,11 +174,24 @@ DeviceInfo device_info_for(const DeviceSelection& devices) {
   return info;
 }
 
+void set_sampling_config(Results& results, const CommonOptions& options) {
+  results.set_config("temperature", static_cast<double>(options.temperature));
+  results.set_config("top_p", static_cast<double>(options.top_p));
+  // A JSON integer when it fits in one (any seed up to 2^63 - 1), else its digits.
+  if (options.seed <= static_cast<std::uint64_t>(std::numeric_limits<long long>::max()))
+    results.set_config("seed", static_cast<long long>(options.seed));
+  else
+    results.set_config("seed", std::to_string(options.seed));
+  results.set_config("prompt", options.prompt);
+}
+
 int finish_run(const Results& results, const CommonOptions& options, const DeviceSelection& devices,
                bool other_checks_passed) {
   if (!devices.skipped_reason.empty()) fmt::print("\nCUDA rows skipped: {}\n", devices.skipped_reason);
   if (!options.json_path.empty()) {
-    results.write_json(options.json_path);
+    Results recorded = results;  // the step's results, plus the common flags' config keys
+    set_sampling_config(recorded, options);
+    recorded.write_json(options.json_path);
     fmt::print("results written to {}\n", options.json_path);
   }
   if (!other_checks_passed || !results.all_ok()) {

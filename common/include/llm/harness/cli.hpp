@@ -90,9 +90,15 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv);
 DeviceInfo device_info_for(const DeviceSelection& devices);
 
 class Results;
+// What every step's JSON config records of the common flags, so that a run
+// (a sampled one too) can be repeated from its JSON alone: "temperature",
+// "top_p", "seed" and "prompt" (the text; "" = from BOS). finish_run adds them.
+void set_sampling_config(Results& results, const CommonOptions& options);
+
 // The common end of every step: says why CUDA rows are missing, writes the
-// JSON when --json was given, and returns 0 when every row (and
-// `other_checks_passed`) is ok, else prints an error and returns 1.
+// JSON when --json was given (with set_sampling_config's keys), and returns 0
+// when every row (and `other_checks_passed`) is ok, else prints an error and
+// returns 1.
 int finish_run(const Results& results, const CommonOptions& options, const DeviceSelection& devices,
                bool other_checks_passed = true);
 
