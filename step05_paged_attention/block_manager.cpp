@@ -74,7 +74,7 @@ void BlockManager::check_block(int block, const char* operation) const {
 
 // --- Growth and release ------------------------------------------------------
 
-std::vector<BlockCopy> BlockManager::reserve(int sequence, int first_write, int end) {
+BlockManager::ReserveCount BlockManager::count_reserve(int sequence, int first_write, int end) const {
   check_sequence(sequence, "reserve");
   const int max_positions = max_blocks_per_sequence_ * block_size_;
   if (end < 0 || end > max_positions)
@@ -89,29 +89,51 @@ std::vector<BlockCopy> BlockManager::reserve(int sequence, int first_write, int 
         "block manager reserve: sequence {} writes from position {} to {}: the first write must be in [0, end] and "
         "at most the {} positions its {} blocks cover",
         sequence, first_write, end, held * block_size_, held));
+  // A copy-on-write copy takes a block like a new one; making a cached block
+  // private takes none (it stays used).
+  ReserveCount count;
+  count.target = blocks_for(end);
+  count.new_blocks = std::max(0, count.target - held);
+  count.first_written_block = first_write / block_size_;
+  count.last_written_held = first_write < end ? std::min(held, count.target) : count.first_written_block;
+  const std::int32_t* row = table_row(sequence);
+  for (int logical = count.first_written_block; logical < count.last_written_held; ++logical)
+    if (blocks_[static_cast<std::size_t>(row[logical])].ref_count > 1) ++count.copies;
+  return count;
+}
 
+int BlockManager::blocks_needed_to_reserve(int sequence, int first_write, int end) const {
+  const ReserveCount count = count_reserve(sequence, first_write, end);
+  return count.new_blocks + count.copies;
+}
+
+int BlockManager::blocks_needed_to_admit(std::span<const int> tokens, int max_positions, int end) const {
+  const int max_blocks = std::clamp(max_positions / block_size_, 0, max_blocks_per_sequence_);
+  std::vector<std::int32_t> matched(static_cast<std::size_t>(max_blocks));  // [max_blocks] the prefix's blocks
+  const int shared = match_cached_prefix(tokens, max_blocks, matched.data());
+  int evictable = 0;
+  for (int logical = 0; logical < shared; ++logical)
+    if (blocks_[static_cast<std::size_t>(matched[static_cast<std::size_t>(logical)])].ref_count == 0) ++evictable;
+  return evictable + std::max(0, blocks_for(end) - shared);
+}
+
+std::vector<BlockCopy> BlockManager::reserve(int sequence, int first_write, int end) {
   // Count before changing anything, so that a pool too small leaves every
-  // table and block as it was. A copy-on-write copy takes a block like a new
-  // one; making a cached block private takes none (it stays used).
-  const int target = blocks_for(end);
-  const int new_blocks = std::max(0, target - held);
+  // table and block as it was.
+  const ReserveCount count = count_reserve(sequence, first_write, end);
+  const int held = held_[static_cast<std::size_t>(sequence)];
   std::int32_t* row = table_row(sequence);
-  const int first_written_block = first_write / block_size_;
-  const int last_written_held = first_write < end ? std::min(held, target) : first_written_block;  // exclusive
-  int copies = 0;
-  for (int logical = first_written_block; logical < last_written_held; ++logical)
-    if (blocks_[static_cast<std::size_t>(row[logical])].ref_count > 1) ++copies;
-  const int needed = new_blocks + copies;
+  const int needed = count.new_blocks + count.copies;
   if (needed > available_blocks())
     throw llm::KvCacheFullError(fmt::format(
         "paged KV cache full: sequence {} needs {} blocks of {} positions to hold positions 0..{} ({} new, {} "
         "copy-on-write copies) but only {} are available ({} free, {} evictable) of {}",
-        sequence, needed, block_size_, end - 1, new_blocks, copies, available_blocks(), free_blocks(),
+        sequence, needed, block_size_, end - 1, count.new_blocks, count.copies, available_blocks(), free_blocks(),
         evictable_blocks(), n_blocks_));
 
   std::vector<BlockCopy> block_copies;
-  block_copies.reserve(static_cast<std::size_t>(copies));
-  for (int logical = first_written_block; logical < last_written_held; ++logical) {
+  block_copies.reserve(static_cast<std::size_t>(count.copies));
+  for (int logical = count.first_written_block; logical < count.last_written_held; ++logical) {
     const int block = row[logical];
     Block& held_block = blocks_[static_cast<std::size_t>(block)];
     if (held_block.ref_count > 1) {
@@ -126,9 +148,9 @@ std::vector<BlockCopy> BlockManager::reserve(int sequence, int first_write, int 
       uncache_block(block);
     }
   }
-  for (int logical = held; logical < target; ++logical) row[logical] = allocate_block();
-  held_[static_cast<std::size_t>(sequence)] = std::max(held, target);
-  counters_.copy_on_write += copies;
+  for (int logical = held; logical < count.target; ++logical) row[logical] = allocate_block();
+  held_[static_cast<std::size_t>(sequence)] = std::max(held, count.target);
+  counters_.copy_on_write += count.copies;
   if (needed > 0) ++tables_version_;
   return block_copies;
 }
@@ -267,6 +289,7 @@ int BlockManager::share_cached_prefix(int sequence, std::span<const int> tokens,
                     sequence, held_[static_cast<std::size_t>(sequence)]));
   ++counters_.prefix_queries;
   const int max_blocks = std::clamp(max_positions / block_size_, 0, max_blocks_per_sequence_);
+  counters_.prefix_queried_blocks += std::min<long long>(max_blocks, static_cast<long long>(tokens.size()) / block_size_);
   // The walk writes the matched blocks straight into the (empty) table row.
   std::int32_t* row = table_row(sequence);
   const int shared = match_cached_prefix(tokens, max_blocks, row);

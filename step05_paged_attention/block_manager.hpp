@@ -50,6 +50,7 @@ struct BlockManagerCounters {
   long long copy_on_write = 0;      // BlockCopy entries returned by reserve()
   long long evictions = 0;          // evictable blocks reclaimed for an allocation
   long long prefix_queries = 0;     // share_cached_prefix calls
+  long long prefix_queried_blocks = 0;  // full blocks those calls could have shared (the hit rate's denominator)
   long long prefix_hit_blocks = 0;  // blocks those calls shared from the cache
   long long published_blocks = 0;   // blocks entered into the prefix cache
 };
@@ -82,6 +83,18 @@ class BlockManager {
   // cannot supply them; llm::InputError for a bad sequence id, end past
   // max_blocks_per_sequence * block_size, or first_write > end.
   std::vector<BlockCopy> reserve(int sequence, int first_write, int end);
+  // What reserve(sequence, first_write, end) would take from the pool: new
+  // blocks plus copy-on-write copies. Changes nothing; the same InputErrors.
+  int blocks_needed_to_reserve(int sequence, int first_write, int end) const;
+  bool can_reserve(int sequence, int first_write, int end) const {
+    return blocks_needed_to_reserve(sequence, first_write, end) <= available_blocks();
+  }
+  // What a sequence holding nothing would take from the pool to share the
+  // cached prefix of `tokens` (at most max_positions, as share_cached_prefix)
+  // and then hold positions 0..end-1: the blocks past the prefix, plus each
+  // evictable block of the prefix (sharing makes it used: it leaves the
+  // pool). Changes nothing.
+  int blocks_needed_to_admit(std::span<const int> tokens, int max_positions, int end) const;
 
   // Keeps the blocks of positions 0..new_length-1 and releases the rest
   // (refcount - 1; a block nobody holds becomes free, or evictable when it is
@@ -156,6 +169,17 @@ class BlockManager {
     std::list<int>::iterator lru_position;  // in evictable_lru_ when evictable
   };
 
+  // reserve's arithmetic, before any change: the blocks it takes and the
+  // held blocks its writes fall in (logical first_written_block up to,
+  // not including, last_written_held).
+  struct ReserveCount {
+    int target = 0;      // blocks held after it: blocks_for(end) at least
+    int new_blocks = 0;  // blocks past the ones held
+    int copies = 0;      // written held blocks shared with another sequence
+    int first_written_block = 0;
+    int last_written_held = 0;
+  };
+  ReserveCount count_reserve(int sequence, int first_write, int end) const;
   void check_sequence(int sequence, const char* operation) const;
   void check_block(int block, const char* operation) const;
   // Row `sequence` of tables_: [max_blocks_per_sequence].

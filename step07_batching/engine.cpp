@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <numeric>
-#include <stdexcept>
 #include <utility>
 
 #include "llm/errors.hpp"
@@ -19,6 +17,8 @@ step05::PagedKvCacheOptions cache_options(const llm::ModelConfig& config, const 
   step05::PagedKvCacheOptions cache;
   cache.num_sequences = options.scheduler.max_sequences;
   cache.block_size = options.block_size;
+  if (options.block_size < 1)
+    throw llm::InputError(fmt::format("block size must be at least 1 (got {})", options.block_size));
   if (options.n_blocks < 0)
     throw llm::InputError(fmt::format("the KV pool's blocks must be >= 0 (0: a full context per slot; got {})",
                                       options.n_blocks));
@@ -34,15 +34,23 @@ step05::PagedKvCacheOptions cache_options(const llm::ModelConfig& config, const 
 
 }  // namespace
 
-Engine::Engine(llm::Model& model, const EngineOptions& options, const ServingClock& clock)
-    : model_(model),
-      clock_(clock),
-      scheduler_(options.scheduler, options.block_size),
-      cache_(step05::make_paged_kv_cache(model.device_name(), model.config(), cache_options(model.config(), options))) {
-  // Slots handed out from the back: slot 0 first.
-  free_slots_.resize(static_cast<std::size_t>(options.scheduler.max_sequences));
-  std::iota(free_slots_.rbegin(), free_slots_.rend(), 0);
+int PagedCacheLedger::cached_prefix(std::span<const int> tokens) const {
+  if (!prefix_caching_ || tokens.empty()) return 0;
+  // Never the last token: its logits are what the request needs next.
+  return cache_.blocks().cached_prefix_length(tokens.first(tokens.size() - 1));
 }
+
+int PagedCacheLedger::share_cached_prefix(int slot, std::span<const int> tokens) {
+  return prefix_caching_ ? cache_.share_cached_prefix(slot, tokens) : 0;
+}
+
+Engine::Engine(llm::Model& model, const EngineOptions& options, const ServingClock& clock)
+    : options_(options),
+      model_(model),
+      clock_(clock),
+      scheduler_(options.scheduler),
+      cache_(step05::make_paged_kv_cache(model.device_name(), model.config(), cache_options(model.config(), options))),
+      ledger_(*cache_, options.prefix_caching) {}
 
 void Engine::submit(Request request) {
   const llm::ModelConfig& config = model_.config();
@@ -87,11 +95,11 @@ int Engine::step() {
   IterationRecord iteration;
   iteration.start_ms = clock_.now_ms();
 
-  const Schedule schedule = scheduler_.schedule(waiting_, running_, cache_->blocks().available_blocks());
-  apply(schedule);
-  // With work queued and a pool of at least one full context, the oldest
-  // request always fits: an empty batch here would be a scheduler bug.
-  if (schedule.rows.empty()) throw std::logic_error("the scheduler picked no rows while requests wait");
+  // The rows' blocks are reserved by the schedule itself: the forward's own
+  // reserve finds them held. With work queued and a pool of at least one
+  // full context, the oldest request always fits, so the batch is never empty.
+  const Schedule schedule = scheduler_.schedule(waiting_, running_, ledger_);
+  record_schedule(schedule);
 
   // Counted before sampling: sampling grows each sequence's tokens, and a
   // request that finishes is gone (its RequestState freed) by the end of it.
@@ -115,23 +123,16 @@ void Engine::run_until_idle() {
   while (has_work()) step();
 }
 
-// Preempted requests give back their slot and blocks (the scheduler has
-// already put them back at the front of the queue with computed = 0);
-// admitted ones take a slot.
-void Engine::apply(const Schedule& schedule) {
+// The scheduler has released the preempted requests' slots and blocks and
+// given the admitted ones theirs; the engine keeps the records.
+void Engine::record_schedule(const Schedule& schedule) {
   for (RequestState* request : schedule.preempted) {
-    cache_->truncate(request->slot, 0);
-    free_slots_.push_back(request->slot);
-    request->slot = -1;
     ++request->record.preemptions;
     ++preemptions_;
   }
   const double now = clock_.now_ms();
-  for (RequestState* request : schedule.admitted) {
-    request->slot = free_slots_.back();
-    free_slots_.pop_back();
+  for (RequestState* request : schedule.admitted)
     if (request->record.first_scheduled_ms < 0) request->record.first_scheduled_ms = now;
-  }
 }
 
 // rows: tokens[first .. first + n) of each scheduled request, at positions
@@ -153,6 +154,7 @@ void Engine::sample_and_finish(const Schedule& schedule, std::span<const float> 
     RequestState& request = *entry.request;
     const bool samples = entry.samples_token();  // before computed moves: the rows reached the last token
     request.computed += entry.n_rows;
+    if (options_.prefix_caching) publish_filled_blocks(request, entry.first_position);
     if (!samples) continue;  // a prompt chunk short of the end, or a recompute: its logits are not needed
     const int token = request.sampler.sample(logits.subspan(i * vocab, vocab));
     request.tokens.push_back(token);
@@ -166,11 +168,18 @@ void Engine::sample_and_finish(const Schedule& schedule, std::span<const float> 
   }
 }
 
+// Only when the rows filled a block: publishing walks the sequence's whole
+// hash chain. A block already cached (shared, or published before) stays.
+void Engine::publish_filled_blocks(const RequestState& request, int first_position) {
+  const int block_size = cache_->block_size();
+  if (request.computed / block_size > first_position / block_size) cache_->publish(request.slot, request.tokens);
+}
+
 // The request leaves: its slot and blocks go back, its record joins finished_.
 void Engine::finish(RequestState& request, FinishReason reason) {
   if (request.slot >= 0) {
-    cache_->truncate(request.slot, 0);
-    free_slots_.push_back(request.slot);
+    ledger_.release(request.slot);
+    request.slot = -1;
     running_.erase(std::find(running_.begin(), running_.end(), &request));
   }
   request.record.finish = reason;

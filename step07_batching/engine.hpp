@@ -2,12 +2,13 @@
 // Engine: iteration-level (continuous) batching over step 05's paged cache.
 // Each step():
 //   1. the scheduler picks the rows of this iteration (decode rows, prefill
-//      chunks), admits waiting requests and preempts when blocks run out;
-//   2. the engine frees preempted sequences' blocks and gives admitted ones a
-//      cache slot;
-//   3. one TokenBatch, one forward pass of the unchanged model (CPU or CUDA);
+//      chunks), admits waiting requests and preempts when blocks run out,
+//      reserving through the cache's block manager (the one ledger);
+//   2. one TokenBatch, one forward pass of the unchanged model (CPU or CUDA);
+//   3. with prefix caching, every block the forward filled enters step 05's
+//      prefix cache, for later requests with the same prefix to share;
 //   4. a token is sampled for every sequence whose rows reached its end;
-//      finished requests leave and free their slot and blocks.
+//      finished requests leave and give back their slot and blocks.
 // Static batching and one-request-at-a-time are the same engine with other
 // SchedulerOptions (policies.hpp), so the comparison changes nothing else.
 //
@@ -32,6 +33,29 @@ struct EngineOptions {
   // Blocks in the KV pool: the KV budget. 0: enough for every slot to hold a
   // full context (no preemption ever). Must hold one full context at least.
   int n_blocks = 0;
+  // Automatic prefix caching (step 05's hash chain): an admitted request
+  // shares the cached blocks of its prompt's longest cached prefix and
+  // computes only the rest. Off by default: a hit changes which rows a
+  // forward runs (a request recomputed after a preemption takes back its own
+  // blocks), and the policy comparison isolates the scheduler. The server
+  // turns it on; part 6 measures it.
+  bool prefix_caching = false;
+};
+
+// The engine's KvLedger: its paged cache (the block manager, and the
+// copy-on-write row copies of what is reserved).
+class PagedCacheLedger final : public KvLedger {
+ public:
+  PagedCacheLedger(step05::PagedKvCache& cache, bool prefix_caching) : cache_(cache), prefix_caching_(prefix_caching) {}
+  const step05::BlockManager& blocks() const override { return cache_.blocks(); }
+  int cached_prefix(std::span<const int> tokens) const override;
+  int share_cached_prefix(int slot, std::span<const int> tokens) override;
+  void reserve(int slot, int first_write, int end) override { cache_.reserve(slot, first_write, end); }
+  void release(int slot) override { cache_.truncate(slot, 0); }
+
+ private:
+  step05::PagedKvCache& cache_;
+  bool prefix_caching_;
 };
 
 // One token leaving a forward: what a streaming server sends.
@@ -95,19 +119,22 @@ class Engine {
   const llm::Model& model() const { return model_; }
 
  private:
-  void apply(const Schedule& schedule);                 // slots and blocks of admitted / preempted
+  void record_schedule(const Schedule& schedule);       // preemption counts, first-scheduled times
   llm::TokenBatch build_batch(const Schedule& schedule) const;
   void sample_and_finish(const Schedule& schedule, std::span<const float> logits);
   void finish(RequestState& request, FinishReason reason);  // frees its slot and blocks, records it
+  // Prefix caching: the blocks rows first_position.. of `request` filled enter the prefix cache.
+  void publish_filled_blocks(const RequestState& request, int first_position);
 
+  EngineOptions options_;
   llm::Model& model_;
   const ServingClock& clock_;
   Scheduler scheduler_;
   std::unique_ptr<step05::PagedKvCache> cache_;
+  PagedCacheLedger ledger_;
   std::vector<std::unique_ptr<RequestState>> live_;  // every submitted, unfinished request
   std::deque<RequestState*> waiting_;                // arrival order (preempted ones go back to the front)
   std::vector<RequestState*> running_;               // admission order: the oldest first
-  std::vector<int> free_slots_;                      // cache slots no running request holds
   std::vector<RequestRecord> finished_;
   std::vector<IterationRecord> iterations_;
   std::function<void(const TokenEvent&)> listener_;

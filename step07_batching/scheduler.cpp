@@ -23,95 +23,109 @@ int Schedule::decode_rows() const {
 
 int Schedule::prefill_rows() const { return total_rows() - decode_rows(); }
 
-Scheduler::Scheduler(SchedulerOptions options, int block_size) : options_(options), block_size_(block_size) {
+Scheduler::Scheduler(SchedulerOptions options) : options_(options) {
   if (options_.max_sequences < 1)
     throw llm::InputError(fmt::format("max_sequences must be at least 1 (got {})", options_.max_sequences));
   if (options_.token_budget < options_.max_sequences)
     throw llm::InputError(fmt::format("the token budget ({}) must hold a row for each of the {} sequences",
                                       options_.token_budget, options_.max_sequences));
-  if (block_size_ < 1) throw llm::InputError(fmt::format("block size must be at least 1 (got {})", block_size_));
 }
 
 namespace {
 
 // Preempts the newest running request (vLLM's choice: the one that has
-// waited least and holds the least progress; its blocks are freed and it is
-// recomputed from its tokens when it is admitted again). Returns its blocks.
-int preempt_newest(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running, Schedule& plan,
-                   const Scheduler& scheduler) {
+// waited least and holds the least progress). Its blocks go back to the
+// ledger (a block another request shares stays with it; a cached one stays
+// in the prefix cache), and it is recomputed from its tokens when it is
+// admitted again.
+void preempt_newest(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running, KvLedger& ledger,
+                    Schedule& plan) {
   RequestState* victim = running.back();
   running.pop_back();
-  const int freed = scheduler.blocks_for(victim->computed) + scheduler.blocks_promised(*victim);
+  ledger.release(victim->slot);
+  victim->slot = -1;
   victim->computed = 0;
   waiting.push_front(victim);  // first in line: it arrived before everything still waiting
   plan.preempted.push_back(victim);
-  return freed;
+}
+
+// The lowest cache slot no running request holds (running has fewer than
+// max_sequences requests, so one is free).
+int free_slot(const std::vector<RequestState*>& running, int max_sequences) {
+  std::vector<bool> held(static_cast<std::size_t>(max_sequences), false);  // [max_sequences]
+  for (const RequestState* request : running) held[static_cast<std::size_t>(request->slot)] = true;
+  return static_cast<int>(std::find(held.begin(), held.end(), false) - held.begin());
 }
 
 }  // namespace
 
 Schedule Scheduler::schedule(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running,
-                             int free_blocks) const {
+                             KvLedger& ledger) const {
   Schedule plan;
   int budget = options_.token_budget;
-  // Blocks promised to prompts being prefilled in chunks are not free: each
-  // was admitted only with room for its whole prompt, so a long prompt is
-  // never left half-computed for want of blocks that decode rows took in
-  // the meantime (which would preempt it and throw the chunks away, again
-  // and again: thrashing).
-  for (const RequestState* request : running) free_blocks -= blocks_promised(*request);
+  schedule_running(waiting, running, ledger, plan, budget);
+  // Static batching admits only into an empty batch; continuous batching
+  // whenever a slot and the budget allow, but not in an iteration that had
+  // to preempt (vLLM's rule): memory is short, and the request just
+  // preempted, now first in line, would come straight back in to be
+  // preempted again.
+  if (plan.preempted.empty() && (options_.admission == Admission::EveryIteration || running.empty()))
+    admit_waiting(waiting, running, ledger, plan, budget);
+  return plan;
+}
 
-  // 1. Running requests, oldest first: a decode row each, or the next chunk
-  // of a prompt that chunked prefill left unfinished.
+// Running requests, oldest first: a decode row each, or the next chunk of a
+// prompt that chunked prefill left unfinished. A chunk's blocks were
+// reserved when its prompt was admitted, so only a decode row may need a new
+// block; when the pool has none, the newest request (which may be this one)
+// gives its blocks back.
+void Scheduler::schedule_running(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running,
+                                 KvLedger& ledger, Schedule& plan, int& budget) const {
   for (std::size_t i = 0; i < running.size() && budget > 0;) {
     RequestState* request = running[i];
     const int rows = std::min(request->pending_rows(), budget);
-    const int needed = blocks_for(request->computed + rows) - blocks_for(request->computed);
-    // A decode row takes a new block from the free ones; a chunk takes blocks
-    // promised to it at admission.
-    const int from_free = request->decoding() ? needed : 0;
-    // Out of blocks: take them from the newest request, which may be this one.
-    while (from_free > free_blocks && running.back() != request)
-      free_blocks += preempt_newest(waiting, running, plan, *this);
-    if (from_free > free_blocks) {
-      free_blocks += preempt_newest(waiting, running, plan, *this);  // this one: nothing newer is left
+    const int end = request->computed + rows;
+    while (!ledger.blocks().can_reserve(request->slot, request->computed, end) && running.back() != request)
+      preempt_newest(waiting, running, ledger, plan);
+    if (!ledger.blocks().can_reserve(request->slot, request->computed, end)) {
+      preempt_newest(waiting, running, ledger, plan);  // this one: nothing newer is left
       break;
     }
-    free_blocks -= from_free;
+    ledger.reserve(request->slot, request->computed, end);
     budget -= rows;
-    plan.blocks_needed += needed;
     plan.rows.push_back({request, request->computed, rows});
     ++i;
   }
+}
 
-  // 2. Admission, in arrival order. Static batching admits only into an
-  // empty batch; continuous batching whenever a slot and the budget allow,
-  // but not in an iteration that had to preempt (vLLM's rule): memory is
-  // short, and the request just preempted, now first in line, would come
-  // straight back in to be preempted again.
-  const bool may_admit =
-      plan.preempted.empty() && (options_.admission == Admission::EveryIteration || running.empty());
-  while (may_admit && !waiting.empty() && static_cast<int>(running.size()) < options_.max_sequences &&
-         budget > 0) {
-    RequestState* request = waiting.front();
-    int rows = request->pending_rows();
+// Admission, in arrival order: first come, first served, so nobody
+// overtakes a front request that does not fit. A request takes its cached
+// prefix, then blocks for its whole sequence at once: a long prompt is never
+// left half-computed for want of blocks that decode rows took in the
+// meantime (which would preempt it and throw the chunks away, again and
+// again: thrashing).
+void Scheduler::admit_waiting(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running,
+                              KvLedger& ledger, Schedule& plan, int& budget) const {
+  while (!waiting.empty() && static_cast<int>(running.size()) < options_.max_sequences && budget > 0) {
+    RequestState* request = waiting.front();  // holds no blocks: computed == 0
+    const std::span<const int> tokens = request->tokens;
+    const int cached = ledger.cached_prefix(tokens);
+    int rows = request->pending_rows() - cached;
     if (rows > budget) {
       if (!options_.chunked_prefill) break;  // the whole prompt runs at once, or it waits
       rows = budget;
     }
-    // Room for all of it (a waiting request holds no blocks): the chunk's
-    // blocks now, the rest promised (above).
-    const int whole = blocks_for(request->pending_rows());
-    if (whole > free_blocks) break;  // first come, first served: nobody overtakes it
+    const int end = static_cast<int>(tokens.size());
+    if (ledger.blocks().blocks_needed_to_admit(tokens, cached, end) > ledger.blocks().available_blocks()) break;
     waiting.pop_front();
+    request->slot = free_slot(running, options_.max_sequences);
     running.push_back(request);
-    free_blocks -= whole;
+    request->computed = ledger.share_cached_prefix(request->slot, tokens);
+    ledger.reserve(request->slot, request->computed, end);
     budget -= rows;
-    plan.blocks_needed += blocks_for(rows);
     plan.admitted.push_back(request);
-    plan.rows.push_back({request, 0, rows});
+    plan.rows.push_back({request, request->computed, rows});
   }
-  return plan;
 }
 
 }  // namespace step07

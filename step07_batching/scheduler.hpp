@@ -2,26 +2,29 @@
 // Scheduler: the decision at the start of every iteration. Which running
 // requests run (decode rows, and prefill chunks in flight), which waiting
 // requests join, and who is preempted when KV blocks run out. It moves
-// RequestState pointers between the engine's two queues and does the block
-// arithmetic; it never touches the model or the cache (the engine applies the
-// plan), so it is tested on its own over long random traces.
+// RequestState pointers between the engine's two queues and reserves their
+// blocks through the one ledger of blocks (KvLedger: step 05's block
+// manager); it never touches the model, so it is tested on its own over long
+// random traces against a bare block manager.
 //
-// The loop (vLLM's, in miniature):
+// The loop (vLLM's, in miniature; chapter 07, section 3):
 //   budget = token_budget
 //   for r in running, oldest first:            # decode rows (and chunks in flight) first
 //       rows = min(r.pending_rows, budget)
-//       while r's new blocks > free blocks:     # out of KV memory
-//           preempt the newest running request  # free its blocks, recompute it later
-//       take rows, blocks; budget -= rows
+//       while the ledger cannot reserve r's rows:   # out of KV memory
+//           preempt the newest running request      # release its blocks, recompute it later
+//       reserve them; budget -= rows
 //   if nobody was preempted, and continuous or (static and nothing runs):  # admission
 //     for w in waiting, in arrival order, while slots and budget remain:
-//       rows = w.pending_rows (chunked prefill: at most the budget left)
-//       stop at the first that does not fit the budget, or whose whole
-//         prompt does not fit the free blocks
-//       admit w: take rows; its chunk's blocks now, the rest promised
+//       share w's cached prefix (prefix caching); rows = what is left
+//       stop at the first whose rows do not fit the budget (chunked prefill:
+//         at most the budget left) or whose whole prompt does not fit the pool
+//       admit w: reserve its whole prompt now (its chunks never wait for blocks)
 #include <deque>
+#include <span>
 #include <vector>
 
+#include "step05_paged_attention/block_manager.hpp"
 #include "step07_batching/request.hpp"
 
 namespace step07 {
@@ -29,6 +32,26 @@ namespace step07 {
 enum class Admission {
   EveryIteration,  // continuous batching: a free slot is filled at the next iteration
   WhenBatchEmpty,  // static batching: a new batch forms only when the last one has finished
+};
+
+// The KV blocks as the scheduler sees them: step 05's block manager, the one
+// ledger. The scheduler asks it (can these rows be reserved?) and reserves
+// through it, so no count of blocks is kept anywhere else. The engine's
+// ledger is its paged cache (which also copies the rows of copy-on-write
+// blocks); the scheduler's tests use a bare block manager.
+class KvLedger {
+ public:
+  virtual ~KvLedger() = default;
+  virtual const step05::BlockManager& blocks() const = 0;
+  // Positions of the cached prefix of `tokens` a request admitted now would
+  // share (whole blocks, never the last token); 0 with prefix caching off.
+  virtual int cached_prefix(std::span<const int> tokens) const = 0;
+  // `slot` (holding nothing) shares that prefix; returns its positions.
+  virtual int share_cached_prefix(int slot, std::span<const int> tokens) = 0;
+  // blocks().reserve(slot, first_write, end), copy-on-write copies made. The
+  // caller has checked blocks().can_reserve.
+  virtual void reserve(int slot, int first_write, int end) = 0;
+  virtual void release(int slot) = 0;  // every block `slot` holds goes back
 };
 
 struct SchedulerOptions {
@@ -56,9 +79,8 @@ struct ScheduledRows {
 
 struct Schedule {
   std::vector<ScheduledRows> rows;         // the batch, in order (running ones first, then admitted)
-  std::vector<RequestState*> admitted;     // moved waiting -> running (need a slot)
-  std::vector<RequestState*> preempted;    // moved running -> front of waiting (free their slot and blocks)
-  int blocks_needed = 0;                   // new blocks the batch's rows take
+  std::vector<RequestState*> admitted;     // moved waiting -> running (given a slot and their blocks)
+  std::vector<RequestState*> preempted;    // moved running -> front of waiting (their slot and blocks released)
   int total_rows() const;
   int decode_rows() const;                 // scheduled requests with one row that samples
   int prefill_rows() const;                // every other row
@@ -66,27 +88,30 @@ struct Schedule {
 
 class Scheduler {
  public:
-  // block_size: positions per KV block (the cache's); throws InputError for bad options.
-  Scheduler(SchedulerOptions options, int block_size);
+  // Throws InputError for bad options.
+  explicit Scheduler(SchedulerOptions options);
 
   const SchedulerOptions& options() const { return options_; }
-  int blocks_for(int positions) const { return (positions + block_size_ - 1) / block_size_; }
-  // Blocks a running request whose prompt is being prefilled in chunks will
-  // still take to reach its last token (0 once it decodes): promised to it
-  // when it was admitted, so the scheduler never counts them as free.
-  int blocks_promised(const RequestState& request) const {
-    return request.decoding() ? 0
-                              : blocks_for(static_cast<int>(request.tokens.size())) - blocks_for(request.computed);
-  }
 
-  // One iteration's decision. `free_blocks`: blocks the cache can hand out
-  // now. A preempted request gets computed = 0 and goes to the front of
-  // `waiting` (it keeps its tokens: recomputing them restores its K/V).
-  Schedule schedule(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running, int free_blocks) const;
+  // One iteration's decision; every block it takes or gives back goes
+  // through `ledger`, whose slots 0..max_sequences-1 the running requests
+  // hold. After it, each scheduled row's blocks are reserved (and private
+  // where it writes). A preempted request has released its slot and blocks,
+  // has computed = 0 and waits at the front of `waiting` (it keeps its
+  // tokens: recomputing them restores its K/V). An admitted request holds a
+  // slot, its cached prefix (computed = its positions) and blocks for its
+  // whole sequence.
+  Schedule schedule(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running, KvLedger& ledger) const;
 
  private:
+  // Step 1 of the loop: the running requests' rows; preempts when the pool is short.
+  void schedule_running(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running, KvLedger& ledger,
+                        Schedule& plan, int& budget) const;
+  // Step 2: admission in arrival order while it fits.
+  void admit_waiting(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running, KvLedger& ledger,
+                     Schedule& plan, int& budget) const;
+
   SchedulerOptions options_;
-  int block_size_;
 };
 
 }  // namespace step07

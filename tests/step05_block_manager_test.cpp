@@ -361,10 +361,19 @@ class PropertyRun {
     const Tokens tokens = prompt();
     const int size = static_cast<int>(tokens.size());
     const int max_positions = pick(3) == 0 ? pick(size + 1) : size - 1;  // usually: recompute the last token
+    // The admission query, before anything changes: what sharing the prefix
+    // and reserving the rest takes from the pool (checked after both, below).
+    const int available_before = manager_.available_blocks();
+    const int admit_needed = manager_.blocks_needed_to_admit(tokens, max_positions, size);
     const int shared = manager_.share_cached_prefix(sequence, tokens, max_positions);
     ASSERT_EQ(shared, model_.share(sequence, tokens, max_positions));
     check();
+    const long long full_before = full_errors_;
     write(sequence, shared, Tokens(tokens.begin() + shared, tokens.end()));
+    if (size <= kContext && full_errors_ == full_before)
+      ASSERT_EQ(available_before - manager_.available_blocks(), admit_needed) << "blocks_needed_to_admit";
+    else if (size <= kContext)
+      ASSERT_GT(admit_needed, available_before) << "blocks_needed_to_admit said it fits; reserve found it full";
     if (pick(2) == 0) {
       manager_.publish_full_blocks(sequence, model_.tokens(sequence));
       model_.publish(sequence);
@@ -378,6 +387,9 @@ class PropertyRun {
     const int end = first_write + static_cast<int>(written.size());
     const int old_length = model_.length(sequence);
     const int needed = model_.blocks_needed(sequence, first_write, end);
+    // The side-effect-free query agrees with the model.
+    ASSERT_EQ(manager_.blocks_needed_to_reserve(sequence, first_write, end), needed);
+    ASSERT_EQ(manager_.can_reserve(sequence, first_write, end), model_.fits(needed));
     if (!model_.fits(needed)) {
       const Snapshot before(manager_);
       ASSERT_THROW(manager_.reserve(sequence, first_write, end), llm::KvCacheFullError);

@@ -1,18 +1,20 @@
-// Step 07's scheduler alone, with no model and no cache. A simulated engine
-// loop replays long seeded random traces (prompt lengths 1..context-1, random
-// max_tokens, bursty arrivals, early end tokens, cancellations of waiting and
-// running requests) under every policy's options (static, one at a time,
-// continuous, chunked with small budgets), block sizes 1, 7 and 16, and KV
-// pools down to exactly one full context. The test keeps its own model of the
-// state (the blocks and computed positions of each request, the blocks
-// promised to prompts prefilled in chunks, the free pool) and checks every
-// schedule against it: the budget, the slots, the block arithmetic, promises
-// within the pool, who is preempted (only when needed) and where they go,
-// first come first served, admission that stops only for a reason, static
-// admission, whole prompts without chunking, progress. At the end of each
-// trace every request has finished exactly once and the pool is whole.
-// Negative controls show the checks catch a scheduler told the wrong number
-// of free blocks; focused tests pin one preemption by hand and the
+// Step 07's scheduler against step 05's block manager (the one ledger),
+// with no model and no K/V. A simulated engine loop replays long seeded
+// random traces (prompt lengths 1..context-1, prompts that share system
+// prompts, random max_tokens, bursty arrivals, early end tokens,
+// cancellations of waiting and running requests) under every policy's
+// options (static, one at a time, continuous, chunked with small budgets),
+// block sizes 1, 7 and 16, KV pools down to exactly one full context, with
+// automatic prefix caching on and off. After every schedule it checks the
+// block manager's invariants and the scheduler's promises: the budget, the
+// slots, every scheduled row's blocks held and private, a prompt's whole
+// sequence reserved from its admission, no running request losing a block,
+// preemption only when needed and of the newest, first come first served,
+// admission that stops only for a reason, static admission, whole prompts
+// without chunking, the oldest request always progressing. At the end of
+// each trace every request has finished exactly once and no block is used.
+// Negative controls show the checks catch a ledger that skips reservations
+// or leaks blocks; focused tests pin one preemption by hand and the
 // constructor's errors.
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
@@ -30,6 +32,7 @@
 #include "llm/errors.hpp"
 #include "llm/splitmix64.hpp"
 #include "llm/tokenizer.hpp"
+#include "step05_paged_attention/block_manager.hpp"
 #include "step07_batching/policies.hpp"
 #include "step07_batching/request.hpp"
 #include "step07_batching/scheduler.hpp"
@@ -37,10 +40,10 @@
 namespace step07 {
 namespace {
 
-constexpr int kVocab = 8;       // the scheduler never reads token values; the sampler needs a size
+constexpr int kVocab = 8;       // prompt ids in [1, kVocab); the sampler needs a size
 constexpr int kOtherToken = 5;  // what the simulated model "generates" when it does not stop
 
-// The test's own block arithmetic (not the scheduler's blocks_for).
+// The test's own block arithmetic.
 int blocks_covering(int positions, int block_size) { return (positions + block_size - 1) / block_size; }
 
 // Uniform in [lo, hi], and a coin of probability p, from one seeded stream.
@@ -48,6 +51,44 @@ int uniform_int(llm::SplitMix64& random, int lo, int hi) {
   return lo + static_cast<int>(random.next() % static_cast<std::uint64_t>(hi - lo + 1));
 }
 bool chance(llm::SplitMix64& random, double p) { return random.uniform() < p; }
+
+// A fault the negative controls plant in the ledger.
+enum class LedgerFault {
+  None,
+  SkipReserve,    // reserve() does nothing: rows run without their blocks
+  LeakOnRelease,  // release() keeps the first block
+};
+
+// A KvLedger over a bare block manager: the engine's, without K/V rows to
+// copy (a copy-on-write copy is a block taken, which is all the scheduler sees).
+class BlockManagerLedger final : public KvLedger {
+ public:
+  BlockManagerLedger(int n_blocks, int block_size, int slots, int context, bool prefix_caching,
+                     LedgerFault fault = LedgerFault::None)
+      : blocks_(n_blocks, block_size, slots, blocks_covering(context, block_size)),
+        prefix_caching_(prefix_caching),
+        fault_(fault) {}
+  const step05::BlockManager& blocks() const override { return blocks_; }
+  step05::BlockManager& blocks() { return blocks_; }
+  int cached_prefix(std::span<const int> tokens) const override {
+    return prefix_caching_ ? blocks_.cached_prefix_length(tokens.first(tokens.size() - 1)) : 0;
+  }
+  int share_cached_prefix(int slot, std::span<const int> tokens) override {
+    return prefix_caching_ ? blocks_.share_cached_prefix(slot, tokens, static_cast<int>(tokens.size()) - 1) : 0;
+  }
+  void reserve(int slot, int first_write, int end) override {
+    if (fault_ != LedgerFault::SkipReserve) blocks_.reserve(slot, first_write, end);
+  }
+  void release(int slot) override {
+    const bool leak = fault_ == LedgerFault::LeakOnRelease && blocks_.blocks_held(slot) > 0;
+    blocks_.truncate(slot, leak ? 1 : 0);
+  }
+
+ private:
+  step05::BlockManager blocks_;
+  bool prefix_caching_;
+  LedgerFault fault_;
+};
 
 // One client of a trace: what it asks, when, and what happens to it.
 struct SimulatedRequest {
@@ -64,13 +105,30 @@ struct TraceShape {
   int block_size = 16;
   int context = 64;
   int n_blocks = 0;
+  bool prefix_caching = false;
   std::vector<SimulatedRequest> requests;  // arrival order, ids 0..n-1
 
   std::string describe() const {
-    return fmt::format("{}: max_sequences {}, budget {}, block {}, context {}, pool {} blocks, {} requests", policy,
-                       options.max_sequences, options.token_budget, block_size, context, n_blocks, requests.size());
+    return fmt::format("{}: max_sequences {}, budget {}, block {}, context {}, pool {} blocks, prefix caching {}, "
+                       "{} requests",
+                       policy, options.max_sequences, options.token_budget, block_size, context, n_blocks,
+                       prefix_caching ? "on" : "off", requests.size());
   }
 };
+
+// A prompt of `length` ids, BOS first: often the start of one of a few
+// shared system prompts (so prefixes hit), then random ids.
+std::vector<int> random_prompt(llm::SplitMix64& random, int length, const std::vector<std::vector<int>>& systems) {
+  std::vector<int> prompt;
+  if (chance(random, 0.6)) {
+    const auto& system = systems[random.next() % systems.size()];
+    prompt.assign(system.begin(), system.begin() + std::min<std::ptrdiff_t>(length, std::ssize(system)));
+  } else {
+    prompt.push_back(llm::Tokenizer::kBos);
+  }
+  while (static_cast<int>(prompt.size()) < length) prompt.push_back(uniform_int(random, 1, kVocab - 1));
+  return prompt;
+}
 
 // Draws trace number `index`: the policy in turn, the rest from the seed.
 TraceShape random_trace(int index, std::uint64_t seed) {
@@ -80,6 +138,7 @@ TraceShape random_trace(int index, std::uint64_t seed) {
   TraceShape shape;
   shape.policy = policy.name;
   shape.context = std::vector<int>{16, 40, 96, 130}[random.next() % 4];
+  shape.prefix_caching = (index / table.size()) % 2 == 1;  // each policy with and without
   ServingLimits limits;
   limits.block_size = std::vector<int>{1, 7, 16}[random.next() % 3];
   limits.max_sequences = uniform_int(random, 1, 12);
@@ -92,6 +151,11 @@ TraceShape random_trace(int index, std::uint64_t seed) {
   shape.block_size = options.block_size;
   shape.n_blocks = options.n_blocks;
 
+  std::vector<std::vector<int>> systems(3);  // [3] system prompts of context - 1 ids
+  for (auto& system : systems) {
+    system = {llm::Tokenizer::kBos};
+    while (static_cast<int>(system.size()) < shape.context - 1) system.push_back(uniform_int(random, 1, kVocab - 1));
+  }
   const int n_requests = uniform_int(random, 60, 160);
   int arrival = 0;
   for (int id = 0; id < n_requests; ++id) {
@@ -105,8 +169,7 @@ TraceShape random_trace(int index, std::uint64_t seed) {
     // Outputs: prompt + max_tokens - 1 <= context, mostly short.
     const int most = shape.context - prompt_length + 1;
     simulated.request.id = id;
-    simulated.request.prompt.assign(static_cast<std::size_t>(prompt_length), kOtherToken);
-    simulated.request.prompt.front() = llm::Tokenizer::kBos;
+    simulated.request.prompt = random_prompt(random, prompt_length, systems);
     simulated.request.max_tokens =
         chance(random, 0.7) ? uniform_int(random, 1, std::max(1, most / 4)) : uniform_int(random, 1, most);
     // Bursts (several in one iteration) and gaps, sometimes long enough to drain the engine.
@@ -125,33 +188,34 @@ TraceShape random_trace(int index, std::uint64_t seed) {
 struct Exercised {
   long long schedules = 0;
   long long preemptions = 0;
-  // Preempted and admitted again by the same schedule, from position 0
-  // (counted, not an error).
-  long long readmitted = 0;
   long long preemptions_in_one_context_pools = 0;
+  long long preemptions_with_prefix_caching = 0;
   long long split_prompt_rows = 0;  // rows that stop short of the sequence's end (chunks)
+  long long prefix_hit_blocks = 0;  // blocks admitted requests shared from the prefix cache
+  long long evictions = 0;          // cached blocks reclaimed for an allocation
   long long cancelled_waiting = 0;
   long long cancelled_running = 0;
   long long stopped = 0;     // finished on the end token before max_tokens
   long long idle_jumps = 0;  // the engine drained before the next arrival
 };
 
+// What a running request held before a schedule: its blocks, in order.
+using Tables = std::vector<std::vector<std::int32_t>>;  // [requests] the block table of each (empty: none)
+
 // The engine's loop without a model: submit, cancel, schedule, "forward"
-// (computed positions advance, a token comes out of every row that reaches a
-// sequence's end), finish. Every schedule is checked against the test's model.
+// (computed positions advance, full blocks are published, a token comes out
+// of every row that reaches a sequence's end), finish. Every schedule is
+// checked against the block manager and the scheduler's promises.
 class SimulatedEngine {
  public:
-  // blocks_misreported: told to the scheduler on top of the free blocks
-  // (0; the negative controls lie, to show the checks catch it).
-  SimulatedEngine(const TraceShape& shape, Exercised& exercised, int blocks_misreported = 0)
+  SimulatedEngine(const TraceShape& shape, Exercised& exercised, LedgerFault fault = LedgerFault::None)
       : shape_(shape),
-        blocks_misreported_(blocks_misreported),
-        scheduler_(shape.options, shape.block_size),
+        scheduler_(shape.options),
+        ledger_(shape.n_blocks, shape.block_size, shape.options.max_sequences, shape.context, shape.prefix_caching,
+                fault),
         exercised_(exercised),
-        held_(shape.requests.size(), 0),
         computed_(shape.requests.size(), 0),
-        finishes_(shape.requests.size(), 0),
-        free_blocks_(shape.n_blocks) {
+        finishes_(shape.requests.size(), 0) {
     for (const SimulatedRequest& simulated : shape.requests)
       states_.push_back(std::make_unique<RequestState>(simulated.request, kVocab));
     for (const SimulatedRequest& simulated : shape.requests)
@@ -168,7 +232,7 @@ class SimulatedEngine {
     while (next_arrival_ < shape_.requests.size() || !waiting_.empty() || !running_.empty()) {
       ASSERT_LT(iteration_, kIterationLimit) << "no end in sight: the scheduler livelocks";
       submit_due();
-      cancel_due();
+      ASSERT_NO_FATAL_FAILURE(cancel_due());
       if (waiting_.empty() && running_.empty()) {
         if (next_arrival_ < shape_.requests.size()) {
           iteration_ = shape_.requests[next_arrival_].arrival;  // idle: skip to the next arrival
@@ -176,17 +240,20 @@ class SimulatedEngine {
         }
         continue;
       }
-      ASSERT_NO_FATAL_FAILURE(check_model_agrees());
+      ASSERT_NO_FATAL_FAILURE(check_queues());
       ASSERT_NO_FATAL_FAILURE(schedule_and_check()) << "at iteration " << iteration_;
       ++iteration_;
     }
     // Every request finished exactly once, and every block came back.
     for (std::size_t id = 0; id < finishes_.size(); ++id) ASSERT_EQ(finishes_[id], 1) << "request " << id;
-    for (std::size_t id = 0; id < held_.size(); ++id) ASSERT_EQ(held_[id], 0) << "request " << id;
-    ASSERT_EQ(free_blocks_, shape_.n_blocks) << "blocks leaked";
+    ASSERT_NO_THROW(blocks().check_invariants());
+    ASSERT_EQ(blocks().used_blocks(), 0) << "blocks leaked";
+    exercised_.prefix_hit_blocks += blocks().counters().prefix_hit_blocks;
+    exercised_.evictions += blocks().counters().evictions;
   }
 
  private:
+  const step05::BlockManager& blocks() const { return ledger_.blocks(); }
   int id_of(const RequestState* request) const { return request->request.id; }
   const SimulatedRequest& simulated(const RequestState* request) const {
     return shape_.requests[static_cast<std::size_t>(id_of(request))];
@@ -209,97 +276,88 @@ class SimulatedEngine {
       if (queued != waiting_.end()) {
         waiting_.erase(queued);
         ++exercised_.cancelled_waiting;
-        finish(request);
       } else {
         ASSERT_NE(std::find(running_.begin(), running_.end(), request), running_.end()) << "request " << id;
         ++exercised_.cancelled_running;
-        finish(request);
       }
+      finish(request);
     }
   }
 
   void finish(RequestState* request) {
     const auto running = std::find(running_.begin(), running_.end(), request);
-    if (running != running_.end()) running_.erase(running);
-    const auto id = static_cast<std::size_t>(id_of(request));
-    free_blocks_ += held_[id];
-    held_[id] = 0;
-    ++finishes_[id];
+    if (running != running_.end()) {
+      running_.erase(running);
+      ledger_.release(request->slot);
+      request->slot = -1;
+    }
+    ++finishes_[static_cast<std::size_t>(id_of(request))];
   }
 
-  // Blocks a running request holds or was promised: a prompt being
-  // prefilled in chunks was admitted with room for all of it, so it counts
-  // its whole sequence; a decoding one (one row left) what it holds.
-  int committed(const RequestState* request) const {
-    const int computed = computed_[static_cast<std::size_t>(id_of(request))];
-    const int tokens = static_cast<int>(request->tokens.size());
-    return blocks_covering(tokens - computed == 1 ? computed : tokens, shape_.block_size);
-  }
-  int committed_to(const std::vector<RequestState*>& requests) const {
-    int total = 0;
-    for (const RequestState* request : requests) total += committed(request);
-    return total;
-  }
-
-  // The scheduler moves only `computed` (to 0 on a preemption): it must agree
-  // with the test's own count, and nothing waiting holds blocks. The test's
-  // books balance: free + held == the pool; what the running requests hold
-  // and were promised never exceeds the pool.
-  void check_model_agrees() const {
-    int held = 0;
-    for (const int blocks : held_) held += blocks;
-    ASSERT_EQ(free_blocks_ + held, shape_.n_blocks);
-    ASSERT_LE(committed_to(running_), shape_.n_blocks) << "the promises overbook the pool";
-    for (const RequestState* request : running_)
-      ASSERT_EQ(request->computed, computed_[static_cast<std::size_t>(id_of(request))]) << "request " << id_of(request);
+  // Between schedules: the block manager is consistent; the running
+  // requests hold distinct slots, what they computed and, while a prompt is
+  // being prefilled, blocks for their whole sequence; the waiting ones hold
+  // nothing and have computed nothing.
+  void check_queues() const {
+    ASSERT_NO_THROW(blocks().check_invariants());
+    std::vector<bool> slot_taken(static_cast<std::size_t>(shape_.options.max_sequences), false);
+    for (const RequestState* request : running_) {
+      const auto id = static_cast<std::size_t>(id_of(request));
+      ASSERT_GE(request->slot, 0) << "request " << id;
+      ASSERT_LT(request->slot, shape_.options.max_sequences) << "request " << id;
+      ASSERT_FALSE(slot_taken[static_cast<std::size_t>(request->slot)]) << "two requests in slot " << request->slot;
+      slot_taken[static_cast<std::size_t>(request->slot)] = true;
+      ASSERT_EQ(request->computed, computed_[id]) << "request " << id;
+      const int sequence = request->decoding() ? request->computed : static_cast<int>(request->tokens.size());
+      ASSERT_GE(blocks().blocks_held(request->slot), blocks_covering(sequence, shape_.block_size))
+          << "request " << id << " lost blocks promised to it";
+    }
     for (const RequestState* request : waiting_) {
       const auto id = static_cast<std::size_t>(id_of(request));
       ASSERT_EQ(request->computed, 0) << "waiting request " << id;
-      ASSERT_EQ(computed_[id], 0) << "waiting request " << id;
-      ASSERT_EQ(held_[id], 0) << "waiting request " << id;
+      ASSERT_EQ(request->slot, -1) << "waiting request " << id;
     }
+  }
+
+  // Would the running requests' rows fit the pool with nobody preempted?
+  // (Each one's reservation is its own: no two running sequences share a
+  // block that either writes.)
+  bool rows_fit_without_preemption(const std::vector<RequestState*>& running) const {
+    int budget = shape_.options.token_budget;
+    int needed = 0;
+    for (const RequestState* request : running) {
+      if (budget == 0) break;
+      const int rows = std::min(request->pending_rows(), budget);
+      budget -= rows;
+      needed += blocks().blocks_needed_to_reserve(request->slot, request->computed, request->computed + rows);
+    }
+    return needed <= blocks().available_blocks();
   }
 
   void schedule_and_check() {
     const std::vector<RequestState*> waiting_before(waiting_.begin(), waiting_.end());
     const std::vector<RequestState*> running_before = running_;
-    const int free_before = free_blocks_;
-    const Schedule plan = scheduler_.schedule(waiting_, running_, std::max(0, free_before + blocks_misreported_));
+    const bool fits = rows_fit_without_preemption(running_before);
+    Tables tables_before(shape_.requests.size());
+    for (const RequestState* request : running_before) {
+      const auto table = blocks().block_table(request->slot);
+      tables_before[static_cast<std::size_t>(id_of(request))].assign(table.begin(), table.end());
+    }
+    const Schedule plan = scheduler_.schedule(waiting_, running_, ledger_);
     ++exercised_.schedules;
-    ASSERT_NO_FATAL_FAILURE(check_schedule(waiting_before, running_before, free_before, plan));
+    if (fits) ASSERT_TRUE(plan.preempted.empty()) << "preempted although the running requests' rows fit the pool";
+    ASSERT_NO_FATAL_FAILURE(check_queues_after(waiting_before, running_before, plan));
+    ASSERT_NO_FATAL_FAILURE(check_rows(running_before, tables_before, plan));
+    ASSERT_NO_FATAL_FAILURE(check_admission_stopped_for_a_reason(running_before.size() - plan.preempted.size(), plan));
     forward(plan);
   }
 
-  void check_schedule(const std::vector<RequestState*>& waiting_before,
-                      const std::vector<RequestState*>& running_before, int free_before, const Schedule& plan) {
+  // Who moved: the newest running requests preempted (newest first, to the
+  // front of the queue, nothing computed, no slot); a prefix of that queue
+  // admitted in order; static batching admits only into an empty batch.
+  void check_queues_after(const std::vector<RequestState*>& waiting_before,
+                          const std::vector<RequestState*>& running_before, const Schedule& plan) {
     const SchedulerOptions& options = scheduler_.options();
-    const int block_size = shape_.block_size;
-
-    // Preemption only when the running requests' rows do not fit otherwise:
-    // a chunk takes the blocks promised to it, a decode row its new block
-    // from the blocks nobody holds or was promised (computed_ is still the
-    // state before the schedule here).
-    const int unpromised_before = shape_.n_blocks - committed_to(running_before);
-    int unpreempted_budget = options.token_budget;
-    int unpreempted_blocks = 0;
-    for (const RequestState* request : running_before) {
-      if (unpreempted_budget == 0) break;
-      const int computed = computed_[static_cast<std::size_t>(id_of(request))];
-      const int pending = static_cast<int>(request->tokens.size()) - computed;
-      const int rows = std::min(pending, unpreempted_budget);
-      unpreempted_budget -= rows;
-      if (pending == 1)
-        unpreempted_blocks += blocks_covering(computed + 1, block_size) - blocks_covering(computed, block_size);
-    }
-    if (unpreempted_blocks <= unpromised_before)
-      ASSERT_TRUE(plan.preempted.empty())
-          << "preempted although the decode rows fit in " << unpromised_before << " blocks neither held nor promised";
-
-    // Progress: with work queued, the batch is never empty.
-    ASSERT_FALSE(plan.rows.empty()) << "no rows with " << waiting_before.size() << " waiting and "
-                                    << running_before.size() << " running, " << free_before << " blocks free";
-
-    // Preemption takes the newest running requests, newest first.
     const std::size_t n_preempted = plan.preempted.size();
     ASSERT_LE(n_preempted, running_before.size());
     for (std::size_t k = 0; k < n_preempted; ++k)
@@ -307,21 +365,17 @@ class SimulatedEngine {
           << "preemption " << k << " is not the newest running request";
     const std::vector<RequestState*> kept(running_before.begin(),
                                           running_before.end() - static_cast<std::ptrdiff_t>(n_preempted));
-    // What the kept ones hold or were promised before their rows.
-    const int committed_kept = committed_to(kept);
-    int freed = 0;
     for (RequestState* victim : plan.preempted) {
-      const auto id = static_cast<std::size_t>(id_of(victim));
-      ASSERT_EQ(victim->computed, 0) << "preempted request " << id << " keeps computed positions";
-      freed += held_[id];
-      held_[id] = 0;
-      computed_[id] = 0;
+      ASSERT_EQ(victim->computed, 0) << "preempted request " << id_of(victim) << " keeps computed positions";
+      computed_[static_cast<std::size_t>(id_of(victim))] = 0;
     }
+    // The oldest request progresses: it is never preempted (a pool of one
+    // full context holds it alone).
+    if (!running_before.empty())
+      ASSERT_EQ(std::find(plan.preempted.begin(), plan.preempted.end(), running_before.front()), plan.preempted.end())
+          << "the oldest running request was preempted";
+    if (!plan.preempted.empty()) ASSERT_TRUE(plan.admitted.empty()) << "admitted in an iteration that preempted";
 
-    // First come, first served: the queue admission reads is the old one
-    // with the preempted pushed in front (oldest first); admission takes a
-    // prefix of it and what is left waits, in order. So a preempted request
-    // not admitted again waits at the very front.
     std::deque<RequestState*> queue(waiting_before.begin(), waiting_before.end());
     for (RequestState* victim : plan.preempted) queue.push_front(victim);
     ASSERT_LE(plan.admitted.size(), queue.size());
@@ -334,94 +388,108 @@ class SimulatedEngine {
     expected_running.insert(expected_running.end(), plan.admitted.begin(), plan.admitted.end());
     ASSERT_EQ(running_, expected_running) << "running after: the kept ones in order, then the admitted";
     ASSERT_LE(static_cast<int>(running_.size()), options.max_sequences);
-    for (RequestState* victim : plan.preempted)
-      if (std::find(plan.admitted.begin(), plan.admitted.end(), victim) != plan.admitted.end()) ++exercised_.readmitted;
-
-    // Static batching forms a batch only when the last one has finished.
     if (options.admission == Admission::WhenBatchEmpty && !plan.admitted.empty())
       ASSERT_TRUE(kept.empty()) << "static admission admitted beside " << kept.size() << " running requests";
+    for (RequestState* victim : plan.preempted) ASSERT_EQ(victim->slot, -1) << "preempted request keeps its slot";
+    ASSERT_NO_THROW(blocks().check_invariants());
+  }
 
-    // Rows: kept running requests first (oldest first, as many rows as the
-    // budget left allows), then the admitted ones from position 0.
-    ASSERT_LE(plan.admitted.size(), plan.rows.size());
+  // The rows: kept running requests first (oldest first, as many rows as the
+  // budget left allows), then the admitted ones from their cached prefix.
+  // Each row's blocks are held and private; a kept request keeps every block
+  // it held (a copy-on-write copy replaces only a block its rows write).
+  void check_rows(const std::vector<RequestState*>& running_before, const Tables& tables_before,
+                  const Schedule& plan) {
+    const SchedulerOptions& options = scheduler_.options();
+    const int block_size = shape_.block_size;
+    ASSERT_FALSE(plan.rows.empty()) << "no rows with work queued";  // progress
+    if (!running_before.empty()) ASSERT_EQ(plan.rows.front().request, running_before.front()) << "the oldest waits";
     const std::size_t running_rows = plan.rows.size() - plan.admitted.size();
-    ASSERT_LE(running_rows, kept.size());
     int budget = options.token_budget;
-    int blocks_needed = 0;
-    int unpromised = shape_.n_blocks - committed_kept;  // what admission may promise, after the decode rows
     for (std::size_t i = 0; i < plan.rows.size(); ++i) {
       const ScheduledRows& row = plan.rows[i];
       const bool admitted = i >= running_rows;
-      RequestState* request = admitted ? plan.admitted[i - running_rows] : kept[i];
+      RequestState* request = admitted ? plan.admitted[i - running_rows] : running_before[i];
       ASSERT_EQ(row.request, request) << "row " << i;
       const auto id = static_cast<std::size_t>(id_of(request));
+      if (admitted) {
+        ASSERT_EQ(row.first_position % block_size, 0) << "a cached prefix of whole blocks";
+        ASSERT_LT(row.first_position, static_cast<int>(request->tokens.size())) << "the last token is computed";
+        if (!shape_.prefix_caching) ASSERT_EQ(row.first_position, 0);
+        computed_[id] = row.first_position;
+      }
       ASSERT_EQ(row.first_position, computed_[id]) << "row " << i << " does not start at its first uncomputed position";
       const int pending = static_cast<int>(request->tokens.size()) - computed_[id];
-      ASSERT_GE(pending, 1);
-      ASSERT_GE(row.n_rows, 1) << "row " << i;
       if (admitted && pending > budget)
         ASSERT_TRUE(options.chunked_prefill) << "a prompt of " << pending << " rows split without chunked prefill";
-      ASSERT_EQ(row.n_rows, std::min(pending, budget))
-          << "row " << i << ": " << pending << " pending, budget " << budget;
+      ASSERT_EQ(row.n_rows, std::min(pending, budget)) << "row " << i << ": " << pending << " pending, budget " << budget;
       budget -= row.n_rows;
-      blocks_needed += blocks_covering(row.first_position + row.n_rows, block_size) - held_[id];
-      if (admitted)
-        unpromised -= blocks_covering(pending, block_size);  // its whole sequence: the chunk's blocks and the rest
-      else if (pending == 1)
-        unpromised -= blocks_covering(row.first_position + 1, block_size) - held_[id];  // a decode row's new block
+      const auto table = blocks().block_table(request->slot);
+      ASSERT_GE(static_cast<int>(table.size()), blocks_covering(row.first_position + row.n_rows, block_size))
+          << "row " << i << " has no block for its last position";
+      if (admitted)  // its whole sequence reserved at admission: a chunked prompt never waits for blocks
+        ASSERT_GE(static_cast<int>(table.size()), blocks_covering(static_cast<int>(request->tokens.size()), block_size));
+      for (int logical = row.first_position / block_size; logical * block_size < row.first_position + row.n_rows;
+           ++logical) {
+        ASSERT_EQ(blocks().ref_count(table[static_cast<std::size_t>(logical)]), 1) << "a written block is shared";
+        ASSERT_FALSE(blocks().is_cached(table[static_cast<std::size_t>(logical)])) << "a written block is cached";
+      }
+      if (!admitted) {
+        const auto& before = tables_before[id];
+        ASSERT_GE(table.size(), before.size()) << "request " << id << " lost blocks";
+        for (int logical = 0; logical < row.first_position / block_size; ++logical)
+          ASSERT_EQ(table[static_cast<std::size_t>(logical)], before[static_cast<std::size_t>(logical)])
+              << "request " << id << " lost block " << logical;
+      }
       if (!row.samples_token()) ++exercised_.split_prompt_rows;
-      if (!options.chunked_prefill)
-        ASSERT_TRUE(row.samples_token()) << "without chunked prefill, row " << i << " stops short";
+      if (!options.chunked_prefill) ASSERT_TRUE(row.samples_token()) << "without chunked prefill, row " << i << " stops short";
     }
     ASSERT_GE(budget, 0) << "the token budget is exceeded";
-    ASSERT_LE(plan.total_rows(), options.token_budget);
-    // A running request is left out only when the budget is spent.
-    if (running_rows < kept.size())
-      ASSERT_EQ(budget, 0) << "running request " << id_of(kept[running_rows]) << " left out with budget left";
-    // Each request at most once.
+    if (running_rows < running_before.size() - plan.preempted.size())
+      ASSERT_EQ(budget, 0) << "a running request left out with budget left";
     std::vector<const RequestState*> in_batch;
     for (const ScheduledRows& row : plan.rows) in_batch.push_back(row.request);
     std::sort(in_batch.begin(), in_batch.end());
     ASSERT_EQ(std::adjacent_find(in_batch.begin(), in_batch.end()), in_batch.end()) << "a request appears twice";
-
-    // Blocks: the scheduler's count is the test's, and fits what was free
-    // plus what the preempted gave back.
-    ASSERT_EQ(plan.blocks_needed, blocks_needed);
-    ASSERT_LE(blocks_needed, free_before + freed) << "the schedule takes more blocks than are free";
-    ASSERT_GE(unpromised, 0) << "the schedule promises more blocks than the pool has";
-
-    // Admission stops only for a reason: no slot, no budget, static with a
-    // batch running, the front's rows do not fit the budget (without
-    // chunking), or its whole sequence does not fit the blocks neither held
-    // nor promised. After a preemption either way is right (vLLM admits
-    // nothing then; this scheduler may).
-    const int free_left = free_before + freed - blocks_needed;
-    const bool may_admit = options.admission == Admission::EveryIteration || kept.empty();
-    if (may_admit && n_preempted == 0 && !waiting_.empty() &&
-        static_cast<int>(running_.size()) < options.max_sequences && budget > 0) {
-      const RequestState* front = waiting_.front();
-      const int pending = static_cast<int>(front->tokens.size());
-      const bool rows_fit = pending <= budget || options.chunked_prefill;
-      ASSERT_FALSE(rows_fit && blocks_covering(pending, block_size) <= unpromised)
-          << "request " << id_of(front) << " (" << pending << " rows) fits " << budget << " rows and " << unpromised
-          << " blocks but was not admitted";
-    }
-    exercised_.preemptions += static_cast<long long>(n_preempted);
-    if (shape_.n_blocks == blocks_covering(shape_.context, block_size))
-      exercised_.preemptions_in_one_context_pools += static_cast<long long>(n_preempted);
-    free_blocks_ = free_left;
+    budget_left_ = budget;
   }
 
-  // The forward, simulated: computed positions advance and take their
-  // blocks; every row that reaches its sequence's end yields a token.
+  // Admission stops only for a reason: an iteration that preempted, no slot,
+  // no budget, static with a batch running, the front's rows do not fit the
+  // budget (without chunking), or its blocks do not fit the pool.
+  void check_admission_stopped_for_a_reason(std::size_t kept, const Schedule& plan) const {
+    const SchedulerOptions& options = scheduler_.options();
+    const bool may_admit = options.admission == Admission::EveryIteration || kept == 0;
+    if (!may_admit || !plan.preempted.empty() || waiting_.empty() ||
+        static_cast<int>(running_.size()) >= options.max_sequences || budget_left_ == 0)
+      return;
+    const RequestState* front = waiting_.front();
+    const int cached = ledger_.cached_prefix(front->tokens);
+    const int size = static_cast<int>(front->tokens.size());
+    const bool rows_fit = size - cached <= budget_left_ || options.chunked_prefill;
+    const bool blocks_fit = blocks().blocks_needed_to_admit(front->tokens, cached, size) <= blocks().available_blocks();
+    ASSERT_FALSE(rows_fit && blocks_fit) << "request " << id_of(front) << " (" << size << " tokens, " << cached
+                                         << " cached) fits but was not admitted";
+  }
+
+  // The forward, simulated: computed positions advance, the blocks they
+  // filled enter the prefix cache, and every row that reaches its
+  // sequence's end yields a token.
   void forward(const Schedule& plan) {
+    exercised_.preemptions += static_cast<long long>(plan.preempted.size());
+    if (shape_.n_blocks == blocks_covering(shape_.context, shape_.block_size))
+      exercised_.preemptions_in_one_context_pools += static_cast<long long>(plan.preempted.size());
+    if (shape_.prefix_caching)
+      exercised_.preemptions_with_prefix_caching += static_cast<long long>(plan.preempted.size());
     for (const ScheduledRows& row : plan.rows) {
       RequestState& request = *row.request;
       const auto id = static_cast<std::size_t>(id_of(&request));
       const bool samples = row.samples_token();
       request.computed += row.n_rows;
-      computed_[id] = row.first_position + row.n_rows;
-      held_[id] = blocks_covering(computed_[id], shape_.block_size);
+      computed_[id] = request.computed;
+      if (shape_.prefix_caching)
+        ledger_.blocks().publish_full_blocks(request.slot,
+                                             std::span<const int>(request.tokens).first(request.computed));
       if (!samples) continue;
       const SimulatedRequest& client = simulated(&request);
       const bool stop = request.generated() == client.stop_at;
@@ -436,8 +504,8 @@ class SimulatedEngine {
   }
 
   const TraceShape& shape_;
-  int blocks_misreported_;
   Scheduler scheduler_;
+  BlockManagerLedger ledger_;
   Exercised& exercised_;
   std::vector<std::unique_ptr<RequestState>> states_;  // [requests] by id
   std::deque<RequestState*> waiting_;
@@ -446,15 +514,14 @@ class SimulatedEngine {
   std::size_t next_cancellation_ = 0;
   std::size_t next_arrival_ = 0;
   int iteration_ = 0;
-  // The test's model.
-  std::vector<int> held_;      // [requests] blocks each holds
-  std::vector<int> computed_;  // [requests] positions with K/V
+  std::vector<int> computed_;  // [requests] positions with K/V, by the test's count
   std::vector<int> finishes_;  // [requests] times each finished (or was cancelled)
-  int free_blocks_;
+  int budget_left_ = 0;        // rows the last schedule left unused
 };
 
-// A few hundred thousand schedules over seeded traces, the policies in turn:
-// every check above after every schedule, and the end of every trace clean.
+// A few hundred thousand schedules over seeded traces, the policies in turn,
+// with and without prefix caching: every check above after every schedule,
+// and the end of every trace clean.
 TEST(Step07SchedulerProperty, RandomTracesKeepEveryInvariant) {
   constexpr int kTraces = 400;
   constexpr std::uint64_t kSeed = 20240707;
@@ -469,31 +536,36 @@ TEST(Step07SchedulerProperty, RandomTracesKeepEveryInvariant) {
   EXPECT_GT(exercised.schedules, 200'000);
   EXPECT_GT(exercised.preemptions, 1'000);
   EXPECT_GT(exercised.preemptions_in_one_context_pools, 400);
+  EXPECT_GT(exercised.preemptions_with_prefix_caching, 400);
   EXPECT_GT(exercised.split_prompt_rows, 2'000);
+  EXPECT_GT(exercised.prefix_hit_blocks, 1'000);
+  EXPECT_GT(exercised.evictions, 100);
   EXPECT_GT(exercised.cancelled_waiting, 100);
   EXPECT_GT(exercised.cancelled_running, 100);
   EXPECT_GT(exercised.stopped, 1'000);
   EXPECT_GT(exercised.idle_jumps, 100);
   std::cout << "[ info     ] " << exercised.schedules << " schedules, " << exercised.preemptions << " preemptions ("
-            << exercised.preemptions_in_one_context_pools << " in pools of one context, " << exercised.readmitted
-            << " admitted again at once), " << exercised.split_prompt_rows << " chunks, " << exercised.cancelled_waiting
-            << " + " << exercised.cancelled_running << " cancellations, " << exercised.stopped << " stops, "
-            << exercised.idle_jumps << " idle gaps\n";
+            << exercised.preemptions_in_one_context_pools << " in pools of one context, "
+            << exercised.preemptions_with_prefix_caching << " with prefix caching), " << exercised.split_prompt_rows
+            << " chunks, " << exercised.prefix_hit_blocks << " prefix-hit blocks, " << exercised.evictions
+            << " evictions, " << exercised.cancelled_waiting << " + " << exercised.cancelled_running
+            << " cancellations, " << exercised.stopped << " stops, " << exercised.idle_jumps << " idle gaps\n";
 }
 
-// Negative controls: a scheduler told one block more than is free overdraws
-// the pool, one told one block less preempts or holds back a request that
-// fits; the checks above catch both (so they are not vacuous).
-// The messages of the checks that failed over a few traces.
-std::vector<std::string> failures_with_misreported_blocks(int blocks_misreported) {
+// Negative controls: the checks above catch a ledger that skips
+// reservations (rows without blocks) and one that leaks a block on every
+// release (so they are not vacuous). The messages of the checks that failed
+// over a few traces.
+std::vector<std::string> failures_with_fault(LedgerFault fault) {
   ::testing::TestPartResultArray failures;
   {
     const ::testing::ScopedFakeTestPartResultReporter reporter(
         ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &failures);
     Exercised exercised;
     for (int index = 0; index < 40 && failures.size() == 0; ++index) {
-      const TraceShape shape = random_trace(index, 20240707);
-      SimulatedEngine(shape, exercised, blocks_misreported).run();
+      TraceShape shape = random_trace(index, 20240707);
+      shape.prefix_caching = false;
+      SimulatedEngine(shape, exercised, fault).run();
     }
   }
   std::vector<std::string> messages;
@@ -506,30 +578,32 @@ bool any_says(const std::vector<std::string>& messages, const std::string& words
                      [&](const std::string& message) { return message.find(words) != std::string::npos; });
 }
 
-TEST(Step07SchedulerProperty, ChecksCatchMisreportedFreeBlocks) {
-  const auto overdraw = failures_with_misreported_blocks(+1);
-  EXPECT_TRUE(any_says(overdraw, "more blocks than are free") || any_says(overdraw, "overbook") ||
-              any_says(overdraw, "promises more blocks"))
-      << overdraw.size() << " failures";
-  const auto underuse = failures_with_misreported_blocks(-1);
-  EXPECT_TRUE(any_says(underuse, "preempted although") || any_says(underuse, "was not admitted"))
-      << underuse.size() << " failures";
+TEST(Step07SchedulerProperty, ChecksCatchAFaultyLedger) {
+  const auto skipped = failures_with_fault(LedgerFault::SkipReserve);
+  EXPECT_TRUE(any_says(skipped, "has no block for its last position") || any_says(skipped, "lost blocks promised"))
+      << skipped.size() << " failures";
+  const auto leaked = failures_with_fault(LedgerFault::LeakOnRelease);
+  EXPECT_TRUE(any_says(leaked, "blocks leaked") || any_says(leaked, "preempted although") ||
+              any_says(leaked, "fits but was not admitted"))
+      << leaked.size() << " failures";
 }
 
 // One preemption by hand: two requests decoding at a block boundary, one
-// free block. The older one gets it; the newer one is preempted, waits at
-// the front of the queue with nothing computed, and is not admitted again
-// (its recompute needs two blocks). With four free blocks (the control)
-// nobody is preempted and the queued prompt joins.
+// block left in the pool. The older one gets it; the newer one is
+// preempted, gives its block back, waits at the front of the queue with
+// nothing computed, and nothing is admitted in that iteration. With four
+// blocks to spare (the control) nobody is preempted and the queued prompt
+// joins with blocks for all of it.
 TEST(Step07Scheduler, OutOfBlocksPreemptsTheNewest) {
   constexpr int kBlockSize = 4;
-  const Scheduler scheduler({Admission::EveryIteration, 4, 64, false}, kBlockSize);
+  constexpr int kContext = 8;
+  const Scheduler scheduler({Admission::EveryIteration, 4, 64, false});
   // Three requests of 5 tokens; the first two have 4 computed (one full
   // block each), so their next row opens a second block.
   std::vector<std::unique_ptr<RequestState>> states;
   std::deque<RequestState*> waiting;
   std::vector<RequestState*> running;
-  const auto reset = [&] {
+  const auto reset = [&](BlockManagerLedger& ledger) {
     states.clear();
     for (int id = 0; id < 3; ++id) {
       Request request;
@@ -537,43 +611,54 @@ TEST(Step07Scheduler, OutOfBlocksPreemptsTheNewest) {
       request.prompt = {llm::Tokenizer::kBos, 5, 5, 5, 5};
       states.push_back(std::make_unique<RequestState>(request, kVocab));
     }
-    states[0]->computed = states[1]->computed = kBlockSize;
+    for (int id = 0; id < 2; ++id) {
+      states[id]->computed = kBlockSize;
+      states[id]->slot = id;
+      ledger.reserve(id, 0, kBlockSize);
+    }
     running = {states[0].get(), states[1].get()};
     waiting = {states[2].get()};
   };
 
-  reset();
-  const Schedule plan = scheduler.schedule(waiting, running, /*free_blocks=*/1);
+  BlockManagerLedger tight(/*n_blocks=*/3, kBlockSize, 4, kContext, false);
+  reset(tight);
+  const Schedule plan = scheduler.schedule(waiting, running, tight);
   ASSERT_EQ(plan.rows.size(), 1u);
   EXPECT_EQ(plan.rows[0].request, states[0].get());
   EXPECT_EQ(plan.rows[0].first_position, kBlockSize);
   EXPECT_EQ(plan.rows[0].n_rows, 1);
-  EXPECT_EQ(plan.blocks_needed, 1);
   EXPECT_EQ(plan.preempted, std::vector<RequestState*>{states[1].get()});
   EXPECT_TRUE(plan.admitted.empty());
   EXPECT_EQ(states[1]->computed, 0);
+  EXPECT_EQ(states[1]->slot, -1);
+  EXPECT_EQ(tight.blocks().blocks_held(0), 2);
+  EXPECT_EQ(tight.blocks().blocks_held(1), 0);
+  EXPECT_EQ(tight.blocks().available_blocks(), 1);
   EXPECT_EQ(running, std::vector<RequestState*>{states[0].get()});
   EXPECT_EQ(waiting, (std::deque<RequestState*>{states[1].get(), states[2].get()}));
+  tight.blocks().check_invariants();
 
-  reset();
-  const Schedule roomy = scheduler.schedule(waiting, running, /*free_blocks=*/4);
-  EXPECT_TRUE(roomy.preempted.empty());
-  EXPECT_EQ(roomy.admitted, std::vector<RequestState*>{states[2].get()});
-  EXPECT_EQ(roomy.rows.size(), 3u);
-  EXPECT_EQ(roomy.blocks_needed, 4);  // a second block for each decode row, two for the 5-token prompt
+  BlockManagerLedger roomy(/*n_blocks=*/6, kBlockSize, 4, kContext, false);
+  reset(roomy);
+  const Schedule joined = scheduler.schedule(waiting, running, roomy);
+  EXPECT_TRUE(joined.preempted.empty());
+  EXPECT_EQ(joined.admitted, std::vector<RequestState*>{states[2].get()});
+  EXPECT_EQ(joined.rows.size(), 3u);
+  EXPECT_EQ(states[2]->slot, 2);  // the lowest slot nobody holds
+  // A second block for each decode row, two for the 5-token prompt: the pool is spent.
+  EXPECT_EQ(roomy.blocks().available_blocks(), 0);
   EXPECT_TRUE(waiting.empty());
+  roomy.blocks().check_invariants();
 }
 
 // Bad options are InputErrors; the smallest valid ones are accepted.
 TEST(Step07Scheduler, ConstructorRejectsBadOptions) {
-  EXPECT_THROW(Scheduler({Admission::EveryIteration, 0, 512, false}, 16), llm::InputError);  // no slot
-  EXPECT_THROW(Scheduler({Admission::EveryIteration, -1, 512, false}, 16), llm::InputError);
-  EXPECT_THROW(Scheduler({Admission::EveryIteration, 4, 3, true}, 16), llm::InputError);  // budget < a row each
-  EXPECT_THROW(Scheduler({Admission::WhenBatchEmpty, 4, 3, false}, 16), llm::InputError);
-  EXPECT_THROW(Scheduler({Admission::EveryIteration, 4, 64, false}, 0), llm::InputError);  // block size 0
-  EXPECT_THROW(Scheduler({Admission::EveryIteration, 4, 64, false}, -7), llm::InputError);
-  EXPECT_NO_THROW(Scheduler({Admission::EveryIteration, 1, 1, true}, 1));
-  EXPECT_NO_THROW(Scheduler({Admission::WhenBatchEmpty, 4, 4, false}, 1));
+  EXPECT_THROW(Scheduler({Admission::EveryIteration, 0, 512, false}), llm::InputError);  // no slot
+  EXPECT_THROW(Scheduler({Admission::EveryIteration, -1, 512, false}), llm::InputError);
+  EXPECT_THROW(Scheduler({Admission::EveryIteration, 4, 3, true}), llm::InputError);  // budget < a row each
+  EXPECT_THROW(Scheduler({Admission::WhenBatchEmpty, 4, 3, false}), llm::InputError);
+  EXPECT_NO_THROW(Scheduler({Admission::EveryIteration, 1, 1, true}));
+  EXPECT_NO_THROW(Scheduler({Admission::WhenBatchEmpty, 4, 4, false}));
 }
 
 }  // namespace

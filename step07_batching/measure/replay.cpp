@@ -28,6 +28,7 @@ ReplayResult replay(llm::Model& model, const std::vector<Request>& requests, con
   result.iterations = engine.iterations();
   result.max_sequences = engine.scheduler().options().max_sequences;
   result.kv_blocks = engine.cache().blocks().n_blocks();
+  result.blocks = engine.cache().blocks().counters();
   result.metrics = summarize_serving(result.records, result.iterations, result.max_sequences);
   return result;
 }

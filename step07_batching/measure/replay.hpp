@@ -27,6 +27,7 @@ struct ReplayResult {
   int max_sequences = 0;
   int kv_blocks = 0;                         // the pool the engine ran with
   int peak_blocks_used = 0;
+  step05::BlockManagerCounters blocks;       // the pool's counters at the end (prefix-cache hits among them)
 };
 
 // `requests` in arrival order. Throws what the engine throws (InputError for
