@@ -277,7 +277,7 @@ if want sdpa && selected step02_flash_attention; then
       flag=()
       [[ $mode == noncausal ]] && flag=(--no-causal)
       log=$out_dir/sdpa_$mode.txt
-      if timeout "$command_timeout" "$python" "$repo_root/step02_flash_attention/sdpa_compare.py" --heads 16 \
+      if timeout "$command_timeout" "$python" "$repo_root/step02_flash_attention/measure/sdpa_compare.py" --heads 16 \
         --head-dims 128,64 --seq-lens 512,1024,2048,4096,8192,16384 \
         "${flag[@]}" --json "$out_dir/step02_sdpa_$mode.json" >"$log" 2>&1; then
         record sdpa PASS "sdpa_compare.py $mode: $(grep -cE '[0-9]ms ' "$log") rows"

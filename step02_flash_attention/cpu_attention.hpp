@@ -25,9 +25,9 @@ std::size_t naive_score_bytes(const AttentionProblem& p);
 inline constexpr int kBlockRows = 128;  // Br: query rows per block
 inline constexpr int kBlockCols = 128;  // Bc: keys per block
 // 128 x 128: the score tile (64 KiB) plus the Q, K, V and O tiles (32 KiB each
-// at d = 64) fit in a core's L2 (1-2 MiB) with room to spare. Measured on the
-// course's CPU, 64 x 64 tiles were up to 1.3x slower at 2k-4k tokens: each
-// tile product then is too small for Eigen to run at full speed. The price:
+// at d = 64) fit in a core's L2 (1-2 MiB) with room to spare. Smaller tiles
+// (64 x 64) were slower on the course's CPU: each tile product then is too
+// small for Eigen to run at full speed. The price:
 // causal masking skips whole tiles only, so coarser tiles skip a bit less.
 void flash_attention(const AttentionProblem& p, const AttentionArgs& args);
 std::size_t flash_score_bytes(const AttentionProblem& p);

@@ -1,29 +1,21 @@
-// Variant 1: FlashAttention on the CPU, written out with plain loops.
+// Variant 1: FlashAttention on the CPU, written out with plain loops
+// (docs/02_flash_attention.md, sections 3 and 4, derive it).
 //
-// The trick (docs/02_flash_attention.md derives it): softmax needs the max and
-// the sum over a whole row, but both can be kept RUNNING. After a query row
-// has seen key blocks 1..j it holds
-//   m  = max of its scores so far
-//   l  = sum of exp(score - m) so far
-//   o  = sum of exp(score - m) * v so far        (unnormalized output, [d])
-// A new block with scores s_1..s_Bc updates them as
+// Softmax needs a row's max and sum, but both can be kept RUNNING. After key
+// blocks 1..j a query row holds m (max score so far), l (sum of exp(s - m))
+// and o (sum of exp(s - m) * v, unnormalized, [d]). A block with scores s_t
+// updates them as
 //   m' = max(m, max_t s_t)
 //   l' = exp(m - m') * l + sum_t exp(s_t - m')
 //   o' = exp(m - m') * o + sum_t exp(s_t - m') * v_t
-// and at the end the output is o / l. exp(m - m') <= 1 rescales what was
-// accumulated against the old max. Nothing of size Sq x Sk ever exists: the
-// scores of one Br x Bc tile live in a small buffer and are consumed at once.
+// and the output is o / l at the end. Nothing of size Sq x Sk exists: one
+// Br x Bc tile of scores is computed and consumed at once.
 //
 // Loop order (FlashAttention-2's): query blocks outside, key blocks inside,
-// so a query block's output accumulator stays in cache the whole time. A
-// causal query block stops at the last key its last row can see, so the
-// masked upper triangle is skipped tile by tile (about half the work).
-//
-// The two tile products (S = Q K^T and O += P V, Br x Bc x d each: 128 x 128
-// x d with cpu_attention.hpp's tile sizes) go through Eigen, the same product
-// engine variant 0 uses for its whole-matrix products, so the comparison
-// measures the algorithm (no Sq x Sk matrix, skipped masked tiles) and not the
-// quality of a hand-written matmul. Everything that IS the
+// so a block's accumulator stays in cache; a causal block stops at its last
+// visible key (about half the tiles skipped). The two tile products go
+// through Eigen, as variant 0's whole-matrix ones do, so the comparison
+// measures the algorithm, not a hand-written matmul; everything that IS the
 // algorithm (tiling, masking, running max and sum, rescaling) is plain loops.
 #include <Eigen/Core>
 
@@ -79,6 +71,62 @@ void load_key_block(const AttentionProblem& p, const llm::KvView& kv, int kv_hea
   }
 }
 
+// Copies the query rows q0..q0+rows-1 of head h into tiles.q, scaled by 1/sqrt(d).
+void load_query_block(const AttentionProblem& p, const AttentionArgs& args, int h, int q0, int rows, float scale,
+                      Tiles& tiles) {
+  const int d = p.head_dim;
+  for (int i = 0; i < rows; ++i) {
+    const float* q_row = args.q + static_cast<std::size_t>(q0 + i) * p.q_row() + static_cast<std::size_t>(h) * d;
+    for (int c = 0; c < d; ++c) tiles.q[static_cast<std::size_t>(i) * d + c] = q_row[c] * scale;
+  }
+}
+
+// The online softmax of one tile, row by row: turns the scores s
+// [rows, cols] of queries q0.. against keys k0.. into P = exp(s - m_new)
+// (0 where masked), updates each row's running (m, l) and leaves the factor
+// exp(m_old - m_new) that rescales its accumulator in tiles.rescale.
+void online_softmax_tile(const AttentionProblem& p, TileMap& s, int q0, int k0, Tiles& tiles) {
+  const auto rows = static_cast<int>(s.rows()), cols = static_cast<int>(s.cols());
+  for (int i = 0; i < rows; ++i) {
+    float* s_row = s.data() + static_cast<std::size_t>(i) * cols;  // [cols]
+    // The causal mask inside a tile is a prefix: this row sees the
+    // first `visible` keys of the block; the rest get p = 0.
+    const int visible = std::max(0, std::min(cols, p.last_visible_key(q0 + i) - k0 + 1));
+    if (visible == 0) {  // nothing new for this row: o and (m, l) stay as they are
+      std::fill(s_row, s_row + cols, 0.0f);
+      tiles.rescale[static_cast<std::size_t>(i)] = 1.0f;
+      continue;
+    }
+    float& m = tiles.row_max[static_cast<std::size_t>(q0 + i)];
+    float& l = tiles.row_sum[static_cast<std::size_t>(q0 + i)];
+    float tile_max = s_row[0];
+    for (int j = 1; j < visible; ++j) tile_max = std::max(tile_max, s_row[j]);
+    const float m_new = std::max(m, tile_max);
+    // exp(m_old - m_new) <= 1; exp(-inf) = 0 on the row's first tile.
+    tiles.rescale[static_cast<std::size_t>(i)] = std::exp(m - m_new);
+    // p_j = exp(s_j - m_new), vectorized by Eigen (a scalar expf per
+    // score would cost more than the products around it).
+    Eigen::Map<Eigen::ArrayXf> probs(s_row, visible);
+    probs = (probs - m_new).exp();
+    std::fill(s_row + visible, s_row + cols, 0.0f);
+    l = tiles.rescale[static_cast<std::size_t>(i)] * l + probs.sum();
+    m = m_new;
+  }
+}
+
+// Normalizes once at the end: out = o / l (0 for a row that saw no key).
+void write_normalized_block(const AttentionProblem& p, const AttentionArgs& args, int h, int q0, int rows,
+                            const Tiles& tiles) {
+  const int d = p.head_dim;
+  for (int i = 0; i < rows; ++i) {
+    const float l = tiles.row_sum[static_cast<std::size_t>(q0 + i)];
+    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+    float* out = args.out + static_cast<std::size_t>(q0 + i) * p.q_row() + static_cast<std::size_t>(h) * d;
+    const float* o = tiles.o.data() + static_cast<std::size_t>(i) * d;
+    for (int c = 0; c < d; ++c) out[c] = o[c] * inv_l;
+  }
+}
+
 }  // namespace
 
 void flash_attention(const AttentionProblem& p, const AttentionArgs& args) {
@@ -94,10 +142,7 @@ void flash_attention(const AttentionProblem& p, const AttentionArgs& args) {
 
     for (int q0 = 0; q0 < p.seqlen_q; q0 += kBlockRows) {
       const int rows = std::min(kBlockRows, p.seqlen_q - q0);
-      for (int i = 0; i < rows; ++i) {
-        const float* q_row = args.q + static_cast<std::size_t>(q0 + i) * p.q_row() + static_cast<std::size_t>(h) * d;
-        for (int c = 0; c < d; ++c) tiles.q[static_cast<std::size_t>(i) * d + c] = q_row[c] * scale;
-      }
+      load_query_block(p, args, h, q0, rows, scale, tiles);
       std::fill(tiles.o.begin(), tiles.o.end(), 0.0f);
       // The block's last row sees the most keys; with a causal mask, key
       // blocks after its last visible key are skipped entirely.
@@ -110,48 +155,14 @@ void flash_attention(const AttentionProblem& p, const AttentionArgs& args) {
         // S = (Q / sqrt(d)) K^T for this tile: [rows, d] x [d, cols].
         TileMap s(tiles.s.data(), rows, cols);  // [rows, cols] (row stride cols)
         s.noalias() = TileMap(tiles.q.data(), rows, d) * TileMap(tiles.k.data(), cols, d).transpose();
-
-        // Online softmax, row by row.
-        for (int i = 0; i < rows; ++i) {
-          float* s_row = s.data() + static_cast<std::size_t>(i) * cols;  // [cols]
-          // The causal mask inside a tile is a prefix: this row sees the
-          // first `visible` keys of the block; the rest get p = 0.
-          const int visible = std::max(0, std::min(cols, p.last_visible_key(q0 + i) - k0 + 1));
-          if (visible == 0) {  // nothing new for this row: o and (m, l) stay as they are
-            std::fill(s_row, s_row + cols, 0.0f);
-            tiles.rescale[static_cast<std::size_t>(i)] = 1.0f;
-            continue;
-          }
-          float& m = tiles.row_max[static_cast<std::size_t>(q0 + i)];
-          float& l = tiles.row_sum[static_cast<std::size_t>(q0 + i)];
-          float tile_max = s_row[0];
-          for (int j = 1; j < visible; ++j) tile_max = std::max(tile_max, s_row[j]);
-          const float m_new = std::max(m, tile_max);
-          // exp(m_old - m_new) <= 1; exp(-inf) = 0 on the row's first tile.
-          tiles.rescale[static_cast<std::size_t>(i)] = std::exp(m - m_new);
-          // p_j = exp(s_j - m_new), vectorized by Eigen (a scalar expf per
-          // score would cost more than the products around it).
-          Eigen::Map<Eigen::ArrayXf> probs(s_row, visible);
-          probs = (probs - m_new).exp();
-          std::fill(s_row + visible, s_row + cols, 0.0f);
-          l = tiles.rescale[static_cast<std::size_t>(i)] * l + probs.sum();
-          m = m_new;
-        }
+        online_softmax_tile(p, s, q0, k0, tiles);  // S becomes P; (m, l) updated
 
         // o = rescale * o + P V: rescale each row, then one tile product.
         for (int i = 0; i < rows; ++i)
           for (int c = 0; c < d; ++c) tiles.o[static_cast<std::size_t>(i) * d + c] *= tiles.rescale[static_cast<std::size_t>(i)];
         TileMap(tiles.o.data(), rows, d).noalias() += s * TileMap(tiles.v.data(), cols, d);
       }
-
-      // Normalize once at the end: out = o / l (0 for a row that saw no key).
-      for (int i = 0; i < rows; ++i) {
-        const float l = tiles.row_sum[static_cast<std::size_t>(q0 + i)];
-        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
-        float* out = args.out + static_cast<std::size_t>(q0 + i) * p.q_row() + static_cast<std::size_t>(h) * d;
-        const float* o = tiles.o.data() + static_cast<std::size_t>(i) * d;
-        for (int c = 0; c < d; ++c) out[c] = o[c] * inv_l;
-      }
+      write_normalized_block(p, args, h, q0, rows, tiles);
     }
   }
 }

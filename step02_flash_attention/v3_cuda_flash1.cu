@@ -13,26 +13,8 @@
 //           o <- (l * exp(m - m') * o + sum_j exp(s_j - m') v_j) / l'
 // That per-tile division of the whole output row is one of the non-matmul
 // costs FlashAttention-2 removes (variant 4 divides once at the end).
-//
-// Shared memory per block (fp32):
-//   q_t  [d, kRows]   the block's query rows, TRANSPOSED: in a loop over c,
-//                     thread r reads q_t[c][r]; neighbours read neighbouring
-//                     words, so the 32 lanes of a warp hit 32 different banks.
-//                     (Row-major q[r][c] would put a whole warp on one bank.)
-//                     Why not registers: o[d] already takes d registers per
-//                     thread, and q[d] on top would spill at d = 128.
-//   k    [kKeys, d]   keys of the tile; every thread reads the same k[j][c]
-//   v    [kKeys, d]   at the same time: a broadcast, no bank conflict.
-// d = 64:  q_t 16 KiB + K, V 2 x 8 KiB (kKeys 32) = 32 KiB
-// d = 128: q_t 32 KiB + K, V 2 x 8 KiB (kKeys 16) = 48 KiB, the most a block
-//          gets without an opt-in, on every GPU from the T4 on.
-// d = 8:   q_t  2 KiB + K, V 2 x 0.5 KiB (kKeys 16) = 3 KiB (the `tiny` preset)
-//
-// The same kernel serves two callers: the variant table (flash1_attention,
-// contiguous K/V of a random problem) and the model's attention hook
-// (flash1_prefill, K/V in the model's cache). Both reach it through
-// flash1_attention, because the model's prefill IS one AttentionProblem:
-// Sq = n_new queries against Sk = n_past + n_new keys, causal bottom-right.
+// Shared memory: see shared_bytes() below. docs/02_flash_attention.md,
+// section 5, compares it with FlashAttention-2 and split-KV decode.
 #include <cstdint>
 #include <string>
 
@@ -56,6 +38,19 @@ constexpr int keys_per_tile() {
   return kHeadDim <= 16 || kHeadDim > 64 ? 16 : 32;
 }
 
+// Shared memory per block (fp32):
+//   q_t  [d, kRows]   the block's query rows, TRANSPOSED: in a loop over c,
+//                     thread r reads q_t[c][r]; neighbours read neighbouring
+//                     words, so the 32 lanes of a warp hit 32 different banks.
+//                     (Row-major q[r][c] would put a whole warp on one bank.)
+//                     Why not registers: o[d] already takes d registers per
+//                     thread, and q[d] on top would spill at d = 128.
+//   k    [kKeys, d]   keys of the tile; every thread reads the same k[j][c]
+//   v    [kKeys, d]   at the same time: a broadcast, no bank conflict.
+// d = 64:  q_t 16 KiB + K, V 2 x 8 KiB (kKeys 32) = 32 KiB
+// d = 128: q_t 32 KiB + K, V 2 x 8 KiB (kKeys 16) = 48 KiB, the most a block
+//          gets without an opt-in, on every GPU from the T4 on.
+// d = 8:   q_t  2 KiB + K, V 2 x 0.5 KiB (kKeys 16) = 3 KiB (the `tiny` preset)
 template <int kHeadDim>
 constexpr int shared_bytes() {
   return (kHeadDim * kRows + 2 * keys_per_tile<kHeadDim>() * kHeadDim) * static_cast<int>(sizeof(float));
@@ -236,8 +231,9 @@ void flash1_attention(const AttentionProblem& p, const AttentionArgs& args) {
 // ---------------------------------------------------------------------------
 // The model's attention hook (llm::cuda::CudaAttentionKernels::PrefillFn).
 // The twin of step02::cpu::flash_prefill: the hook's arguments ARE an
-// attention problem, so this only renames them and runs the variant-table
-// kernel above; no second kernel to keep in sync.
+// attention problem (Sq = n_new queries against Sk = n_past + n_new keys of
+// the model's cache, causal bottom-right), so this only renames them and runs
+// the variant-table kernel above; no second kernel to keep in sync.
 
 void flash1_prefill(const llm::AttentionShape& shape, const float* q, const llm::KvView& kv, int n_past, int n_new,
                     float* out, float* /*workspace: FlashAttention needs none*/, cudaStream_t stream) {

@@ -12,33 +12,9 @@
 //    the four threads of a row add theirs up only after the last tile; exp
 //    is exp2 with log2(e) folded into the scale.
 //  * Tensor cores. S = Q K^T and O += P V are mma.sync instructions on
-//    16 x 8 x 16 fragments; S, P and O never leave registers.
-//
-// The mma.sync fragment layouts (PTX ISA, "mma.m16n8k16"), for lane =
-// 4 * g + t (g = lane / 4 in 0..7, t = lane % 4 in 0..3), each register
-// holding two 16-bit values (lower address = lower half):
-//   A (16 x 16, row-major)  a[0] = A[g][2t..2t+1]     a[1] = A[g+8][2t..2t+1]
-//                           a[2] = A[g][2t+8..2t+9]   a[3] = A[g+8][2t+8..2t+9]
-//   B (16 x 8, "col")       b[0] = B[2t..2t+1][g]     b[1] = B[2t+8..2t+9][g]
-//   C (16 x 8, fp32)        c[0..1] = C[g][2t..2t+1]  c[2..3] = C[g+8][2t..2t+1]
-// So a thread holds two rows (g and g+8) of every accumulator, and the C
-// fragments of S for keys 16k..16k+15 (two n-tiles of 8) are exactly the A
-// fragment of P for the P V product: P goes from the first mma to the second
-// without touching memory (converted to 16 bits in registers).
-//
-//  Q tile (64 x d)        K tile (64 keys x d)              S for one warp (16 x 64)
-//  +------------+ warp 0  +------------+                    +--+--+--+--+--+--+--+--+
-//  |  16 rows   |-------->|            |  S = Q K^T  ---->  |n0|n1|n2|n3|n4|n5|n6|n7| 8 C fragments
-//  +------------+ warp 1  |  shared by |                    +--+--+--+--+--+--+--+--+
-//  |  16 rows   |         |  all warps |  P = exp2(S - m)   then O(16 x d) += P V
-//  +------------+ ...     +------------+                    (d/8 C fragments of O per warp)
-//
-// sm_75 (T4) has no m16n8k16 for fp16 but has m16n8k8; one k16 product is two
-// k8 products on the two halves of the A and B registers (same layouts).
-// bf16 mma needs sm_80: the bf16 kernel compiles to a trap below that, and
-// the host refuses to launch a kernel compiled below it (kernel_image.hpp:
-// decided from the kernel's own attributes, so a compute_75-only build on
-// an sm_90 card, which runs the JIT-compiled compute_75 code, refuses too).
+//    16 x 8 x 16 fragments; S, P and O never leave registers (the fragment
+//    layouts are drawn above mma_16x8x16 below).
+// docs/02_flash_attention.md, section 5, compares the three kernels.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -69,6 +45,32 @@ constexpr int shared_bytes() {
 }
 static_assert(kKeys == kRows, "shared_bytes assumes the Q and K/V tiles have the same number of rows");
 
+// The mma.sync fragment layouts (PTX ISA, "mma.m16n8k16"), for lane =
+// 4 * g + t (g = lane / 4 in 0..7, t = lane % 4 in 0..3), each register
+// holding two 16-bit values (lower address = lower half):
+//   A (16 x 16, row-major)  a[0] = A[g][2t..2t+1]     a[1] = A[g+8][2t..2t+1]
+//                           a[2] = A[g][2t+8..2t+9]   a[3] = A[g+8][2t+8..2t+9]
+//   B (16 x 8, "col")       b[0] = B[2t..2t+1][g]     b[1] = B[2t+8..2t+9][g]
+//   C (16 x 8, fp32)        c[0..1] = C[g][2t..2t+1]  c[2..3] = C[g+8][2t..2t+1]
+// So a thread holds two rows (g and g+8) of every accumulator, and the C
+// fragments of S for keys 16k..16k+15 (two n-tiles of 8) are exactly the A
+// fragment of P for the P V product: P goes from the first mma to the second
+// without touching memory (converted to 16 bits in registers).
+//
+//  Q tile (64 x d)        K tile (64 keys x d)              S for one warp (16 x 64)
+//  +------------+ warp 0  +------------+                    +--+--+--+--+--+--+--+--+
+//  |  16 rows   |-------->|            |  S = Q K^T  ---->  |n0|n1|n2|n3|n4|n5|n6|n7| 8 C fragments
+//  +------------+ warp 1  |  shared by |                    +--+--+--+--+--+--+--+--+
+//  |  16 rows   |         |  all warps |  P = exp2(S - m)   then O(16 x d) += P V
+//  +------------+ ...     +------------+                    (d/8 C fragments of O per warp)
+//
+// sm_75 (T4) has no m16n8k16 for fp16 but has m16n8k8; one k16 product is two
+// k8 products on the two halves of the A and B registers (same layouts).
+// bf16 mma needs sm_80: the bf16 kernel compiles to a trap below that, and
+// the host refuses to launch a kernel compiled below it (kernel_image.hpp:
+// decided from the kernel's own attributes, so a compute_75-only build on
+// an sm_90 card, which runs the JIT-compiled compute_75 code, refuses too).
+//
 // D = A B + D on one 16 x 8 x 16 tile (fp32 accumulators).
 template <bool kBf16>
 __device__ __forceinline__ void mma_16x8x16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,

@@ -11,10 +11,9 @@
 //      j in chunk c ONCE and accumulates all `group` heads' outputs; the
 //      chunks' partial sums meet in `out` with atomicAdd.
 //
-// Splitting the keys into chunks matters as much as the grouping: with one
-// block per KV head, MQA would run a single block on a GPU with 100+ SMs and
-// be slower than MHA despite reading 32x fewer bytes. With chunks, every
-// configuration fills the GPU and time follows the bytes read.
+// Key chunks matter as much as the grouping: one block per KV head would run
+// MQA as a single block on a GPU of 100+ SMs, slower than MHA on 32x fewer
+// bytes; with chunks every configuration fills the GPU (docs/03_gqa.md).
 //
 // repeat_kv = expand_kv_kernel (copy KV head h / group into a private K/V for
 // every query head h) followed by the same three kernels with group 1: MHA

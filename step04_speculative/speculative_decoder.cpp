@@ -63,6 +63,65 @@ int SpeculativeDecoder::accept_sampled(std::span<const float> target_logits, con
   return n_drafted;
 }
 
+// Prefill, exactly as plain decoding: the prompt in one forward, the first
+// token from its last row. Afterwards the cache holds every committed token
+// but the last one; that invariant holds at the start of every round.
+int SpeculativeDecoder::prefill(std::span<const int> prompt, const SamplingSettings& sampling, llm::Sampler& rng) {
+  const auto logits = target_.forward(llm::TokenBatch::prefill(prompt, 0, 0), *cache_);
+  if (sampling.greedy()) return llm::argmax(logits);
+  sampling_distribution(logits, sampling, p_row_);
+  return sample_from(p_row_, rng.next_uniform());
+}
+
+void SpeculativeDecoder::round(std::vector<int>& context, int k_round, const SamplingSettings& sampling,
+                               llm::Sampler& rng, SpeculativeResult& result) {
+  SpeculativeStats& stats = result.stats;
+  const int n = static_cast<int>(context.size());
+
+  // 1. Draft.
+  llm::Stopwatch step;
+  draft_.clear();
+  if (k_round > 0) drafter_.propose(context, k_round, sampling, rng, draft_);
+  stats.draft_ms += step.elapsed_ms();
+  const int n_drafted = static_cast<int>(draft_.tokens.size());
+
+  // 2. Verify: rows [last committed, d_1..d_j] at positions n-1..n-1+j; row
+  // i's logits are the target's prediction for position n+i.
+  step.restart();
+  verify_batch_.clear();
+  verify_batch_.add(context.back(), n - 1, 0);
+  for (int i = 0; i < n_drafted; ++i) verify_batch_.add(draft_.tokens[static_cast<std::size_t>(i)], n + i, 0);
+  const auto logits = target_.forward(verify_batch_, *cache_, llm::LogitsFor::AllRows);  // [j+1, vocab]
+  stats.verify_ms += step.elapsed_ms();
+
+  // 3. Accept.
+  emitted_.clear();
+  const int accepted = sampling.greedy() ? accept_greedy(logits, draft_, emitted_)
+                                         : accept_sampled(logits, draft_, sampling, rng, emitted_);
+  stats.rounds += 1;
+  stats.drafted += n_drafted;
+  stats.accepted += accepted;
+  stats.tested += accepted + (accepted < n_drafted ? 1 : 0);
+  stats.draft_steps += draft_.steps;
+  stats.drafted_per_round.push_back(n_drafted);
+  stats.steps_per_round.push_back(draft_.steps);
+  for (int token : emitted_) {
+    context.push_back(token);
+    result.tokens.push_back(token);
+    if (token == llm::Tokenizer::kBos) break;  // BOS ends the text, as in plain decoding
+  }
+
+  // 4. Roll back: positions 0..n-1 (committed) and n..n+accepted-1 (the
+  // accepted drafts) hold the right K/V; the rejected drafts' rows go. The
+  // emitted correction/bonus token is fed at the start of the next round,
+  // so the cache again holds every committed token but the last (fewer
+  // when a BOS among the accepted drafts ended the text early).
+  cache_->truncate(0, static_cast<int>(context.size()) - 1);
+  step.restart();
+  drafter_.commit(context);
+  stats.draft_ms += step.elapsed_ms();
+}
+
 SpeculativeResult SpeculativeDecoder::generate(std::span<const int> prompt, int total_positions, int k,
                                                const SamplingSettings& sampling, llm::Sampler& rng) {
   check_arguments(target_, prompt, total_positions, k);
@@ -79,80 +138,21 @@ SpeculativeResult SpeculativeDecoder::generate(std::span<const int> prompt, int 
   // context: [n] the committed text, prompt then generated tokens.
   std::vector<int> context(prompt.begin(), prompt.end());
   context.reserve(static_cast<std::size_t>(total_positions) + static_cast<std::size_t>(k) + 1);
-  std::vector<int> emitted;
-  emitted.reserve(static_cast<std::size_t>(k) + 1);
+  emitted_.reserve(static_cast<std::size_t>(k) + 1);
 
-  // Prefill, exactly as plain decoding: the prompt in one forward, the first
-  // token from its last row. Afterwards the cache holds every committed token
-  // but the last one; that invariant holds at the start of every round.
   llm::Stopwatch phase;
-  {
-    const auto logits = target_.forward(llm::TokenBatch::prefill(context, 0, 0), *cache_);
-    int first;
-    if (sampling.greedy()) {
-      first = llm::argmax(logits);
-    } else {
-      sampling_distribution(logits, sampling, p_row_);
-      first = sample_from(p_row_, rng.next_uniform());
-    }
-    context.push_back(first);
-    result.tokens.push_back(first);
-  }
+  const int first = prefill(context, sampling, rng);
+  context.push_back(first);
+  result.tokens.push_back(first);
   result.prefill_ms = phase.elapsed_ms();
   phase.restart();
 
-  SpeculativeStats& stats = result.stats;
   while (static_cast<int>(result.tokens.size()) < max_new && result.tokens.back() != llm::Tokenizer::kBos) {
-    const int n = static_cast<int>(context.size());
     const int remaining = max_new - static_cast<int>(result.tokens.size());
     // A round emits at most k_round + 1 tokens; this also keeps the last
     // verified position (n - 1 + k_round) inside total_positions.
     const int k_round = std::min(k, remaining - 1);
-
-    // 1. Draft.
-    llm::Stopwatch step;
-    draft_.clear();
-    if (k_round > 0) drafter_.propose(context, k_round, sampling, rng, draft_);
-    stats.draft_ms += step.elapsed_ms();
-    const int n_drafted = static_cast<int>(draft_.tokens.size());
-
-    // 2. Verify: rows [last committed, d_1..d_j] at positions n-1..n-1+j; row
-    // i's logits are the target's prediction for position n+i.
-    step.restart();
-    verify_batch_.clear();
-    verify_batch_.add(context.back(), n - 1, 0);
-    for (int i = 0; i < n_drafted; ++i) verify_batch_.add(draft_.tokens[static_cast<std::size_t>(i)], n + i, 0);
-    const auto logits = target_.forward(verify_batch_, *cache_, llm::LogitsFor::AllRows);  // [j+1, vocab]
-    stats.verify_ms += step.elapsed_ms();
-
-    // 3. Accept.
-    emitted.clear();
-    const int accepted = sampling.greedy() ? accept_greedy(logits, draft_, emitted)
-                                           : accept_sampled(logits, draft_, sampling, rng, emitted);
-
-    stats.rounds += 1;
-    stats.drafted += n_drafted;
-    stats.accepted += accepted;
-    stats.tested += accepted + (accepted < n_drafted ? 1 : 0);
-    stats.draft_steps += draft_.steps;
-    stats.drafted_per_round.push_back(n_drafted);
-    stats.steps_per_round.push_back(draft_.steps);
-
-    for (int token : emitted) {
-      context.push_back(token);
-      result.tokens.push_back(token);
-      if (token == llm::Tokenizer::kBos) break;  // BOS ends the text, as in plain decoding
-    }
-
-    // 4. Roll back: positions 0..n-1 (committed) and n..n+accepted-1 (the
-    // accepted drafts) hold the right K/V; the rejected drafts' rows go. The
-    // emitted correction/bonus token is fed at the start of the next round,
-    // so the cache again holds every committed token but the last (fewer
-    // when a BOS among the accepted drafts ended the text early).
-    cache_->truncate(0, static_cast<int>(context.size()) - 1);
-    step.restart();
-    drafter_.commit(context);
-    stats.draft_ms += step.elapsed_ms();
+    round(context, k_round, sampling, rng, result);
   }
   result.decode_ms = phase.elapsed_ms();
   return result;

@@ -61,6 +61,13 @@ class SpeculativeDecoder {
   const llm::KvCache& target_cache() const { return *cache_; }  // for the rollback tests
 
  private:
+  // The prompt's forward; returns the first generated token. prompt: [n] ids.
+  int prefill(std::span<const int> prompt, const SamplingSettings& sampling, llm::Sampler& rng);
+  // One round (steps 1-4 above) with up to k_round drafts after `context`
+  // (the committed text, [n] ids): appends the emitted tokens to `context`
+  // and result.tokens, and the round's counts and times to result.stats.
+  void round(std::vector<int>& context, int k_round, const SamplingSettings& sampling, llm::Sampler& rng,
+             SpeculativeResult& result);
   // Accepts drafts against the target's rows and appends the emitted tokens
   // to `emitted`. target_logits: [n_drafted + 1, vocab]. Returns the number
   // of drafts accepted.
@@ -75,6 +82,7 @@ class SpeculativeDecoder {
   RejectionSampler rejection_;
   std::vector<float> p_row_;  // [vocab] the target's distribution at one position
   Draft draft_;               // reused every round
+  std::vector<int> emitted_;  // [<= k+1] the tokens one round emits, reused every round
   llm::TokenBatch verify_batch_;
 };
 

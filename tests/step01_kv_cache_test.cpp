@@ -12,7 +12,7 @@
 #include "llm/harness/compare.hpp"
 #include "llm/tokenizer.hpp"
 #include "step01_kv_cache/generation.hpp"
-#include "step01_kv_cache/runc_comparison.hpp"
+#include "step01_kv_cache/measure/runc_comparison.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -28,7 +28,7 @@
 #include "llm/harness/compare.hpp"
 #include "llm/weights.hpp"
 #include "step02_flash_attention/attention_problem.hpp"
-#include "step02_flash_attention/cuda_runner.hpp"
+#include "step02_flash_attention/measure/cuda_runner.hpp"
 #include "step02_flash_attention/half_precision.hpp"
 #include "step02_flash_attention/reference_attention.hpp"
 #include "step02_flash_attention/variants.hpp"

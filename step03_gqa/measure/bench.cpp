@@ -19,7 +19,7 @@
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/kv_cache.hpp"
 #include "step03_gqa/cuda_gqa_attention.hpp"
-#include "step03_gqa/decode_attention_sweep.hpp"
+#include "step03_gqa/measure/decode_attention_sweep.hpp"
 #include "step03_gqa/gqa_attention.hpp"
 
 namespace {

@@ -20,16 +20,20 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
 #include "llm/harness/generated_text.hpp"
+#include "llm/harness/progress.hpp"
 #include "llm/harness/result_rows.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
-#include "step03_gqa/conversion_experiment.hpp"
-#include "step03_gqa/decode_attention_sweep.hpp"
+#include "step03_gqa/measure/conversion_experiment.hpp"
+#include "step03_gqa/measure/decode_attention_sweep.hpp"
 #include "step03_gqa/gqa_attention.hpp"
 #include "step03_gqa/kv_cache_sizes.hpp"
 
@@ -335,8 +339,10 @@ std::string contexts_for(const Step03Options& options) {
   return llm::by_run_size<std::string>(options.common, kQuickContexts, kDefaultContexts, kFullContexts);
 }
 
-step03::SweepOptions sweep_options_from(const Step03Options& options) {
+step03::SweepOptions sweep_options_from(const Step03Options& options, const llm::DeviceSelection& devices) {
   step03::SweepOptions sweep_options;
+  sweep_options.cpu = devices.cpu;
+  sweep_options.cuda = devices.cuda;
   sweep_options.n_heads = options.query_heads;
   sweep_options.head_dim = options.head_dim;
   sweep_options.kv_heads = llm::parse_positive_int_list(options.kv_heads, "--kv-heads");
@@ -386,27 +392,28 @@ llm::Results make_results(const Step03Options& options, const llm::LoadedModel& 
   return results;
 }
 
-int run_step03(int argc, char** argv) {
-  Step03Options options;
-  if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
-  step03::SweepOptions sweep_options = sweep_options_from(options);
-  const llm::DeviceSelection devices = llm::select_devices(options.common.device);
-  sweep_options.cpu = devices.cpu;
-  sweep_options.cuda = devices.cuda;
-  if (options.common.quick) options.common.steps = std::min(options.common.steps, 64);  // the conversion's text
-  const llm::LoadedModel loaded = llm::load_model(options.common);
-  const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);
-  const int positions = llm::generation_positions(options.common, loaded.weights.config, prompt.size());
-
-  // 1. Decode attention by KV heads and context; 2. the real-model conversion.
+// Part 1: decode attention, group-aware against repeat_kv, by KV heads and
+// context (one progress part per context).
+step03::SweepResult run_sweep(const step03::SweepOptions& sweep_options, const Step03Options& options) {
   fmt::print("decode attention: {} query heads, head_dim {}, KV heads {}, contexts {}{}\n", sweep_options.n_heads,
              sweep_options.head_dim, options.kv_heads, contexts_for(options),
              sweep_options.flush_caches ? ", CPU caches flushed before every timed run" : "");
-  const step03::SweepResult sweep = run_decode_attention_sweep(sweep_options);
-  const step03::ConversionExperiment experiment = step03::run_conversion_experiment(
-      loaded.weights, prompt, positions, options.common.temperature, options.common.top_p, options.common.seed,
-      options.common.quick ? 1 : options.repeats);
+  return run_decode_attention_sweep(sweep_options);
+}
 
+// Part 2: the real model converted to other KV-head counts, on the same text.
+step03::ConversionExperiment run_conversion(const llm::LoadedModel& loaded, std::span<const int> prompt,
+                                            int positions, const Step03Options& options) {
+  return step03::run_conversion_experiment(loaded.weights, prompt, positions, options.common.temperature,
+                                           options.common.top_p, options.common.seed,
+                                           options.common.quick ? 1 : options.repeats);
+}
+
+// Part 3: the results of both parts, their tables, and the KV-cache sizes by
+// KV heads and for well-known models.
+llm::Results report(const Step03Options& options, const llm::LoadedModel& loaded, const llm::DeviceSelection& devices,
+                    const step03::SweepOptions& sweep_options, const step03::SweepResult& sweep,
+                    const step03::ConversionExperiment& experiment) {
   llm::Results results = make_results(options, loaded, devices, sweep_options, sweep, experiment);
   // CUDA rows say what fraction of the GPU's measured copy bandwidth they reach.
   const double copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
@@ -418,9 +425,30 @@ int run_step03(int argc, char** argv) {
   print_sweep_pivot(sweep, sweep_options.contexts);
   print_speedup_observation(sweep);
   print_conversion(experiment, loaded.name, loaded.tokenizer);
-  // 3. KV-cache sizes: by KV heads, and for well-known models.
   results.add_table(cache_by_kv_heads(sweep_options, sweep));
   results.add_table(well_known_cache_sizes(options.kv_budget_gib));
+  return results;
+}
+
+int run_step03(int argc, char** argv) {
+  Step03Options options;
+  if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
+  const llm::DeviceSelection devices = llm::select_devices(options.common.device);
+  step03::SweepOptions sweep_options = sweep_options_from(options, devices);
+  if (options.common.quick) options.common.steps = std::min(options.common.steps, 64);  // the conversion's text
+  const llm::LoadedModel loaded = llm::load_model(options.common);
+  const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);
+  const int positions = llm::generation_positions(options.common, loaded.weights.config, prompt.size());
+  llm::RunProgress progress("step03_gqa", static_cast<int>(step03::contexts_that_fit(sweep_options).size()) + 1);
+  sweep_options.progress = &progress;
+
+  // 1. Decode attention by KV heads and context: what fewer KV heads save.
+  const step03::SweepResult sweep = run_sweep(sweep_options, options);
+  // 2. A real model with fewer KV heads: what its predictions lose.
+  progress.start(fmt::format("the {}-position text through the model with fewer KV heads", positions));
+  const step03::ConversionExperiment experiment = run_conversion(loaded, prompt, positions, options);
+  // 3. The tables, and the KV-cache sizes the step is about.
+  const llm::Results results = report(options, loaded, devices, sweep_options, sweep, experiment);
   return llm::finish_run(results, options.common, devices);
 }
 

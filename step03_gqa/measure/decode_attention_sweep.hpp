@@ -11,6 +11,7 @@
 
 #include "llm/harness/compare.hpp"
 #include "llm/harness/cpu_cache_flush.hpp"
+#include "llm/harness/progress.hpp"
 #include "llm/harness/timer.hpp"
 
 namespace step03 {
@@ -29,6 +30,7 @@ struct SweepOptions {
   std::size_t flush_limit_bytes = llm::kFullRunFlushLimit;  // the flush buffer's upper bound
   double max_host_gib = 4.0;    // skip a context whose caches (all KV-head counts) + repeat_kv copy need more host memory
   std::uint64_t seed = 42;
+  llm::RunProgress* progress = nullptr;  // when set: one part per context (contexts_that_fit)
 };
 
 struct SweepCell {
@@ -50,6 +52,11 @@ struct SweepResult {
   std::vector<std::string> skipped;  // "context 65536: ... need 5.9 GiB > --max-host-gib 4"
   std::size_t flush_bytes = 0;       // 0 when caches were not flushed
 };
+
+// The contexts of `options` whose caches (every KV-head count at once, and
+// the repeat_kv copy) fit in max_host_gib; why each other one is skipped goes
+// to `skipped` when given.
+std::vector<int> contexts_that_fit(const SweepOptions& options, std::vector<std::string>* skipped = nullptr);
 
 SweepResult run_decode_attention_sweep(const SweepOptions& options);
 

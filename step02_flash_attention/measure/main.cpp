@@ -28,13 +28,14 @@
 #include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
 #include "llm/harness/compare.hpp"
+#include "llm/harness/progress.hpp"
 #include "llm/harness/result_rows.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
 #include "llm/harness/timer.hpp"
 #include "step02_flash_attention/attention_problem.hpp"
 #include "step02_flash_attention/cpu_attention.hpp"
-#include "step02_flash_attention/cuda_runner.hpp"
+#include "step02_flash_attention/measure/cuda_runner.hpp"
 #include "step02_flash_attention/half_precision.hpp"
 #include "step02_flash_attention/reference_attention.hpp"
 #include "step02_flash_attention/variants.hpp"
@@ -46,7 +47,7 @@ using step02::AttentionVariant;
 
 // The kernel table's lengths (Sq = Sk) when --seq-lens is not given, per run
 // size and device. The default run stops the CPU at 2048 (the naive kernel's
-// time grows as the square: 4096 alone would take most of a minute) and CUDA
+// time grows as the square of the length) and CUDA
 // at 4096 (naive's scores: 512 MiB at 8 heads, fine on any GPU). --full runs
 // the lengths the chapter quotes; --long takes the CPU to 16384 as well.
 const std::vector<int> kDefaultCpuLengths = {256, 512, 1024, 2048};
@@ -353,10 +354,11 @@ bool report_kernel_rows(llm::Results& results, const AttentionProblem& p, const 
 
 // The kernel table: prefill shapes, Sq = Sk, per (heads, head_dim) and length.
 bool run_prefill_tables(llm::Results& results, const Step02Options& options, const Settings& settings,
-                        const KernelTableLengths& lengths) {
+                        const KernelTableLengths& lengths, llm::RunProgress& progress) {
   bool all_ok = true;
   for (int heads : options.heads) {
     for (int d : options.head_dims) {
+      progress.start(fmt::format("kernel table, {} heads, head_dim {}", heads, d));
       fmt::print("\nprefill: {} heads, head_dim {}, {}\n", heads, d, options.causal ? "causal" : "not causal");
       print_kernel_table_columns();
       for (int length : lengths.all(settings)) {
@@ -377,9 +379,10 @@ bool run_prefill_tables(llm::Results& results, const Step02Options& options, con
 // Decode: one query against a long cache (what split-KV is for), at the first
 // (heads, head_dim) of the kernel table.
 bool run_decode_table(llm::Results& results, const Step02Options& options, const Settings& settings,
-                      const KernelTableLengths& lengths) {
+                      const KernelTableLengths& lengths, llm::RunProgress& progress) {
   bool all_ok = true;
   const int heads = options.heads.front(), d = options.head_dims.front();
+  progress.start(fmt::format("decode table, one query, {} heads, head_dim {}", heads, d));
   fmt::print("\ndecode: one query, {} heads, head_dim {} (KV GB/s = K and V bytes read / time)\n", heads, d);
   print_kernel_table_columns();
   const bool lengths_given = !options.decode_lens.empty();
@@ -598,12 +601,19 @@ int run_step02(int argc, char** argv) {
   llm::Results results = make_results(options, settings, lengths, devices);
   print_header(results, settings.check_rows);
   bool all_ok = true;
+  const bool model_part = settings.cpu || settings.cuda;
+  llm::RunProgress progress("step02_flash_attention",
+                            static_cast<int>(options.heads.size() * options.head_dims.size()) + 1 + (model_part ? 1 : 0));
   // 1. The kernel table: every variant on random Q/K/V, Sq = Sk.
-  all_ok &= run_prefill_tables(results, options, settings, lengths);
+  all_ok &= run_prefill_tables(results, options, settings, lengths, progress);
   // 2. Decode: one query against a long cache.
-  all_ok &= run_decode_table(results, options, settings, lengths);
+  all_ok &= run_decode_table(results, options, settings, lengths, progress);
   // 3. The model's prefill with its default attention and with step 02's flash kernel.
-  if (settings.cpu || settings.cuda) all_ok &= run_model_prefill(results, options, settings, std::move(loaded));
+  if (model_part) {
+    progress.start(fmt::format("the model's prefill of {} tokens, before and with the flash kernel",
+                               options.prefill_tokens));
+    all_ok &= run_model_prefill(results, options, settings, std::move(loaded));
+  }
   return llm::finish_run(results, options.common, devices, all_ok);
 }
 

@@ -1,4 +1,4 @@
-#include "step04_speculative/pass_costs.hpp"
+#include "step04_speculative/measure/pass_costs.hpp"
 
 #include "llm/harness/timer.hpp"
 

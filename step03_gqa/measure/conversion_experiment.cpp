@@ -1,4 +1,4 @@
-#include "step03_gqa/conversion_experiment.hpp"
+#include "step03_gqa/measure/conversion_experiment.hpp"
 
 #include <fmt/format.h>
 

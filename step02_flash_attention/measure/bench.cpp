@@ -14,7 +14,7 @@
 
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "step02_flash_attention/attention_problem.hpp"
-#include "step02_flash_attention/cuda_runner.hpp"
+#include "step02_flash_attention/measure/cuda_runner.hpp"
 #include "step02_flash_attention/variants.hpp"
 
 namespace {

@@ -3,7 +3,7 @@
 
 Run it by hand where a GPU and PyTorch are present (never in CI):
 
-    python3 step02_flash_attention/sdpa_compare.py --json docs/results/step02_sdpa_<gpu>.json
+    python3 step02_flash_attention/measure/sdpa_compare.py --json docs/results/step02_sdpa_<gpu>.json
 
 Shapes match the executable's prefill table: Q/K/V [batch 1, heads, seqlen, head_dim],
 causal, fp16 and bf16, for each sequence length and head dim. The FLASH_ATTENTION

@@ -1,6 +1,6 @@
 // A build without CUDA: the CUDA variants exist in the table (so --list shows
 // them) but nothing can run them.
-#include "step02_flash_attention/cuda_runner.hpp"
+#include "step02_flash_attention/measure/cuda_runner.hpp"
 
 #include "llm/errors.hpp"
 

@@ -27,13 +27,14 @@
 #include "llm/harness/compare.hpp"
 #include "llm/harness/generated_text.hpp"
 #include "llm/harness/model_on_device.hpp"
+#include "llm/harness/progress.hpp"
 #include "llm/harness/result_rows.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
 #include "llm/harness/timer.hpp"
 #include "step01_kv_cache/generation.hpp"
 #include "step04_speculative/early_exit_drafter.hpp"
-#include "step04_speculative/pass_costs.hpp"
+#include "step04_speculative/measure/pass_costs.hpp"
 #include "step04_speculative/speculative_decoder.hpp"
 #include "step04_speculative/speedup_formula.hpp"
 #include "step04_speculative/variants.hpp"
@@ -44,10 +45,9 @@ namespace {
 // row count 1..k+1, (k+1)(k+2)/2 rows for each of cost_runs runs plus 3
 // warm-ups, and again for every drafter x k of the sweep: its work grows as
 // k^2. At 64 a calibration is 2,145 rows per run, 48 times the default
-// sweep's (k = 8: 45 rows): the tiny preset on the CPU with one drafter
-// took 7 s of CPU time at --k 64 against 0.4 s at --k 8. More drafts only
-// pay for a drafter that is almost always right: a round emits at most
-// 1 / (1 - alpha) tokens on average, whatever k is.
+// sweep's (k = 8: 45 rows). More drafts only pay for a drafter that is
+// almost always right: a round emits at most 1 / (1 - alpha) tokens on
+// average, whatever k is.
 constexpr int kMaxDrafts = 64;
 
 struct Step04Options {
@@ -137,6 +137,20 @@ void check_drafts_fit(int max_k, std::size_t prompt_tokens, int positions, const
         "verification pass over k+1 rows from there must end inside the context of {} positions, so k can be at "
         "most {} here (or give fewer --steps)",
         max_k, calibration, positions, config.seq_len, config.seq_len - calibration));
+}
+
+// Before any run: the speedup is measured over the tokens decoded after the
+// first one, and a round at the largest k verifies k+1 of them, so the
+// generation must leave at least that many (--steps 1 once timed no token at
+// all and printed an infinite gap).
+void check_room_to_decode(int max_k, std::size_t prompt_tokens, int positions, int steps_flag) {
+  const int decoded_after_the_first = positions - static_cast<int>(prompt_tokens);
+  if (decoded_after_the_first < max_k + 1)
+    throw llm::InputError(fmt::format(
+        "--steps {} leaves {} token(s) to decode after the first generated one (the prompt takes {} of the {} "
+        "positions), but a round at k = {} verifies k+1 = {}: give --steps {} or more, or a smaller --k",
+        steps_flag, std::max(0, decoded_after_the_first), prompt_tokens, positions, max_k, max_k + 1,
+        static_cast<int>(prompt_tokens) + max_k + 1));
 }
 
 // Plain decoding (step 01's generate_cached): the reference tokens, and the
@@ -271,6 +285,7 @@ struct SweepInputs {
   std::span<const int> prompt;
   int positions;
   int max_k;  // the largest --k
+  llm::RunProgress* progress;  // one part per device's plain run and per configuration
 };
 
 // One row of the speculative-decoding table.
@@ -406,6 +421,7 @@ std::vector<SweepRow> run_on_device(llm::Results& results, const std::string& de
   const step04::ModelFactory factory = [device](const llm::ModelWeights& w) { return llm::make_model_on(device, w); };
 
   // Baseline: plain decoding, one target pass per token.
+  in.progress->start(fmt::format("{}: plain decoding and the target's pass costs", device));
   const PlainRun plain = measure_plain(*target, in.prompt, in.positions, in.options.common, in.options.repeats);
   if (cpu_reference_tokens.empty()) {
     cpu_reference_tokens = plain.first.tokens;
@@ -429,8 +445,10 @@ std::vector<SweepRow> run_on_device(llm::Results& results, const std::string& de
   std::vector<SweepRow> sweep;
   for (const DrafterConfig& config : drafter_configs(in, factory)) {
     std::unique_ptr<step04::Drafter> drafter = config.variant->fn(config.setup);
-    for (int k : in.options.ks)
+    for (int k : in.options.ks) {
+      in.progress->start(fmt::format("{}: {} at k = {}", device, drafter->name(), k));
       sweep.push_back(measure_configuration(results, device, *target, *drafter, config, k, plain, cost_context, in));
+    }
   }
   return sweep;
 }
@@ -474,15 +492,20 @@ int run_step04(int argc, char** argv) {
   const int positions = llm::generation_positions(options.common, config, prompt.size());
   const int max_k = *std::max_element(options.ks.begin(), options.ks.end());
   check_drafts_fit(max_k, prompt.size(), positions, config);
+  check_room_to_decode(max_k, prompt.size(), positions, options.common.steps);
   settle_draft_layers(options, loaded.weights, selected);
   const DraftModel draft = load_draft_model(options, loaded);
 
   // Plain decoding, then every drafter x k, per device.
   llm::Results results = make_results(options, loaded, devices, draft.name, prompt.size(), positions);
-  const SweepInputs inputs{options, loaded, draft, selected, prompt, positions, max_k};
+  const std::vector<std::string> device_names = llm::selected_device_names(devices);
+  SweepInputs inputs{options, loaded, draft, selected, prompt, positions, max_k, nullptr};
+  const std::size_t configurations = drafter_configs(inputs, {}).size() * options.ks.size();
+  llm::RunProgress progress("step04_speculative", static_cast<int>(device_names.size() * (1 + configurations)));
+  inputs.progress = &progress;
   std::vector<SweepRow> sweep;
   std::vector<int> cpu_reference_tokens;  // the first device's plain tokens
-  for (const std::string& device : llm::selected_device_names(devices)) {
+  for (const std::string& device : device_names) {
     const std::vector<SweepRow> rows = run_on_device(results, device, inputs, cpu_reference_tokens);
     sweep.insert(sweep.end(), rows.begin(), rows.end());
   }

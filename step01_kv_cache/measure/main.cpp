@@ -29,12 +29,13 @@
 #include "llm/harness/compare.hpp"
 #include "llm/harness/generated_text.hpp"
 #include "llm/harness/model_on_device.hpp"
+#include "llm/harness/progress.hpp"
 #include "llm/harness/result_rows.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
 #include "llm/harness/timer.hpp"
 #include "step01_kv_cache/generation.hpp"
-#include "step01_kv_cache/runc_comparison.hpp"
+#include "step01_kv_cache/measure/runc_comparison.hpp"
 
 namespace {
 
@@ -111,17 +112,20 @@ Measured measure(const std::string& device, llm::Model& model, const llm::Varian
   return m;
 }
 
-// Every selected variant on every selected device, CPU first; each device's
-// model is freed before the next one's is built.
+// Every selected variant on every selected device, CPU first, one part of
+// `progress` each; each device's model is freed before the next one's is built.
 std::vector<Measured> measure_all(const llm::ModelWeights& weights, const std::vector<int>& selected,
                                   const llm::DeviceSelection& devices, std::span<const int> prompt, int positions,
-                                  const Step01Options& options) {
+                                  const Step01Options& options, llm::RunProgress& progress) {
   std::vector<Measured> runs;
   for (const std::string& device : llm::selected_device_names(devices)) {
     auto model = llm::make_model_on(device, weights);
     for (const auto& variant : step01::variants())
-      if (llm::is_selected(selected, variant.id))
+      if (llm::is_selected(selected, variant.id)) {
+        progress.start(fmt::format("{} {}: {} positions, {} timed generations", device, variant.name, positions,
+                                   options.repeats));
         runs.push_back(measure(device, *model, variant, prompt, positions, options.common, options.repeats));
+      }
   }
   return runs;
 }
@@ -398,7 +402,9 @@ int run_step01(int argc, char** argv) {
   const int positions = llm::generation_positions(options.common, config, prompt.size());
 
   // Generate with each variant on each device; print the text, as llama2.c does.
-  const std::vector<Measured> runs = measure_all(loaded.weights, selected, devices, prompt, positions, options);
+  const std::size_t generations = llm::selected_device_names(devices).size() * selected.size();
+  llm::RunProgress progress("step01_kv_cache", static_cast<int>(generations) + (options.compare_runc.empty() ? 0 : 1));
+  const std::vector<Measured> runs = measure_all(loaded.weights, selected, devices, prompt, positions, options, progress);
   const Measured& reference = runs.front();  // CPU recompute when selected: the plainest algorithm
   llm::print_generated_text(loaded.tokenizer, prompt, reference.first.tokens);
 
@@ -418,7 +424,10 @@ int run_step01(int argc, char** argv) {
   // In the JSON only: the table above has printed its config line.
   results.set_config("kv_bytes_formula_this_run", static_cast<long long>(formula_this_run));
   results.set_config("kv_bytes_per_token", static_cast<long long>(config.kv_bytes_per_token()));
-  if (!options.compare_runc.empty()) compare_with_runc(loaded, runs, positions, options, results);
+  if (!options.compare_runc.empty()) {
+    progress.start("llama2.c's run.c on the same model");
+    compare_with_runc(loaded, runs, positions, options, results);
+  }
 
   return llm::finish_run(results, options.common, devices);
 }

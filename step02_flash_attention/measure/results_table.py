@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints the markdown tables of docs/02_flash_attention.md from the executable's JSON.
 
-    python3 step02_flash_attention/results_table.py docs/results/step02_flash_attention_cpu.json
+    python3 step02_flash_attention/measure/results_table.py docs/results/step02_flash_attention_cpu.json
 
 Numbers in the docs come from this output, never typed by hand.
 """

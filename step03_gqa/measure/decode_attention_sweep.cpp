@@ -1,4 +1,4 @@
-#include "step03_gqa/decode_attention_sweep.hpp"
+#include "step03_gqa/measure/decode_attention_sweep.hpp"
 
 #include <fmt/format.h>
 
@@ -63,6 +63,21 @@ struct PendingCell {
 
 }  // namespace
 
+std::vector<int> contexts_that_fit(const SweepOptions& o, std::vector<std::string>* skipped) {
+  std::vector<int> contexts;
+  for (const int context : o.contexts) {
+    double need = kv_bytes(o, o.n_heads, context);  // repeat_kv's copy: n_heads wide
+    for (const int kv : o.kv_heads) need += kv_bytes(o, kv, context);
+    if (need <= o.max_host_gib * kGiB)
+      contexts.push_back(context);
+    else if (skipped)
+      skipped->push_back(fmt::format("context {}: the caches of all KV-head counts and the repeat_kv copy need "
+                                     "{:.1f} GiB > --max-host-gib {}",
+                                     context, need / kGiB, o.max_host_gib));
+  }
+  return contexts;
+}
+
 SweepResult run_decode_attention_sweep(const SweepOptions& o) {
   SweepResult result;
   std::unique_ptr<llm::CpuCacheFlusher> flusher;
@@ -77,17 +92,7 @@ SweepResult run_decode_attention_sweep(const SweepOptions& o) {
 
   // All configurations live at once (so their timings can be interleaved,
   // below): the contexts that fit in the memory limit all together.
-  std::vector<int> contexts;
-  for (const int context : o.contexts) {
-    double need = kv_bytes(o, o.n_heads, context);  // repeat_kv's copy: n_heads wide
-    for (const int kv : o.kv_heads) need += kv_bytes(o, kv, context);
-    if (need > o.max_host_gib * kGiB)
-      result.skipped.push_back(fmt::format("context {}: the caches of all KV-head counts and the repeat_kv copy need "
-                                           "{:.1f} GiB > --max-host-gib {}",
-                                           context, need / kGiB, o.max_host_gib));
-    else
-      contexts.push_back(context);
-  }
+  const std::vector<int> contexts = contexts_that_fit(o, &result.skipped);
   if (contexts.empty()) return result;
   const int capacity = *std::max_element(contexts.begin(), contexts.end());
 
@@ -109,6 +114,7 @@ SweepResult run_decode_attention_sweep(const SweepOptions& o) {
   }
 
   for (const int context : contexts) {
+    if (o.progress) o.progress->start(fmt::format("decode attention at context {}", context));
     const int length_array[1] = {context};
     const std::span<const int> lengths(length_array);  // [1] one sequence's valid positions
     // Check every cell once (which also warms it up) ...

@@ -1,4 +1,4 @@
-#include "step01_kv_cache/runc_comparison.hpp"
+#include "step01_kv_cache/measure/runc_comparison.hpp"
 
 #include <fmt/format.h>
 
