@@ -1,81 +1,21 @@
-// PagedAttention decode on the GPU, fp32 (see cuda_paged_attention.hpp).
+// PagedAttention decode on the GPU, fp32 (see cuda_paged_attention.hpp):
+// step 02's split-KV decode generalized to many sequences of different
+// lengths, GQA and K/V read through a block table.
 //
-// Decode is memory bound: every K and V byte of every sequence is read once
-// and used for a handful of flops. The kernel's job is to keep HBM busy,
-// whatever the batch (1 long sequence or many short ones), the block size
-// (1 .. the whole sequence) and the GQA ratio, while reading each row exactly
-// once through the block table. Two kernels, as in step 02's split-KV decode
-// (v6_cuda_split_kv_decode.cu), which this one generalizes to many sequences
-// of different lengths, GQA and paged K/V:
-//
-//   1. partition kernel, grid (partition, KV head [x group chunk], query):
-//      thread block (p, j, i) runs the online softmax of the query heads of
-//      KV head j over keys [p * P, (p + 1) * P) of query i's sequence and
-//      writes a PARTIAL result (m, l, o) per query head to the workspace.
-//   2. merge kernel, grid (query head, query): combines a query's partials
-//      exactly as the online softmax combines tiles:
+//   1. partition kernel, grid (partition, KV head [x group chunk], query),
+//      4 warps: thread block (p, j, i) runs the online softmax of the query
+//      heads of KV head j over keys [p * P, (p + 1) * P) of query i's
+//      sequence and writes a PARTIAL (m, l, o) per query head.
+//   2. merge kernel, grid (query head, query):
 //        M = max_p m_p,  l = sum_p 2^(m_p - M) l_p,  out = sum_p 2^(m_p - M) o_p / l
-//   With a single partition (short contexts, large batches) kernel 1 writes
-//   the normalized output itself and kernel 2 is not launched.
-//
-// Why this grid:
-//   * One thread block per KV head (not per query head): the K/V rows of
-//     head j are loaded once and scored against all `group` query heads that
-//     share them (step 03's lesson: GQA only saves bytes if the kernel reads
-//     each KV head once). A group larger than the kernel's register tile
-//     (8 query heads; 4 for unusual head dims) is split into chunks, each a
-//     thread block of its own that re-reads the rows (MQA with 32 heads
-//     reads them 4 times, mostly from L2).
-//   * Partitions along the keys: with batch 1 and 8 KV heads there would be
-//     only 8 thread blocks for 132 SMs. The number of partitions is chosen
-//     from the longest length and the SM count (paged_decode_partitions)
-//     so that about 8 blocks per SM are launched, each partition at least
-//     128 keys long (a span of 32 keys for each of the 4 warps; shorter, the
-//     fixed cost of a partial and its merge outweighs the work).
-//     A memory-bound kernel needs no exact waves: a last, partial wave still
-//     has enough loads in flight to keep HBM busy.
-//     A partition is a multiple of 64 keys, so for every block size that
-//     divides 64 (vLLM's 8/16/32 and the model's 16/64) partitions split at
-//     block boundaries; with other sizes (7) a block may straddle two
-//     partitions and both thread blocks read its table entry: correct, one
-//     extra lookup. Sequences shorter than the longest simply leave their
-//     last partitions empty (those thread blocks exit at once, and the merge
-//     reads only the partitions a sequence reaches).
-//
-// Inside a thread block: 4 warps. A warp takes 32 consecutive keys at a time
-// (a "span"; warp w takes spans w, w + 4, ... of the partition):
-//   * Table lookups: lane j computes the pool row of key span + j, so the 32
-//     lookups of a span are ONE load instruction. For block_size >= 32 every
-//     lane reads the same table entry (a broadcast: one lookup per block);
-//     for 16 the lanes read 2 neighbouring entries, for 8 four, for 1 32:
-//     always one coalesced transaction per 32 keys. The rows are then handed
-//     to the whole warp with __shfl_sync, one key at a time.
-//   * Lanes split head_dim: at head_dim 128 lane l holds dims 4l..4l+3, so a
-//     K (or V) row of one head is one 512-byte coalesced load (a float4 per
-//     lane); head_dim 64 uses float2; any other head_dim (1..256, e.g. the
-//     real model's 8) takes a generic path, lane l holding dims l, l + 32,
-//     ... (scalar loads, still coalesced; lanes past head_dim idle). See
-//     LaneLayout below.
-//   * q . k is a partial dot product per lane and a butterfly sum over the
-//     warp (every lane gets the score).
-//   * The warp loads the K and V rows of 4 keys before using any of them: 8
-//     independent loads in flight per warp (4 KiB at head_dim 128), so a few
-//     warps per SM cover HBM latency (Little's law: ~14 B/cycle/SM x ~700
-//     cycles ~ 10 KiB in flight per SM; the registers allow 12 warps).
-//   * Online softmax in the log2 domain: q is pre-multiplied by
-//     log2(e) / sqrt(head_dim), so scores are in log2 units and every
-//     exponential is one exp2f (step 02's trick). The max is updated once
-//     per 4 keys, so the accumulator is rescaled once per 4 keys, not per key.
-//   * At the end the 4 warps' (m, l, o) are merged through shared memory.
-//
-// The same kernel serves three callers through two template policies:
-//   Rows     PagedRows: row of position p = table[p / B] * B + p % B (the
-//            lookup above); ContiguousRows: row = table[0] * B + p with the
-//            table read once per thread block. The ONLY difference between
-//            contiguous_decode_attention and paged_decode_attention.
-//   Queries  DecodeQuerySource: query i = sequence i of the batch;
-//            PrefillQuerySource: query i = prompt row i of one sequence, of
-//            length n_past + i + 1.
+//      (not launched when there is one partition: kernel 1 normalizes).
+// Invariant: every K/V row is read once per thread block, through the table
+// (row of position p = table[p / B] * B + p % B); a warp's 32 lookups of 32
+// consecutive keys are one load. The row addressing (PagedRows or
+// ContiguousRows) and the queries (decode or prefill rows) are template
+// policies: the only difference between the paged and contiguous kernels.
+// Why this grid, the lane layouts, the loads in flight and the log2-domain
+// softmax: docs/05_paged_attention.md, section 5 ("Inside the CUDA kernel").
 #include <algorithm>
 
 #include "llm/cuda/cuda_runtime_api.hpp"

@@ -24,8 +24,8 @@ using CachedRows = Eigen::Map<const RowMajorMatrix, 0, Eigen::OuterStride<>>;
 // keys, so the score scratch stays small (kMaxTileKeys x group floats)
 // whatever the context. 16, vLLM's default block size, for two reasons:
 // 16 keys x kv_dim 1024 x 4 B = 64 KiB of K (and as much of V) per tile,
-// which stays in L2 while every KV head's group uses it (64-key tiles
-// measured slower on one core); and the contiguous walk and a paged one of
+// which stays in L2 while every KV head's group uses it (the tile length:
+// docs/05_paged_attention.md, section 5); and the contiguous walk and a paged one of
 // blocks of 16 then run the same tiles, so part 2's overhead at block 16 is
 // the table lookups alone (blocks of 8 add tiles half as long; blocks of 32
 // and more are cut in tiles of 16 and pay one lookup per block).

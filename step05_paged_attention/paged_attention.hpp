@@ -1,11 +1,7 @@
 #pragma once
-// PagedAttention on the CPU: attention that reads K/V through a block table,
-// one KV block at a time.
-//
-// A paged cache keeps a sequence's K/V rows in fixed-size blocks scattered
-// over a shared pool; the sequence's block table says which physical block
-// holds each logical block (positions 0..B-1, B..2B-1, ...). The kernels here
-// walk a sequence block by block:
+// PagedAttention on the CPU: attention that reads K/V through a block table
+// (which physical block of the pool holds positions 0..B-1, B..2B-1, ...),
+// walking a sequence one KV block at a time:
 //   1. look the physical block up in the table ONCE per block,
 //   2. score the block's keys against the queries,
 //   3. fold the scores into an online softmax (running max and sum per query
@@ -16,9 +12,8 @@
 //
 // A contiguous view (one block per sequence, block_size = capacity) goes
 // through the same code: then there is a single lookup and the block is
-// walked in tiles of a bounded number of keys. That is the baseline the
-// kernel-overhead measurement (kernel_overhead.hpp) compares paging with.
-//
+// walked in tiles of a bounded number of keys: the baseline part 2
+// (measure/kernel_overhead.hpp) compares paging with. docs/05, section 5.
 // Both functions have exactly the semantics of common's reference kernels
 // (llm::cpu::reference_decode_attention / reference_prefill_attention) and
 // their hook signatures, so paged_cpu_attention() plugs into llm::CpuModel.

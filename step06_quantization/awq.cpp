@@ -13,9 +13,9 @@
 // The search measures each candidate's error through the Gram matrix
 // G = X^T X / n (calibration.hpp): the mean over rows of (x . d)^2 is d^T G d,
 // so one product with G per candidate [out, in] x [in, in] replaces a pass
-// over every calibration row (20 candidates on 4096 rows: 12 s -> 0.13 s for a
-// 768 x 288 layer). It is layer_output_error's sum in another order: equal up
-// to double rounding.
+// over every calibration row [n, in] x [in, out]: the cost no longer grows
+// with the number of rows n. It is layer_output_error's sum in another order:
+// equal up to double rounding.
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -2,76 +2,21 @@
 // 1..16 rows (more rows: 16 at a time), int8 per channel, int4 asymmetric and
 // symmetric groups and NF4, fp16 or fp32 activations, fp32 accumulation.
 //
-// What limits the product. At batch 1..16 a matrix-vector(ish) product does
-// 2 * rows flops per weight and reads each weight once: it is bound by the
-// bytes of W. A 4-bit W is a quarter of fp16's bytes, so the kernel's job is
-// to read those bytes at the memory's full speed and keep everything else
-// (dequantizing, the flops, the activations, the reduction) off the critical
-// path. Two budgets decide the design (Llama-2-7B's 4096 x 4096 at int4 on an
-// H100: 8.4 MB, 2.8 us at ~3 TB/s):
-//   * flops: at 16 rows, 16 fp32 FMAs per weight on the CUDA cores are
-//     268 M FMAs = ~8 us at the H100's 33 T FMA/s, three times the memory
-//     time. Tensor cores do them for free (fp16 x fp16 products, fp32
-//     accumulation), so the time stays flat from 1 to 16 rows; what remains
-//     on the CUDA cores is the dequantization, ~1.5 instructions per weight.
-//   * the activations: every output row needs all of x. A block that covers
-//     only 16 output rows re-reads x (from L2) for every 16 rows: at 16
-//     tokens that is 4x the weight bytes. So a block covers 128 output rows
-//     (8 warps x one 16-row MMA tile each) and all 8 warps share one copy of
-//     its slice of x in shared memory: x traffic is 1/2 of the weights' at
-//     16 tokens, 1/32 at one.
-//
-// The grid. 128 rows per block would give only 32 blocks for 4096 outputs,
-// far from filling 132 SMs, so the input dimension is split too (split-K):
-// block (split, m_block) computes its 128 rows over one slice of the columns
-// (at most kMaxSteps "steps" of 64 bytes per row), and the slices' partial
-// sums are added by the last block of each m_block to finish (a ticket
-// counter, the "threadfence reduction" of the CUDA programming guide): one
-// launch, and a fixed order of additions, so results are bitwise
-// reproducible (fp32 atomicAdd into y would add in arrival order, and needs y
-// zeroed by another launch first). The split count is chosen per matrix so
-// the grid has ~2 blocks per SM (what the registers let stay resident), e.g.
-// 4096 x 4096 int4: 32 m_blocks x 8 slices of 512 columns = 256 blocks.
-// Blocks are numbered slice-fastest (gridDim.x = splits), so the slices of
-// one m_block run together and its last block reduces while later m_blocks
-// still stream their weights, instead of all reductions piling up at the end.
-//
-// One block, in three phases:
-//   1. every warp requests the weights of its slice's first 4 steps
-//      (128-bit loads into registers, 2 per thread per step), then
-//   2. all 256 threads stage the slice of x (as fp16, zero past in_features
-//      and past the batch rows; divided by the AWQ input scales) and the
-//      group scales/zero points of the block's rows in shared memory, while
-//      the weight loads are in flight; one __syncthreads;
-//   3. each warp requests the weights of steps 4-7, then dequantizes its
-//      codes in registers to exact small integers in fp16 (q - zero: no
-//      rounding) and runs m16n8k16 MMAs against x; each 32-column word's
-//      partial product is multiplied by its group's scale in fp32 and added
-//      to the accumulator.
-// About one round trip to memory per block, one barrier before the math.
-//
-// The weight layout (uploaded once, see DeviceQuantizedMatrix): tile-major.
-// For each 16-row tile and each step, 1 KB = 2 x 512 bytes: the 512 bytes of
-// rows 0-7 of the tile, then of rows 8-15, in exactly the order the 32 lanes
-// of a warp load them (lane l: bytes 16 l .. 16 l + 15). A warp's load
-// instruction reads 512 contiguous bytes; each thread's 16 bytes hold the
-// codes of its MMA fragments already in the order the dequantization trick
-// produces them (see the layout functions below). Rows are padded to whole
-// steps (64 bytes: 128 4-bit or 64 8-bit codes) and to whole 16-row tiles
-// with codes whose group scale is 0; padded columns also meet x = 0.
-//
-// Why tensor-core fragments and no warp-shuffle reductions: an MMA sums over
-// its 16 columns inside the instruction, so a warp never reduces across its
-// lanes; the reduction across slices is the last block's (above).
-//
-// Activations: the A16 path reads and writes fp16; the model's path reads and
-// writes fp32 and rounds x to fp16 as it stages it (that is what "A16"
-// means: the tensor cores multiply fp16; |x| > 65504 would become inf, far
-// beyond a real model's activations). Products are exact in fp32 and
-// accumulate in fp32 either way. The int8 and int4 weights are exact in fp16
-// (small integers), NF4's 16 levels are rounded to fp16 (relative 2^-12), and
-// the group scales are stored as fp16 (relative 2^-12; see the scale exponent
-// in DeviceQuantizedMatrix, which keeps them out of fp16's subnormals).
+// The grid: block (split, m_block), gridDim.x = splits (slice-fastest), 256
+// threads = 8 warps. A block computes 128 output rows (one 16-row m16n8k16
+// MMA tile per warp) over one slice of the input columns (split-K, at most
+// kMaxSteps steps of 64 bytes per row); the last block of each m_block (a
+// ticket counter) adds the slices' partial sums in a fixed order.
+// One block: (1) each warp requests its first weights (128-bit loads),
+// (2) all threads stage the slice of x as fp16 and the group scales in
+// shared memory, one __syncthreads, (3) the rest of the weights are
+// requested, dequantized in registers to exact fp16 integers and multiplied
+// on the tensor cores; each 32-column partial is scaled in fp32.
+// Invariants: every weight byte is read once per call, in the tile-major
+// layout of DeviceQuantizedMatrix (a warp load = 512 contiguous bytes);
+// results are bitwise reproducible (no atomicAdd). Why this design (the flop
+// and activation budgets, the layout, fp16 ranges): docs/06_quantization.md,
+// section 6.3.
 #include "step06_quantization/cuda_quantized_kernels.hpp"
 
 #include <cublas_v2.h>
@@ -744,9 +689,20 @@ class DeviceQuantizedMatrix {
   explicit DeviceQuantizedMatrix(const QuantizedMatrix& q) : scheme_(q.format.scheme) {
     check_matrix(q);
     require_device();
-    const bool int8 = q.format.bits() == 8;
-    const int columns_per_step = kStepBytes * 8 / q.format.bits();
+    plan_launch(q);
+    upload_codes(q);
+    upload_scales(q);
+    view_.codes = codes_.data();
+    view_.scales = as_half(scales_.data());
+    view_.zeros = zeros_.empty() ? nullptr : zeros_.data();
+    view_.inverse_input_scales = inverse_input_scales_.empty() ? nullptr : inverse_input_scales_.data();
+  }
+
+ private:
+  // The view's dims and the split-K plan (no device memory yet).
+  void plan_launch(const QuantizedMatrix& q) {
     DeviceMatrixView& v = view_;
+    const int columns_per_step = kStepBytes * 8 / q.format.bits();
     v.out_features = q.out_features;
     v.in_features = q.in_features;
     v.m_tiles = ceil_div(q.out_features, kTileRows);
@@ -765,6 +721,12 @@ class DeviceQuantizedMatrix {
     v.steps_per_block = ceil_div(v.total_steps, splits);
     v.k_splits = ceil_div(v.total_steps, v.steps_per_block);
 
+  }
+
+  // The codes in the kernel's tile-major layout, uploaded.
+  void upload_codes(const QuantizedMatrix& q) {
+    const DeviceMatrixView& v = view_;
+    const bool int8 = q.format.bits() == 8;
     // Codes, tile-major: [m_tiles, total_steps, 2 (rows 0-7 | 8-15), 32 lanes, 16 bytes].
     std::vector<uint4> codes(static_cast<std::size_t>(v.m_tiles) * v.total_steps * 2 * kWarpSize);
     auto* bytes = reinterpret_cast<unsigned char*>(codes.data());
@@ -788,7 +750,12 @@ class DeviceQuantizedMatrix {
             }
           }
     codes_ = DeviceBuffer<uint4>(span_of(codes));
+  }
 
+  // The group scales (fp16, one power-of-two exponent for the matrix), the
+  // zero points and AWQ's inverse input scales, uploaded.
+  void upload_scales(const QuantizedMatrix& q) {
+    DeviceMatrixView& v = view_;
     // Scales: fp16, transposed to [group, row] so the 128 rows of a block's
     // group are 256 contiguous bytes. fp16 halves their bytes (int4-g64:
     // 2 instead of 4 bytes per 32 bytes of codes, what keeps W4A16 near 4x
@@ -824,11 +791,9 @@ class DeviceQuantizedMatrix {
       for (std::size_t i = 0; i < inverse.size(); ++i) inverse[i] = 1.0f / q.input_scales[i];
       inverse_input_scales_ = DeviceBuffer<float>(span_of(inverse));
     }
-    v.codes = codes_.data();
-    v.scales = as_half(scales_.data());
-    v.zeros = zeros_.empty() ? nullptr : zeros_.data();
-    v.inverse_input_scales = inverse_input_scales_.empty() ? nullptr : inverse_input_scales_.data();
   }
+
+ public:
 
   // Column of the i-th code (0..31) of lane (., t)'s 16 bytes at `step`
   // (4-bit). Code i sits in word w = i / 8, nibble k' = i % 8; the
@@ -1015,6 +980,54 @@ std::vector<float> cuda_quantized_matmul_fp16(const QuantizedMatrix& matrix, std
   return halves_to_floats(span_of(run_once<Fp16Bits>(matrix, span_of(x_half), rows)));
 }
 
+namespace {
+
+// y [rows, out] = x [rows, in] . weight [out, in]^T on the host, each sum in
+// double (4 chains: the adds overlap): the reference the kernel is checked on.
+std::vector<float> host_reference_product(const std::vector<float>& weight, const std::vector<float>& x_float,
+                                          int rows, int in, int out) {
+  std::vector<float> reference(static_cast<std::size_t>(rows) * out);
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x_float.data() + static_cast<std::size_t>(r) * in;
+    for (int o = 0; o < out; ++o) {
+      const float* wo = weight.data() + static_cast<std::size_t>(o) * in;
+      double sum[4] = {0.0, 0.0, 0.0, 0.0};  // 4 chains: the adds overlap
+      int i = 0;
+      for (; i + 4 <= in; i += 4)
+        for (int j = 0; j < 4; ++j) sum[j] += static_cast<double>(xr[i + j]) * wo[i + j];
+      for (; i < in; ++i) sum[0] += static_cast<double>(xr[i]) * wo[i];
+      reference[static_cast<std::size_t>(r) * out + o] = static_cast<float>((sum[0] + sum[1]) + (sum[2] + sum[3]));
+    }
+  }
+  return reference;
+}
+
+// The baseline: cuBLAS on the same matrix dequantized to fp16, weight [out,
+// in] (fp32 on the host), x [rows, in] fp16 on the device; the median time.
+double time_cublas_fp16(const std::vector<float>& weight, const DeviceBuffer<Fp16Bits>& x, int rows, int in, int out,
+                        int warmup_runs, int repeats) {
+  const DeviceBuffer<Fp16Bits> weight_dev{span_of(floats_to_halves(span_of(weight)))};
+  DeviceBuffer<Fp16Bits> y_cublas{static_cast<std::size_t>(rows) * out};
+  const llm::cuda::CublasHandle cublas;
+  LLM_CUBLAS_CHECK(cublasSetStream(cublas.get(), nullptr));  // the legacy stream time_cuda's events are on
+  const float alpha = 1.0f, beta = 0.0f;
+  const auto run_cublas = [&] {
+    // Y [rows, out] = X W^T, row-major, as DenseCudaLinear::forward explains:
+    // in column-major terms C [out, rows] = op(A) [out, in] . B [in, rows],
+    // with A = W's memory read transposed (lda = in), B = X's memory (ldb =
+    // in), C = Y's memory (ldc = out). CUBLAS_COMPUTE_32F: fp16 inputs on the
+    // tensor cores with fp32 accumulation, the same arithmetic as the
+    // quantized kernel, so the comparison is of bytes moved, not of
+    // precision (CUBLAS_COMPUTE_16F would accumulate in fp16).
+    LLM_CUBLAS_CHECK(cublasGemmEx(cublas.get(), CUBLAS_OP_T, CUBLAS_OP_N, /*m=*/out, /*n=*/rows, /*k=*/in, &alpha,
+                                  weight_dev.data(), CUDA_R_16F, /*lda=*/in, x.data(), CUDA_R_16F, /*ldb=*/in, &beta,
+                                  y_cublas.data(), CUDA_R_16F, /*ldc=*/out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  };
+  return llm::cuda::time_cuda(run_cublas, warmup_runs, repeats, /*flush_l2=*/true).median_ms;
+}
+
+}  // namespace
+
 CudaMatmulTiming time_cuda_quantized_matmul(const QuantizedMatrix& matrix, int rows, int repeats, std::uint64_t seed) {
   if (rows <= 0) input_error(text(rows, " rows: need at least one"));
   if (repeats < 1) input_error(text(repeats, " timed runs: need at least one"));
@@ -1041,19 +1054,7 @@ CudaMatmulTiming time_cuda_quantized_matmul(const QuantizedMatrix& matrix, int r
   y.download(span_of(y_host));
   const std::vector<float> weight = dequantize(matrix);  // [out, in]
   const std::vector<float> x_float = halves_to_floats(span_of(x_host));
-  std::vector<float> reference(static_cast<std::size_t>(rows) * out);
-  for (int r = 0; r < rows; ++r) {
-    const float* xr = x_float.data() + static_cast<std::size_t>(r) * in;
-    for (int o = 0; o < out; ++o) {
-      const float* wo = weight.data() + static_cast<std::size_t>(o) * in;
-      double sum[4] = {0.0, 0.0, 0.0, 0.0};  // 4 chains: the adds overlap
-      int i = 0;
-      for (; i + 4 <= in; i += 4)
-        for (int j = 0; j < 4; ++j) sum[j] += static_cast<double>(xr[i + j]) * wo[i + j];
-      for (; i < in; ++i) sum[0] += static_cast<double>(xr[i]) * wo[i];
-      reference[static_cast<std::size_t>(r) * out + o] = static_cast<float>((sum[0] + sum[1]) + (sum[2] + sum[3]));
-    }
-  }
+  const std::vector<float> reference = host_reference_product(weight, x_float, rows, in, out);
   CudaMatmulTiming timing;
   // fp16 tolerance (1e-3 absolute + 1e-2 relative): y is rounded to fp16
   // (relative 2^-11) and each group's scale was stored as fp16 (relative
@@ -1062,29 +1063,11 @@ CudaMatmulTiming time_cuda_quantized_matmul(const QuantizedMatrix& matrix, int r
   timing.check = llm::compare(span_of(halves_to_floats(span_of(y_host))), span_of(reference),
                               llm::tolerance_for(llm::DType::F16));
 
-  // The baseline: cuBLAS on the same matrix dequantized to fp16 [out, in].
-  const DeviceBuffer<Fp16Bits> weight_dev{span_of(floats_to_halves(span_of(weight)))};
-  DeviceBuffer<Fp16Bits> y_cublas{y.size()};
-  const llm::cuda::CublasHandle cublas;
-  LLM_CUBLAS_CHECK(cublasSetStream(cublas.get(), nullptr));  // the legacy stream time_cuda's events are on
-  const float alpha = 1.0f, beta = 0.0f;
-  const auto run_cublas = [&] {
-    // Y [rows, out] = X W^T, row-major, as DenseCudaLinear::forward explains:
-    // in column-major terms C [out, rows] = op(A) [out, in] . B [in, rows],
-    // with A = W's memory read transposed (lda = in), B = X's memory (ldb =
-    // in), C = Y's memory (ldc = out). CUBLAS_COMPUTE_32F: fp16 inputs on the
-    // tensor cores with fp32 accumulation, the same arithmetic as the
-    // quantized kernel, so the comparison is of bytes moved, not of
-    // precision (CUBLAS_COMPUTE_16F would accumulate in fp16).
-    LLM_CUBLAS_CHECK(cublasGemmEx(cublas.get(), CUBLAS_OP_T, CUBLAS_OP_N, /*m=*/out, /*n=*/rows, /*k=*/in, &alpha,
-                                  weight_dev.data(), CUDA_R_16F, /*lda=*/in, x.data(), CUDA_R_16F, /*ldb=*/in, &beta,
-                                  y_cublas.data(), CUDA_R_16F, /*ldc=*/out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  };
   const auto run_quantized = [&] {
     quantized_matmul(w, as_half(x.data()), rows, as_half(y.data()), workspace, nullptr);
   };
   timing.quantized_ms = llm::cuda::time_cuda(run_quantized, kWarmupRuns, repeats, /*flush_l2=*/true).median_ms;
-  timing.cublas_fp16_ms = llm::cuda::time_cuda(run_cublas, kWarmupRuns, repeats, /*flush_l2=*/true).median_ms;
+  timing.cublas_fp16_ms = time_cublas_fp16(weight, x, rows, in, out, kWarmupRuns, repeats);
   return timing;
 }
 

@@ -11,7 +11,7 @@
 //         precision) and divides the input by the same scales; the scale
 //         exponent is searched on a grid to minimise the layer's output error.
 // Calibration inputs are the rows a layer saw during forwards of the fp32
-// model (llm::LinearInputRecorder): X [rows, in_features] row-major.
+// model (LinearInputRecorder, linear_input_recorder.hpp): X [rows, in_features] row-major.
 #include <span>
 #include <string>
 

@@ -11,6 +11,7 @@
 #include "llm/linear.hpp"
 #include "llm/model.hpp"
 #include "llm/weights.hpp"
+#include "step06_quantization/linear_input_recorder.hpp"
 #include "step06_quantization/quant_algorithms.hpp"
 
 namespace step06 {
@@ -38,7 +39,7 @@ LayerWeights layer_weights(const llm::ModelWeights& weights, const llm::LinearSi
 // model ran them (teacher-forced, one prefill per sequence).
 struct Calibration {
   std::vector<std::vector<int>> sequences;  // [n_sequences][length] token ids, BOS first
-  llm::LinearInputRecorder recorder;        // per site: [rows, in_features]
+  LinearInputRecorder recorder;             // per site: [rows, in_features]
 };
 
 // Samples `n_sequences` sequences of `length` positions from `model` (seeded:

@@ -10,7 +10,7 @@
 
 #include "llm/harness/model_on_device.hpp"
 #include "llm/weights.hpp"
-#include "step05_paged_attention/paged_generation.hpp"
+#include "step05_paged_attention/measure/paged_generation.hpp"
 
 namespace step05::testing {
 

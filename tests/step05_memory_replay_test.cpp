@@ -1,8 +1,9 @@
 // Step 05 (PagedAttention), CPU: the request trace (reproducible, within the
 // context, skewed as documented) and the memory replay (every request
 // finishes under every policy, utilizations are fractions, the contiguous
-// value matches a hand computation, block 1 wastes nothing, preemption
-// recovers, an impossible budget is an InputError).
+// value matches a hand computation, block 1 wastes nothing, a request waits
+// until the whole of it fits and nothing is preempted, an impossible budget
+// is an InputError).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,8 +12,8 @@
 
 #include "llm/config.hpp"
 #include "llm/errors.hpp"
-#include "step05_paged_attention/memory_replay.hpp"
-#include "step05_paged_attention/request_trace.hpp"
+#include "step05_paged_attention/measure/memory_replay.hpp"
+#include "step05_paged_attention/measure/request_trace.hpp"
 #include "test_support.hpp"
 
 namespace step05 {
@@ -122,10 +123,8 @@ TEST(MemoryReplay, EveryPolicyFinishesEveryRequestWithFractionsInRange) {
       EXPECT_EQ(row.context, model.context) << what;
       EXPECT_EQ(row.budget_positions, 8LL * model.context) << what;
       EXPECT_EQ(row.budget_bytes, static_cast<std::size_t>(row.budget_positions) * model.kv_bytes_per_token) << what;
-      if (row.policy == "contiguous") {
-        EXPECT_EQ(row.preemptions, 0) << what;
-        EXPECT_LE(row.peak_sequences, 8) << what;
-      }
+      EXPECT_EQ(row.preemptions, 0) << what;  // admission promises the whole request
+      if (row.policy == "contiguous") EXPECT_LE(row.peak_sequences, 8) << what;
     }
   }
 }
@@ -153,7 +152,7 @@ TEST(MemoryReplay, TheModelsAreThisOneAndTwoLlamas) {
 const std::vector<TraceRequest> kHandTrace = {{0, 2, 3}, {1, 4, 1}, {2, 1, 2}};
 
 TEST(MemoryReplay, ContiguousUtilizationIsTheHandComputedValue) {
-  const MemoryReplayRow row = replay_trace(kHandTrace, dims(10), 2, 0, 0.0);
+  const MemoryReplayRow row = replay_trace(kHandTrace, dims(10), 2, 0);
   EXPECT_EQ(row.iterations, 3);
   EXPECT_DOUBLE_EQ(row.kv_utilization, (8.0 / 20 + 6.0 / 20 + 8.0 / 20) / 3);
   EXPECT_DOUBLE_EQ(row.internal_fragmentation, (12.0 / 20 + 14.0 / 20 + 12.0 / 20) / 3);
@@ -167,14 +166,14 @@ TEST(MemoryReplay, ContiguousUtilizationIsTheHandComputedValue) {
 TEST(MemoryReplay, PagedOnTheHandTrace) {
   // Blocks of 1: all three fit at once. 1: A 3, B 5, C 2 (B done);
   // 2: A 4, C 3 (C done); 3: A 5 (done). Every reserved position is a token.
-  const MemoryReplayRow row = replay_trace(kHandTrace, dims(10), 2, 1, 0.0);
+  const MemoryReplayRow row = replay_trace(kHandTrace, dims(10), 2, 1);
   EXPECT_EQ(row.iterations, 3);
   EXPECT_EQ(row.peak_sequences, 3);
   EXPECT_DOUBLE_EQ(row.mean_sequences, 2.0);
   EXPECT_DOUBLE_EQ(row.kv_utilization, 1.0);
   EXPECT_DOUBLE_EQ(row.budget_utilization, (10.0 / 20 + 7.0 / 20 + 5.0 / 20) / 3);
   // Blocks of 4: A holds 1 block (3 positions), B 2 (5), C 1 (2): 10 of 16.
-  const MemoryReplayRow blocks_of_4 = replay_trace(kHandTrace, dims(10), 2, 4, 0.0);
+  const MemoryReplayRow blocks_of_4 = replay_trace(kHandTrace, dims(10), 2, 4);
   EXPECT_EQ(blocks_of_4.n_blocks, 5);
   EXPECT_EQ(blocks_of_4.peak_sequences, 3);
   // 2: A 4 (1 block), C 3 (1 block): 7 of 8; 3: A 5 (2 blocks): 5 of 8.
@@ -193,17 +192,22 @@ TEST(MemoryReplay, PagedAtBlockOneHasNoInternalFragmentation) {
   }
 }
 
-TEST(MemoryReplay, PreemptionRecomputesAndFinishes) {
-  // Context 8, one sequence of budget (4 blocks of 2). Both requests are
-  // admitted at 2 positions, grow to 4 blocks together, and then the older
-  // one needs a fifth: the newer one is preempted, recomputed after.
+TEST(MemoryReplay, ARequestWaitsUntilTheWholeOfItFits) {
+  // Context 8, one sequence of budget (4 blocks of 2). Each request ends at
+  // 8 positions, all 4 blocks: the second waits until the first has left
+  // (iterations 1-7: the first grows from 2 to 8 positions; 8-14: the
+  // second), though the first holds fewer than 4 blocks for most of its run.
   const std::vector<TraceRequest> trace = {{0, 1, 7}, {1, 1, 7}};
-  const MemoryReplayRow row = replay_trace(trace, dims(8), 1, 2, 0.0);
+  const MemoryReplayRow row = replay_trace(trace, dims(8), 1, 2);
   EXPECT_EQ(row.requests_finished, 2);
-  EXPECT_EQ(row.peak_sequences, 2);
-  EXPECT_GE(row.preemptions, 1);
-  EXPECT_GE(row.recomputed_positions, 4);
-  EXPECT_LE(row.kv_utilization, 1.0);
+  EXPECT_EQ(row.peak_sequences, 1);
+  EXPECT_EQ(row.iterations, 14);
+  EXPECT_EQ(row.preemptions, 0);
+  EXPECT_DOUBLE_EQ(row.mean_sequences, 1.0);
+  // Shorter requests share the pool: ends at 4 + 4 positions fit 4 blocks.
+  const MemoryReplayRow two_short = replay_trace({{0, 1, 3}, {1, 1, 3}}, dims(8), 1, 2);
+  EXPECT_EQ(two_short.peak_sequences, 2);
+  EXPECT_EQ(two_short.iterations, 3);
 }
 
 TEST(MemoryReplay, ABudgetTooSmallForARequestIsAnInputError) {
@@ -211,16 +215,16 @@ TEST(MemoryReplay, ABudgetTooSmallForARequestIsAnInputError) {
   // positions needs two. It could never run; the replay says so.
   const std::vector<TraceRequest> trace = {{0, 10, 10}, {1, 40, 50}};
   try {
-    replay_trace(trace, dims(100), 1, 64, 0.0);
+    replay_trace(trace, dims(100), 1, 64);
     FAIL() << "expected InputError";
   } catch (const llm::InputError& e) {
     const std::string message = e.what();
     EXPECT_TRUE(llm::testing::HasSubstr(message, "request 1 needs 90 positions, 2 blocks of 64"));
     EXPECT_TRUE(llm::testing::HasSubstr(message, "holds only 1 blocks"));
   }
-  EXPECT_THROW(replay_trace(trace, dims(80), 1, 0, 0.0), llm::InputError);   // longer than the context
-  EXPECT_THROW(replay_trace(trace, dims(100), 0, 0, 0.0), llm::InputError);  // no budget
-  EXPECT_THROW(replay_trace(trace, dims(100), 1, 4, -0.5), llm::InputError);
+  EXPECT_THROW(replay_trace(trace, dims(80), 1, 0), llm::InputError);   // longer than the context
+  EXPECT_THROW(replay_trace(trace, dims(100), 0, 0), llm::InputError);  // no budget
+  EXPECT_THROW(replay_trace(trace, dims(100), 1, -4), llm::InputError);  // a negative block size
   MemoryReplayOptions options;
   options.block_sizes = {16, 0};
   EXPECT_THROW(run_memory_replay(dims(512), options), llm::InputError);

@@ -25,9 +25,9 @@
 #include "llm/kv_cache.hpp"
 #include "llm/token_batch.hpp"
 #include "llm/weights.hpp"
-#include "step05_paged_attention/cuda_paged_runner.hpp"
-#include "step05_paged_attention/kernel_overhead.hpp"
-#include "step05_paged_attention/shuffled_kv_pool.hpp"
+#include "step05_paged_attention/measure/cuda_paged_runner.hpp"
+#include "step05_paged_attention/measure/kernel_overhead.hpp"
+#include "step05_paged_attention/measure/shuffled_kv_pool.hpp"
 #include "step05_attention_cases.hpp"
 #include "test_support.hpp"
 

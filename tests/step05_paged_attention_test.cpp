@@ -24,9 +24,9 @@
 #include "llm/token_batch.hpp"
 #include "llm/weights.hpp"
 #include "paged_kv_cache_double.hpp"
-#include "step05_paged_attention/kernel_overhead.hpp"
+#include "step05_paged_attention/measure/kernel_overhead.hpp"
 #include "step05_paged_attention/paged_attention.hpp"
-#include "step05_paged_attention/shuffled_kv_pool.hpp"
+#include "step05_paged_attention/measure/shuffled_kv_pool.hpp"
 #include "step05_attention_cases.hpp"
 #include "test_support.hpp"
 

@@ -11,7 +11,7 @@
 #include "llm/errors.hpp"
 #include "llm/harness/model_on_device.hpp"
 #include "llm/weights.hpp"
-#include "step05_paged_attention/paged_generation.hpp"
+#include "step05_paged_attention/measure/paged_generation.hpp"
 #include "step05_paged_attention/paged_kv_cache.hpp"
 #include "step05_generation_checks.hpp"
 #include "test_support.hpp"

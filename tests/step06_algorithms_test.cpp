@@ -23,6 +23,7 @@
 #include "llm/linear.hpp"
 #include "llm/token_batch.hpp"
 #include "llm/weights.hpp"
+#include "step06_quantization/linear_input_recorder.hpp"
 #include "step06_quantization/quant_algorithms.hpp"
 #include "step06_quantization/quant_format.hpp"
 #include "test_support.hpp"
@@ -84,7 +85,7 @@ class Stories260K : public ::testing::Test {
     const auto path = llm::testing::model_file("stories260K.bin");
     if (!path) return;
     const llm::ModelWeights weights = llm::load_checkpoint(*path);
-    llm::LinearInputRecorder recorder;
+    LinearInputRecorder recorder;
     llm::CpuModelOptions options;
     options.linear_factory = recorder.wrap(llm::dense_linear_factory());
     llm::CpuModel model(weights, options);

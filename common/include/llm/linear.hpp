@@ -29,9 +29,9 @@ class Linear {
   virtual const float* dense_weight() const { return nullptr; }
 };
 
-// Which matrix of the transformer a Linear is: what a factory or a recorder
-// needs to treat layers differently (keep the classifier in fp32, calibrate
-// GPTQ per layer).
+// Which matrix of the transformer a Linear is: what a factory (or step 06's
+// calibration recorder) needs to treat layers differently (keep the
+// classifier in fp32, calibrate GPTQ per layer).
 enum class LinearRole { Query, Key, Value, Output, Gate, Up, Down, Classifier };
 struct LinearSite {
   int layer = -1;  // 0..n_layers-1; -1 for the classifier
@@ -78,25 +78,5 @@ using LinearFactory = std::function<std::unique_ptr<Linear>(const std::vector<fl
                                                             int in_features, const LinearSite& site)>;
 
 LinearFactory dense_linear_factory();
-
-// Observes the inputs of every Linear of a model during its forwards: the
-// calibration data of GPTQ/AWQ (step 06). Wrap the model's factory with
-// wrap(); every Linear it builds appends the rows it is given to inputs(site).
-// The recorder must outlive the model built with it. One thread at a time.
-class LinearInputRecorder {
- public:
-  LinearFactory wrap(LinearFactory inner);
-  // Every row recorded for `site` so far, [rows, in_features] row-major
-  // (empty when the site has not run).
-  std::span<const float> inputs(const LinearSite& site) const;
-  int rows(const LinearSite& site) const;
-  std::vector<LinearSite> sites() const;  // the sites that recorded rows, in order
-  void clear() { inputs_.clear(); }
-
- private:
-  class RecordingLinear;
-  std::map<LinearSite, std::vector<float>> inputs_;  // per site: [recorded rows, in_features]
-  std::map<LinearSite, int> in_features_;            // per site built through wrap()
-};
 
 }  // namespace llm

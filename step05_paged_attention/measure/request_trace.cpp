@@ -1,4 +1,4 @@
-#include "step05_paged_attention/request_trace.hpp"
+#include "step05_paged_attention/measure/request_trace.hpp"
 
 #include <fmt/format.h>
 

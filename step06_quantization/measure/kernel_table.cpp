@@ -1,4 +1,4 @@
-#include "step06_quantization/kernel_table.hpp"
+#include "step06_quantization/measure/kernel_table.hpp"
 
 #include <fmt/format.h>
 
@@ -11,11 +11,11 @@
 #include "llm/harness/timer.hpp"
 #include "llm/linear.hpp"
 #include "llm/harness/cpu_cache_flush.hpp"
-#include "step06_quantization/cpu_bandwidth.hpp"
+#include "step06_quantization/measure/cpu_bandwidth.hpp"
 #include "step06_quantization/cpu_quantized_linear.hpp"
 #include "step06_quantization/cuda_quantized_kernels.hpp"
 #include "step06_quantization/quant_algorithms.hpp"
-#include "step06_quantization/weight_formats.hpp"
+#include "step06_quantization/measure/weight_formats.hpp"
 
 namespace step06 {
 

@@ -1,4 +1,4 @@
-#include "step05_paged_attention/paged_generation.hpp"
+#include "step05_paged_attention/measure/paged_generation.hpp"
 
 #include <fmt/format.h>
 
@@ -10,7 +10,7 @@
 #include "llm/sampler.hpp"
 #include "llm/tokenizer.hpp"
 #include "step01_kv_cache/generation.hpp"
-#include "step05_paged_attention/cuda_paged_runner.hpp"
+#include "step05_paged_attention/measure/cuda_paged_runner.hpp"
 #include "step05_paged_attention/paged_attention.hpp"
 #include "step05_paged_attention/paged_kv_cache.hpp"
 

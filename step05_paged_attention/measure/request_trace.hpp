@@ -17,7 +17,8 @@
 //   output = clamp(round(context * output_median_fraction * exp(output_sigma * z2)), 1, context - prompt)
 // with z1, z2 independent standard normals. With the defaults (medians 5%
 // and 10% of the context, sigma 1: means about 8% and 15%) the mean request
-// ends at 23% of the context on the default seed (summarize_lengths says).
+// ends near a quarter of the context (summarize_lengths reports it per run;
+// tests/step05_memory_replay_test.cpp keeps it within 20-35%).
 #include <cstdint>
 #include <vector>
 

@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "llm/harness/results.hpp"
-#include "step05_paged_attention/kernel_overhead.hpp"
-#include "step05_paged_attention/memory_replay.hpp"
-#include "step05_paged_attention/paged_generation.hpp"
-#include "step05_paged_attention/prefix_sharing.hpp"
+#include "step05_paged_attention/measure/kernel_overhead.hpp"
+#include "step05_paged_attention/measure/memory_replay.hpp"
+#include "step05_paged_attention/measure/paged_generation.hpp"
+#include "step05_paged_attention/measure/prefix_sharing.hpp"
 
 namespace step05 {
 

@@ -1,7 +1,7 @@
 // A build without CUDA: the CUDA entry points exist (so the step's code has
 // no #ifdefs) but every call says that nothing can run them.
 #include "llm/errors.hpp"
-#include "step05_paged_attention/cuda_paged_runner.hpp"
+#include "step05_paged_attention/measure/cuda_paged_runner.hpp"
 
 namespace step05 {
 namespace {

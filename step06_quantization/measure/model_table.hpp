@@ -18,7 +18,7 @@
 #include "llm/quality.hpp"
 #include "llm/weights.hpp"
 #include "step06_quantization/quantized_layers.hpp"
-#include "step06_quantization/weight_formats.hpp"
+#include "step06_quantization/measure/weight_formats.hpp"
 
 namespace step06 {
 

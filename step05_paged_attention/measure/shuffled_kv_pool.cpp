@@ -1,4 +1,4 @@
-#include "step05_paged_attention/shuffled_kv_pool.hpp"
+#include "step05_paged_attention/measure/shuffled_kv_pool.hpp"
 
 #include <algorithm>
 #include <numeric>

@@ -24,7 +24,7 @@
 #include "step06_quantization/cpu_quantized_linear.hpp"
 #include "step06_quantization/quant_algorithms.hpp"
 #include "step06_quantization/quantized_layers.hpp"
-#include "step06_quantization/weight_formats.hpp"
+#include "step06_quantization/measure/weight_formats.hpp"
 
 namespace {
 

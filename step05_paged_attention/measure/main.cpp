@@ -25,11 +25,11 @@
 #include "llm/harness/model_on_device.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
-#include "step05_paged_attention/kernel_overhead.hpp"
-#include "step05_paged_attention/memory_replay.hpp"
-#include "step05_paged_attention/paged_generation.hpp"
-#include "step05_paged_attention/prefix_sharing.hpp"
-#include "step05_paged_attention/report.hpp"
+#include "step05_paged_attention/measure/kernel_overhead.hpp"
+#include "step05_paged_attention/measure/memory_replay.hpp"
+#include "step05_paged_attention/measure/paged_generation.hpp"
+#include "step05_paged_attention/measure/prefix_sharing.hpp"
+#include "step05_paged_attention/measure/report.hpp"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <map>
 
 #include "llm/harness/result_rows.hpp"
-#include "step05_paged_attention/report.hpp"
+#include "step05_paged_attention/measure/report.hpp"
 
 namespace step05 {
 

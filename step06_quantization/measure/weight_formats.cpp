@@ -1,4 +1,4 @@
-#include "step06_quantization/weight_formats.hpp"
+#include "step06_quantization/measure/weight_formats.hpp"
 
 #include <fmt/format.h>
 

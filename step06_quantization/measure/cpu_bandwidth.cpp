@@ -1,4 +1,4 @@
-#include "step06_quantization/cpu_bandwidth.hpp"
+#include "step06_quantization/measure/cpu_bandwidth.hpp"
 
 #include <algorithm>
 #include <cstdint>

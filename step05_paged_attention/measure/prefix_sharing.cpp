@@ -1,11 +1,11 @@
-#include "step05_paged_attention/prefix_sharing.hpp"
+#include "step05_paged_attention/measure/prefix_sharing.hpp"
 
 #include <algorithm>
 #include <random>
 
 #include "llm/errors.hpp"
 #include "llm/tokenizer.hpp"
-#include "step05_paged_attention/paged_generation.hpp"
+#include "step05_paged_attention/measure/paged_generation.hpp"
 #include "step05_paged_attention/paged_kv_cache.hpp"
 
 namespace step05 {

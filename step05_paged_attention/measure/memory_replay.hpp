@@ -4,39 +4,25 @@
 // max-length reservations or with paged blocks. Bookkeeping only (no model,
 // no K/V): lengths and reservations, iteration by iteration.
 //
-// The serving loop. Every request arrives at time 0 (offline) and waits in a
-// FCFS queue. One iteration = one forward of the batch:
-//   1. every running sequence grows by one position (the K/V of the token it
-//      generated last), oldest first;
-//   2. waiting requests are admitted in order while they fit; an admitted
-//      sequence holds its prompt's positions plus the first generated one
-//      (its prefill produced that token);
-//   3. the iteration is measured;
-//   4. sequences that have generated all their output tokens leave.
-// Policies:
-//   contiguous  budget_sequences slots of `context` positions each; a request
-//               is admitted when a slot is free and holds it to the end.
-//   paged B     a step05::BlockManager of budget_positions / B blocks of B
-//               positions; a request is admitted when the available blocks
-//               cover prompt + 1 positions plus a watermark (below); a
-//               sequence takes a new block when it crosses a block boundary.
-//               When one cannot (the pool is empty), the NEWEST running
-//               sequence is preempted: its blocks are freed, it goes back to
-//               the front of the queue and, readmitted, recomputes its K/V
-//               from its prompt and the tokens it had generated (they are
-//               kept, as in the PagedAttention paper's recomputation).
-//               No request is admitted in an iteration that preempted (it
-//               would take back the blocks just freed).
-// The watermark (as vLLM's scheduler: 1% of the blocks by default) keeps a
-// few blocks free at admission so that the running sequences can still grow
-// the next iterations instead of being preempted at once. It does not apply
-// when nothing runs: a request that fits alone is always admitted.
+// The simplest serving loop that measures memory: every request arrives at
+// time 0 and waits in a FCFS queue. One iteration = one forward:
+//   1. every running sequence grows by one position;
+//   2. waiting requests are admitted in order while the WHOLE request (prompt
+//      + output, known from the trace) fits; an admitted sequence holds its
+//      prompt plus the first generated token (its prefill made it);
+//   3. the iteration is measured;  4. finished sequences leave.
+// contiguous: budget_sequences slots of `context` positions, one per request.
+// paged B: a step05::BlockManager of budget_positions / B blocks; admission
+// promises a request the blocks of its final length, and it takes each block
+// when it reaches it. No preemption is ever needed. Admission and preemption
+// policy (a server does not know output lengths) is step 07's subject; these
+// rows measure what paging does to memory (docs/05_paged_attention.md, 9.1).
 #include <cstddef>
 #include <string>
 #include <vector>
 
 #include "llm/config.hpp"
-#include "step05_paged_attention/request_trace.hpp"
+#include "step05_paged_attention/measure/request_trace.hpp"
 
 namespace step05 {
 
@@ -61,8 +47,6 @@ struct MemoryReplayOptions {
   int budget_sequences = 8;
   std::vector<int> block_sizes = {8, 16, 32, 64};
   TraceOptions trace;  // its context is replaced by each model's
-  // Blocks kept free at admission, as a fraction of the pool (vLLM's default).
-  double admission_watermark = 0.01;
 };
 
 struct MemoryReplayRow {
@@ -83,8 +67,7 @@ struct MemoryReplayRow {
   int peak_sequences = 0;              // most sequences running in one iteration
   double mean_sequences = 0;           // running sequences, mean over iterations
   long long iterations = 0;            // to finish the whole trace
-  long long preemptions = 0;           // paged: sequences preempted (and recomputed later)
-  long long recomputed_positions = 0;  // paged: positions the preempted sequences held (their prefill again)
+  long long preemptions = 0;           // always 0: this replay never preempts (step 07's scheduler does)
   int requests = 0;                    // in the trace
   int requests_finished = 0;           // == requests when the replay ends
   double replay_ms = 0;                // wall time of this replay (bookkeeping only: milliseconds)
@@ -92,9 +75,9 @@ struct MemoryReplayRow {
 
 // Replays make_request_trace(options.trace with context = model.context)
 // under contiguous reservation, then paged at each block size. Throws
-// llm::InputError for budget_sequences < 1, a block size < 1, a negative
-// watermark, or a request that cannot fit the budget alone under a policy
-// (it could never run: the replay says so instead of looping).
+// llm::InputError for budget_sequences < 1, a block size < 1, or a request
+// that cannot fit the budget alone under a policy (it could never run: the
+// replay says so instead of waiting forever).
 std::vector<MemoryReplayRow> run_memory_replay(const ModelDims& model, const MemoryReplayOptions& options);
 // The same replays of a trace the caller made (and may summarize).
 std::vector<MemoryReplayRow> replay_policies(const std::vector<TraceRequest>& trace, const ModelDims& model,
@@ -103,7 +86,7 @@ std::vector<MemoryReplayRow> replay_policies(const std::vector<TraceRequest>& tr
 // The replay of one trace under one policy (block_size 0: contiguous).
 // run_memory_replay's building block, for tests and hand-made traces.
 MemoryReplayRow replay_trace(const std::vector<TraceRequest>& trace, const ModelDims& model, int budget_sequences,
-                             int block_size, double admission_watermark);
+                             int block_size);
 
 // The step's targets, checked on one model's rows: paged at block 16 keeps
 // >= 90% of its reserved KV memory holding real tokens, and runs >= 2x the

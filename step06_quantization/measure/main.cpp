@@ -26,10 +26,10 @@
 #include "llm/harness/model_on_device.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
-#include "step06_quantization/kernel_table.hpp"
-#include "step06_quantization/model_table.hpp"
-#include "step06_quantization/report.hpp"
-#include "step06_quantization/weight_formats.hpp"
+#include "step06_quantization/measure/kernel_table.hpp"
+#include "step06_quantization/measure/model_table.hpp"
+#include "step06_quantization/measure/report.hpp"
+#include "step06_quantization/measure/weight_formats.hpp"
 
 namespace {
 
@@ -211,7 +211,7 @@ Plan plan_from(const Step06Options& options, const llm::LoadedModel& loaded, con
   plan.this_model.seed = options.common.seed;
 
   // The small preset: the dims of stories15M, larger than the caches, where
-  // decode is memory-bound. Speed only; fewer positions (a token costs ~2 ms in fp32).
+  // decode is memory-bound. Speed only, on fewer positions (its tokens are the slowest of the run).
   plan.small_speed = plan.this_model;
   plan.small_speed.quality = false;
   plan.small_speed.prompt = {1};  // BOS

@@ -1,4 +1,4 @@
-#include "step05_paged_attention/kernel_overhead.hpp"
+#include "step05_paged_attention/measure/kernel_overhead.hpp"
 
 #include <fmt/format.h>
 
@@ -12,9 +12,9 @@
 #include "llm/kv_cache.hpp"
 #include "llm/harness/cpu_cache_flush.hpp"
 #include "llm/harness/random_fill.hpp"
-#include "step05_paged_attention/cuda_paged_runner.hpp"
+#include "step05_paged_attention/measure/cuda_paged_runner.hpp"
 #include "step05_paged_attention/paged_attention.hpp"
-#include "step05_paged_attention/shuffled_kv_pool.hpp"
+#include "step05_paged_attention/measure/shuffled_kv_pool.hpp"
 
 namespace step05 {
 namespace {

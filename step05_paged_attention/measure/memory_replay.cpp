@@ -1,4 +1,4 @@
-#include "step05_paged_attention/memory_replay.hpp"
+#include "step05_paged_attention/measure/memory_replay.hpp"
 
 #include <fmt/format.h>
 
@@ -17,9 +17,10 @@ namespace {
 
 // A request that is running: what it holds and how far it has come.
 struct RunningSequence {
-  int request = 0;  // index into the trace
-  int slot = 0;     // contiguous: its slot; paged: its block-manager sequence id
-  int length = 0;   // positions holding K/V
+  int request = 0;       // index into the trace
+  int slot = 0;          // contiguous: its slot; paged: its block-manager sequence id
+  int length = 0;        // positions holding K/V
+  int final_length = 0;  // prompt + output: where it ends
 };
 
 // Where a policy keeps sequences: admission, growth, release, and what it
@@ -27,12 +28,12 @@ struct RunningSequence {
 class Reservations {
  public:
   virtual ~Reservations() = default;
-  // A slot for a sequence of `length` positions, or -1 when it does not fit
-  // now. `alone`: nothing else runs (the watermark does not apply).
-  virtual int admit(int length, bool alone) = 0;
-  // Room for position `length` (the sequence grows to length + 1); false
-  // when there is none (the caller preempts and tries again).
-  virtual bool grow(const RunningSequence& sequence) = 0;
+  // A slot for a sequence that holds `length` positions now and will end at
+  // `final_length`, or -1 when the whole of it does not fit now.
+  virtual int admit(int length, int final_length) = 0;
+  // Room for position `length` (the sequence grows to length + 1). Never
+  // fails: admission promised the final length.
+  virtual void grow(const RunningSequence& sequence) = 0;
   virtual void release(const RunningSequence& sequence) = 0;
   virtual long long reserved_positions() const = 0;
 };
@@ -42,14 +43,14 @@ class ContiguousReservations final : public Reservations {
   ContiguousReservations(int slots, int context) : context_(context) {
     for (int slot = slots - 1; slot >= 0; --slot) free_slots_.push_back(slot);
   }
-  int admit(int, bool) override {
+  int admit(int, int) override {  // every request fits a slot (checked before the replay)
     if (free_slots_.empty()) return -1;
     const int slot = free_slots_.back();
     free_slots_.pop_back();
     ++running_;
     return slot;
   }
-  bool grow(const RunningSequence&) override { return true; }  // the slot already spans the context
+  void grow(const RunningSequence&) override {}  // the slot already spans the context
   void release(const RunningSequence& sequence) override {
     free_slots_.push_back(sequence.slot);
     --running_;
@@ -66,29 +67,27 @@ class PagedReservations final : public Reservations {
  public:
   // One block-manager sequence id per running sequence: never more than
   // n_blocks run (each holds a block), nor more than the trace's requests.
-  PagedReservations(int n_blocks, int block_size, int context, int n_requests, double watermark)
-      : manager_(n_blocks, block_size, std::min(n_blocks, n_requests), (context + block_size - 1) / block_size),
-        watermark_blocks_(static_cast<int>(std::min(watermark, 1.0) * n_blocks)) {
+  PagedReservations(int n_blocks, int block_size, int context, int n_requests)
+      : manager_(n_blocks, block_size, std::min(n_blocks, n_requests), (context + block_size - 1) / block_size) {
     for (int id = manager_.max_sequences() - 1; id >= 0; --id) free_ids_.push_back(id);
   }
-  int admit(int length, bool alone) override {
-    const int needed = manager_.blocks_for(length) + (alone ? 0 : watermark_blocks_);
-    if (free_ids_.empty() || needed > manager_.available_blocks()) return -1;
+  int admit(int length, int final_length) override {
+    const int promise = manager_.blocks_for(final_length);
+    if (free_ids_.empty() || promised_blocks_ + promise > manager_.n_blocks()) return -1;
     const int id = free_ids_.back();
     free_ids_.pop_back();
-    manager_.reserve(id, 0, length);
+    promised_blocks_ += promise;
+    manager_.reserve(id, 0, length);  // the blocks written now; the rest as the sequence grows
     return id;
   }
-  bool grow(const RunningSequence& sequence) override {
-    // Checked here rather than by catching KvCacheFullError: running out is
-    // the normal signal to preempt, not an error.
-    if (manager_.blocks_for(sequence.length + 1) <= manager_.blocks_held(sequence.slot)) return true;
-    if (manager_.available_blocks() == 0) return false;
-    manager_.reserve(sequence.slot, sequence.length, sequence.length + 1);
-    return true;
+  void grow(const RunningSequence& sequence) override {
+    // A new block only at a block boundary; the promise leaves one free.
+    if (manager_.blocks_for(sequence.length + 1) > manager_.blocks_held(sequence.slot))
+      manager_.reserve(sequence.slot, sequence.length, sequence.length + 1);
   }
   void release(const RunningSequence& sequence) override {
     manager_.free_sequence(sequence.slot);
+    promised_blocks_ -= manager_.blocks_for(sequence.final_length);
     free_ids_.push_back(sequence.slot);
   }
   long long reserved_positions() const override {
@@ -97,7 +96,7 @@ class PagedReservations final : public Reservations {
 
  private:
   BlockManager manager_;
-  int watermark_blocks_;
+  int promised_blocks_ = 0;    // the final lengths of the running sequences, in blocks (<= n_blocks)
   std::vector<int> free_ids_;  // a stack of unused block-manager sequence ids
 };
 
@@ -123,21 +122,23 @@ std::vector<ModelDims> memory_replay_models(const std::string& this_model_name, 
   return models;
 }
 
-MemoryReplayRow replay_trace(const std::vector<TraceRequest>& trace, const ModelDims& model, int budget_sequences,
-                             int block_size, double admission_watermark) {
-  const llm::Stopwatch watch;
-  const bool paged = block_size > 0;
-  if (budget_sequences < 1 || block_size < 0 || !(admission_watermark >= 0.0) || model.context < 1)
-    throw llm::InputError(fmt::format(
-        "memory replay: budget of {} sequences, block size {}, watermark {}, context {}: needs >= 1 sequence, a block "
-        "size >= 1 (0: contiguous), a watermark >= 0 and a context >= 1",
-        budget_sequences, block_size, admission_watermark, model.context));
+namespace {
+
+// Throws llm::InputError for a budget, block size or context out of range,
+// and for a request that could never run: longer than the context, or (paged)
+// needing more blocks than the whole budget.
+void check_replay(const std::vector<TraceRequest>& trace, const ModelDims& model, int budget_sequences,
+                  int block_size) {
+  if (budget_sequences < 1 || block_size < 0 || model.context < 1)
+    throw llm::InputError(
+        fmt::format("memory replay: budget of {} sequences, block size {}, context {}: needs >= 1 sequence, a block "
+                    "size >= 1 (0: contiguous) and a context >= 1",
+                    budget_sequences, block_size, model.context));
   const long long budget_positions = static_cast<long long>(budget_sequences) * model.context;
-  if (paged && budget_positions / block_size > (1 << 30))
+  if (block_size > 0 && budget_positions / block_size > (1 << 30))
     throw llm::InputError(
         fmt::format("memory replay: {} positions in blocks of {} is too many blocks", budget_positions, block_size));
-  const int n_blocks = paged ? static_cast<int>(budget_positions / block_size) : budget_sequences;
-  // Every request must fit alone, or the replay would preempt it forever.
+  const long long n_blocks = block_size > 0 ? budget_positions / block_size : 0;
   for (const TraceRequest& request : trace) {
     const long long total = request.total_length();
     if (request.prompt_length < 1 || request.output_length < 1 || total > model.context)
@@ -145,103 +146,107 @@ MemoryReplayRow replay_trace(const std::vector<TraceRequest>& trace, const Model
           fmt::format("memory replay: request {} ({} prompt + {} output positions) does not fit "
                       "the context of {} ({})",
                       request.id, request.prompt_length, request.output_length, model.context, model.name));
-    if (paged && (total + block_size - 1) / block_size > n_blocks)
+    if (block_size > 0 && (total + block_size - 1) / block_size > n_blocks)
       throw llm::InputError(fmt::format(
           "memory replay: request {} needs {} positions, {} blocks of {}, but the budget of {} positions holds only {} "
           "blocks: raise the budget or lower the block size",
           request.id, total, (total + block_size - 1) / block_size, block_size, budget_positions, n_blocks));
   }
+}
 
-  std::unique_ptr<Reservations> reservations;
-  if (paged)
-    reservations = std::make_unique<PagedReservations>(n_blocks, block_size, model.context,
-                                                       static_cast<int>(std::max<std::size_t>(trace.size(), 1)),
-                                                       admission_watermark);
-  else
-    reservations = std::make_unique<ContiguousReservations>(budget_sequences, model.context);
-
+// The row's description: everything but what the replay measures.
+MemoryReplayRow describe_replay(const std::vector<TraceRequest>& trace, const ModelDims& model, int budget_sequences,
+                                int block_size) {
   MemoryReplayRow row;
   row.model = model.name;
   row.context = model.context;
-  row.policy = paged ? "paged" : "contiguous";
+  row.policy = block_size > 0 ? "paged" : "contiguous";
   row.block_size = block_size;
-  row.n_blocks = n_blocks;
-  row.budget_positions = budget_positions;
+  row.budget_positions = static_cast<long long>(budget_sequences) * model.context;
+  row.n_blocks = block_size > 0 ? static_cast<int>(row.budget_positions / block_size) : budget_sequences;
   row.kv_bytes_per_token = model.kv_bytes_per_token;
-  row.budget_bytes = static_cast<std::size_t>(budget_positions) * model.kv_bytes_per_token;
+  row.budget_bytes = static_cast<std::size_t>(row.budget_positions) * model.kv_bytes_per_token;
   row.requests = static_cast<int>(trace.size());
+  return row;
+}
 
-  std::vector<int> generated(trace.size(), 0);  // [requests] output tokens so far (kept across a preemption)
-  std::deque<int> waiting;                      // requests not running, in service order
-  for (std::size_t i = 0; i < trace.size(); ++i) waiting.push_back(static_cast<int>(i));
-  std::vector<RunningSequence> running;  // in admission order: oldest first, newest last
-  double utilization_sum = 0, fragmentation_sum = 0, budget_sum = 0, sequences_sum = 0;
+// Sums over the iterations, turned into the row's means at the end.
+struct ReplaySums {
+  double utilization = 0, fragmentation = 0, budget = 0, sequences = 0;
   long long measured_iterations = 0;  // iterations with something reserved (all, in practice)
 
+  void add(const std::vector<RunningSequence>& running, long long reserved, long long budget_positions) {
+    long long tokens = 0;
+    for (const RunningSequence& sequence : running) tokens += sequence.length;
+    if (reserved > 0) {
+      utilization += static_cast<double>(tokens) / static_cast<double>(reserved);
+      fragmentation += static_cast<double>(reserved - tokens) / static_cast<double>(reserved);
+      ++measured_iterations;
+    }
+    budget += static_cast<double>(tokens) / static_cast<double>(budget_positions);
+    sequences += static_cast<double>(running.size());
+  }
+  void write_means(MemoryReplayRow& row) const {
+    if (measured_iterations > 0) {
+      row.kv_utilization = utilization / static_cast<double>(measured_iterations);
+      row.internal_fragmentation = fragmentation / static_cast<double>(measured_iterations);
+    }
+    if (row.iterations > 0) {
+      row.budget_utilization = budget / static_cast<double>(row.iterations);
+      row.mean_sequences = sequences / static_cast<double>(row.iterations);
+    }
+  }
+};
+
+}  // namespace
+
+MemoryReplayRow replay_trace(const std::vector<TraceRequest>& trace, const ModelDims& model, int budget_sequences,
+                             int block_size) {
+  const llm::Stopwatch watch;
+  check_replay(trace, model, budget_sequences, block_size);
+  MemoryReplayRow row = describe_replay(trace, model, budget_sequences, block_size);
+  std::unique_ptr<Reservations> reservations;
+  if (block_size > 0)
+    reservations = std::make_unique<PagedReservations>(row.n_blocks, block_size, model.context,
+                                                       static_cast<int>(std::max<std::size_t>(trace.size(), 1)));
+  else
+    reservations = std::make_unique<ContiguousReservations>(budget_sequences, model.context);
+
+  std::deque<int> waiting;  // requests not yet admitted, in arrival order
+  for (std::size_t i = 0; i < trace.size(); ++i) waiting.push_back(static_cast<int>(i));
+  std::vector<RunningSequence> running;  // in admission order
+  ReplaySums sums;
   while (!waiting.empty() || !running.empty()) {
     ++row.iterations;
     // 1. Decode: every running sequence grows by one position.
-    bool preempted = false;
-    for (std::size_t i = 0; i < running.size(); ++i) {
-      while (!reservations->grow(running[i])) {
-        // Preempt the newest (it may be this very sequence).
-        const RunningSequence victim = running.back();
-        reservations->release(victim);
-        waiting.push_front(victim.request);
-        running.pop_back();
-        ++row.preemptions;
-        row.recomputed_positions += victim.length;
-        preempted = true;
-        if (i == running.size()) break;
-      }
-      if (i == running.size()) break;
-      ++running[i].length;
-      ++generated[static_cast<std::size_t>(running[i].request)];
+    for (RunningSequence& sequence : running) {
+      reservations->grow(sequence);
+      ++sequence.length;
     }
     // 2. Admission, first come first served (the front only: no overtaking).
-    while (!preempted && !waiting.empty()) {
-      const int request = waiting.front();
-      // Its prefill recomputes the prompt and any tokens generated before a
-      // preemption, and produces one more.
-      const int length =
-          trace[static_cast<std::size_t>(request)].prompt_length + generated[static_cast<std::size_t>(request)] + 1;
-      const int slot = reservations->admit(length, running.empty());
+    // The prefill holds the prompt and produces the first output token.
+    while (!waiting.empty()) {
+      const TraceRequest& request = trace[static_cast<std::size_t>(waiting.front())];
+      const int length = request.prompt_length + 1;
+      const int slot = reservations->admit(length, request.total_length());
       if (slot < 0) break;
+      running.push_back({waiting.front(), slot, length, request.total_length()});
       waiting.pop_front();
-      ++generated[static_cast<std::size_t>(request)];
-      running.push_back({request, slot, length});
     }
     if (running.empty())  // cannot happen when every request fits alone (checked above)
       throw std::logic_error(fmt::format("memory replay: nothing runs at iteration {}", row.iterations));
     // 3. Measure.
-    long long tokens = 0;
-    for (const RunningSequence& sequence : running) tokens += sequence.length;
-    const long long reserved = reservations->reserved_positions();
-    if (reserved > 0) {
-      utilization_sum += static_cast<double>(tokens) / static_cast<double>(reserved);
-      fragmentation_sum += static_cast<double>(reserved - tokens) / static_cast<double>(reserved);
-      ++measured_iterations;
-    }
-    budget_sum += static_cast<double>(tokens) / static_cast<double>(budget_positions);
-    sequences_sum += static_cast<double>(running.size());
+    sums.add(running, reservations->reserved_positions(), row.budget_positions);
     row.peak_sequences = std::max(row.peak_sequences, static_cast<int>(running.size()));
-    // 4. Finished sequences leave.
+    // 4. Finished sequences leave (length p + n: all n output tokens generated).
     std::erase_if(running, [&](const RunningSequence& sequence) {
-      const TraceRequest& request = trace[static_cast<std::size_t>(sequence.request)];
-      if (generated[static_cast<std::size_t>(sequence.request)] < request.output_length) return false;
+      if (sequence.length < sequence.final_length) return false;
       reservations->release(sequence);
       ++row.requests_finished;
       return true;
     });
   }
-  if (measured_iterations > 0) {
-    row.kv_utilization = utilization_sum / static_cast<double>(measured_iterations);
-    row.internal_fragmentation = fragmentation_sum / static_cast<double>(measured_iterations);
-  }
-  if (row.iterations > 0) {
-    row.budget_utilization = budget_sum / static_cast<double>(row.iterations);
-    row.mean_sequences = sequences_sum / static_cast<double>(row.iterations);
-  }
+  sums.write_means(row);
   row.replay_ms = watch.elapsed_ms();
   return row;
 }
@@ -258,9 +263,9 @@ std::vector<MemoryReplayRow> replay_policies(const std::vector<TraceRequest>& tr
     if (block_size < 1)
       throw llm::InputError(fmt::format("memory replay: block size {} (block sizes must be >= 1)", block_size));
   std::vector<MemoryReplayRow> rows;
-  rows.push_back(replay_trace(trace, model, options.budget_sequences, 0, options.admission_watermark));
+  rows.push_back(replay_trace(trace, model, options.budget_sequences, 0));
   for (const int block_size : options.block_sizes)
-    rows.push_back(replay_trace(trace, model, options.budget_sequences, block_size, options.admission_watermark));
+    rows.push_back(replay_trace(trace, model, options.budget_sequences, block_size));
   return rows;
 }
 

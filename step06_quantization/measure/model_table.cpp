@@ -1,4 +1,4 @@
-#include "step06_quantization/model_table.hpp"
+#include "step06_quantization/measure/model_table.hpp"
 
 #include <fmt/format.h>
 
@@ -14,7 +14,7 @@
 #include "llm/sampler.hpp"
 #include "llm/token_batch.hpp"
 #include "step05_paged_attention/paged_kv_cache.hpp"
-#include "step06_quantization/weight_formats.hpp"
+#include "step06_quantization/measure/weight_formats.hpp"
 
 namespace step06 {
 

@@ -20,9 +20,9 @@
 #include "llm/kv_cache.hpp"
 #include "llm/harness/random_fill.hpp"
 #include "step05_paged_attention/block_manager.hpp"
-#include "step05_paged_attention/memory_replay.hpp"
+#include "step05_paged_attention/measure/memory_replay.hpp"
 #include "step05_paged_attention/paged_attention.hpp"
-#include "step05_paged_attention/shuffled_kv_pool.hpp"
+#include "step05_paged_attention/measure/shuffled_kv_pool.hpp"
 
 namespace {
 
@@ -93,7 +93,7 @@ void memory_replay(benchmark::State& state) {
   trace.context = model.context;
   const auto requests = step05::make_request_trace(trace);
   const int block_size = static_cast<int>(state.range(0));
-  for (auto _ : state) benchmark::DoNotOptimize(step05::replay_trace(requests, model, 8, block_size, 0.01));
+  for (auto _ : state) benchmark::DoNotOptimize(step05::replay_trace(requests, model, 8, block_size));
 }
 
 void register_benchmarks() {

@@ -19,7 +19,7 @@
 #include "llm/cuda/device_buffer.hpp"
 #include "llm/errors.hpp"
 #include "step05_paged_attention/cuda_paged_attention.hpp"
-#include "step05_paged_attention/cuda_paged_runner.hpp"
+#include "step05_paged_attention/measure/cuda_paged_runner.hpp"
 
 namespace step05 {
 

@@ -6,7 +6,7 @@
 #include <map>
 
 #include "llm/harness/result_rows.hpp"
-#include "step05_paged_attention/report.hpp"
+#include "step05_paged_attention/measure/report.hpp"
 
 namespace step05 {
 namespace {
@@ -105,15 +105,15 @@ void print_memory(const std::vector<ModelMemoryReplay>& replays, int budget_sequ
       fmt::print("  {:<41}{:>6.0f} {:>6.0f} {:>6.0f} {:>6.0f} {:>6.0f} {:>7.1f}\n", name, stats->min, stats->p50,
                  stats->p90, stats->p99, stats->max, stats->mean);
     fmt::print("  a request ends at {:.1f}% of the context on average\n", 100.0 * s.mean_total_fraction);
-    fmt::print("  {:<15} {:>9} {:>13} {:>10} {:>10} {:>10} {:>11} {:>10} {:>11}\n", "policy", "KV util",
-               "last-blk waste", "budget", "peak seqs", "mean seqs", "vs contig.", "iterations", "preemptions");
+    fmt::print("  {:<15} {:>9} {:>13} {:>10} {:>10} {:>10} {:>11} {:>10}\n", "policy", "KV util",
+               "last-blk waste", "budget", "peak seqs", "mean seqs", "vs contig.", "iterations");
     for (const auto& r : replay.rows) {
       const MemoryReplayRow& contiguous = contiguous_row_of(replay.rows, r);
-      fmt::print("  {:<15} {:>8.1f}% {:>12.1f}% {:>9.1f}% {:>10} {:>10.1f} {:>10.2f}x {:>10} {:>11}\n", policy_label(r),
+      fmt::print("  {:<15} {:>8.1f}% {:>12.1f}% {:>9.1f}% {:>10} {:>10.1f} {:>10.2f}x {:>10}\n", policy_label(r),
                  100.0 * r.kv_utilization, 100.0 * r.internal_fragmentation, 100.0 * r.budget_utilization,
-                 r.peak_sequences, r.mean_sequences, r.mean_sequences / contiguous.mean_sequences, r.iterations,
-                 r.preemptions);
+                 r.peak_sequences, r.mean_sequences, r.mean_sequences / contiguous.mean_sequences, r.iterations);
     }
+    fmt::print("  admission: first come first served, while the whole request fits; no preemption (step 07's subject)\n");
     fmt::print("  vs contig. = mean seqs / contiguous reservation's mean seqs, same model and budget\n");
     const MemoryReplayTargets t = check_memory_replay_targets(replay.rows);
     fmt::print("  target, paged B={}: >= {:.0f}% of reserved KV holding tokens: {:.1f}% ({}); >= {:.0f}x the "

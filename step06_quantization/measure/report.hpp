@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "llm/harness/results.hpp"
-#include "step06_quantization/kernel_table.hpp"
-#include "step06_quantization/model_table.hpp"
+#include "step06_quantization/measure/kernel_table.hpp"
+#include "step06_quantization/measure/model_table.hpp"
 
 namespace step06 {
 

@@ -1,4 +1,4 @@
-#include "step06_quantization/report.hpp"
+#include "step06_quantization/measure/report.hpp"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <optional>
 #include <set>
 
-#include "step06_quantization/weight_formats.hpp"
+#include "step06_quantization/measure/weight_formats.hpp"
 
 namespace step06 {
 
