@@ -10,11 +10,17 @@
 //     every token, the iteration records count decode and prefill rows.
 //   Errors: each bad request or option is an InputError that changes
 //     nothing; cancel frees a waiting or running request's blocks.
+//   Prefix caching: greedy tokens identical with the cache on and off under
+//     every policy (shared system prompts, preemption, chunked prefill); the
+//     hit counters of a hand-made pair of requests; cancelling and preempting
+//     requests that share blocks keeps the block manager consistent and
+//     leaks nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -30,6 +36,7 @@
 #include "step05_paged_attention/measure/paged_generation.hpp"
 #include "step07_batching/engine.hpp"
 #include "step07_batching/policies.hpp"
+#include "step07_batching/measure/prefix_caching.hpp"
 #include "step07_batching/measure/replay.hpp"
 #include "step07_batching/serving_clock.hpp"
 #include "step07_batching/measure/workload.hpp"
@@ -506,6 +513,118 @@ TEST(Step07Engine, CancelFreesEveryBlock) {
       EXPECT_EQ(record.generated, expected);
     }
   }
+}
+
+// ---------------------------------------------------------------------------
+// Prefix caching.
+
+// The trace behind a shared system prompt of half the context.
+std::vector<Request> shared_system_workload(const llm::ModelConfig& config, int n_requests, std::uint64_t seed) {
+  const PromptSource prompts(nullptr, config.vocab_size, seed);
+  return with_system_prompt(small_workload(config, n_requests, seed), PrefixCachingOptions{}, prompts, config.seq_len);
+}
+
+// Every policy, the cache off then on, in a pool of one full context: the
+// same tokens as alone; with the cache on, blocks are hit and requests are
+// preempted (so a recompute meets its own published blocks).
+TEST(Step07EnginePrefixCaching, TokensAreIdenticalWithTheCacheOnAndOff) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  const auto requests = with_arrivals(shared_system_workload(weights.config, 24, 21), 300.0, 21);
+  const auto solo = solo_outputs(*model, requests);
+  long long hits = 0, preemptions = 0;
+  for (const auto& policy : policies()) {
+    for (const bool prefix_caching : {false, true}) {
+      EngineOptions options = engine_options_for(policy.fn, tight_limits(weights.config), weights.config.seq_len);
+      options.prefix_caching = prefix_caching;
+      const ReplayResult run = replay(*model, requests, options);
+      const OutputCheck check = check_outputs(run.records, solo);
+      EXPECT_TRUE(check.ok()) << policy.name << ", prefix caching " << prefix_caching << ": "
+                              << check.first_difference;
+      if (!prefix_caching) {
+        EXPECT_EQ(run.blocks.prefix_hit_blocks, 0) << policy.name;
+        continue;
+      }
+      hits += run.blocks.prefix_hit_blocks;
+      preemptions += run.metrics.preemptions;
+      EXPECT_GT(run.blocks.prefix_hit_blocks, 0) << policy.name << ": the shared system prompt never hit";
+    }
+  }
+  EXPECT_GT(preemptions, 0) << "the KV budget never ran out with the cache on: preemption went untested";
+  std::cout << "[ info     ] " << hits << " blocks hit, " << preemptions << " preemptions with the cache on\n";
+}
+
+// Two requests with the same first 32 tokens (two blocks of 16), one after
+// the other: the second shares both blocks and computes only its last 8
+// rows; the counters say so, and both finish with their solo tokens.
+TEST(Step07EnginePrefixCaching, ASecondRequestSharesTheFirstOnesBlocks) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  Request first = request_of(0, 40, 6);
+  Request second = request_of(1, 40, 6);
+  std::copy(first.prompt.begin(), first.prompt.begin() + 32, second.prompt.begin());
+  const auto solo = solo_outputs(*model, {first, second});
+  ServingClock clock;
+  EngineOptions options = continuous_options(weights.config, 4);
+  options.prefix_caching = true;
+  Engine engine(*model, options, clock);
+  engine.submit(first);
+  engine.run_until_idle();
+  const step05::BlockManager& blocks = engine.cache().blocks();
+  EXPECT_EQ(blocks.counters().prefix_hit_blocks, 0);
+  EXPECT_EQ(blocks.evictable_blocks(), 2) << "the first request's two full blocks stay cached";
+  engine.submit(second);
+  engine.step();
+  EXPECT_EQ(engine.iterations().back().prefill_rows, 8) << "only the rows past the shared 32 run";
+  engine.run_until_idle();
+  EXPECT_EQ(blocks.counters().prefix_queries, 2);
+  EXPECT_EQ(blocks.counters().prefix_queried_blocks, 4);  // 39 positions each may share: 2 blocks
+  EXPECT_EQ(blocks.counters().prefix_hit_blocks, 2);
+  EXPECT_EQ(blocks.used_blocks(), 0);
+  blocks.check_invariants();
+  const auto records = by_id(engine.take_finished());
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0].generated, solo[0]);
+  EXPECT_EQ(records[1].generated, solo[1]);
+}
+
+// Requests sharing a system prompt in a pool of one full context: the
+// engine is stepped by hand, a running request that shares blocks is
+// cancelled mid-run and others are preempted; the block manager's
+// invariants hold after every step, and every block comes back.
+TEST(Step07EnginePrefixCaching, CancelAndPreemptionOfSharedBlocksLeakNothing) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  const auto requests = shared_system_workload(weights.config, 16, 33);
+  const auto solo = solo_outputs(*model, requests);
+  ServingClock clock;
+  EngineOptions options =
+      engine_options_for(policy_named("continuous_chunked"), tight_limits(weights.config), weights.config.seq_len);
+  options.prefix_caching = true;
+  Engine engine(*model, options, clock);
+  for (const Request& request : requests) engine.submit(request);
+  const step05::BlockManager& blocks = engine.cache().blocks();
+  int cancelled = -1;
+  while (engine.has_work()) {
+    engine.step();
+    ASSERT_NO_THROW(blocks.check_invariants());
+    // Once a request runs on shared blocks, the newest running one goes.
+    if (cancelled < 0 && blocks.counters().prefix_hit_blocks > 0 && engine.running() >= 2) {
+      for (int id = static_cast<int>(requests.size()) - 1; id >= 0 && cancelled < 0; --id) {
+        const bool finished = std::any_of(engine.finished().begin(), engine.finished().end(),
+                                          [&](const RequestRecord& record) { return record.id == id; });
+        if (!finished && engine.cancel(id)) cancelled = id;
+      }
+      ASSERT_NO_THROW(blocks.check_invariants());
+    }
+  }
+  EXPECT_GE(cancelled, 0) << "no request was cancelled while sharing blocks";
+  EXPECT_GT(engine.preemptions(), 0) << "nothing was preempted: the pool never ran short";
+  EXPECT_EQ(blocks.used_blocks(), 0) << "blocks leaked";
+  const auto records = by_id(engine.take_finished());
+  ASSERT_EQ(records.size(), requests.size());
+  for (const RequestRecord& record : records)
+    if (record.id != cancelled) EXPECT_EQ(record.generated, solo[static_cast<std::size_t>(record.id)]) << record.id;
 }
 
 }  // namespace

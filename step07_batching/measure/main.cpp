@@ -14,7 +14,9 @@
 //   4. long prompts arriving while others decode, without and with chunked
 //      prefill (the decoders' stalls);
 //   5. the engine behind the HTTP server on loopback, loaded by the streaming
-//      client with part 2's trace (what serving over HTTP costs).
+//      client with part 2's trace (what serving over HTTP costs);
+//   6. the trace behind one long shared system prompt, with the engine's
+//      prefix cache off and on (first-token latency, rows computed, hits).
 // Two more modes use the same engine: --serve PORT (an OpenAI-style
 // completions server on localhost) and --load PORT (the trace against it).
 #include <CLI/CLI.hpp>
@@ -27,6 +29,7 @@
 #include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
 #include "llm/harness/model_on_device.hpp"
+#include "llm/harness/progress.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
 #include "step05_paged_attention/measure/paged_generation.hpp"
@@ -34,6 +37,7 @@
 #include "step07_batching/measure/chunked_prefill.hpp"
 #include "step07_batching/measure/loopback_serving.hpp"
 #include "step07_batching/measure/policy_comparison.hpp"
+#include "step07_batching/measure/prefix_caching.hpp"
 #include "step07_batching/measure/rate_sweep.hpp"
 #include "step07_batching/measure/report.hpp"
 #include "step07_batching/serve/server.hpp"
@@ -70,6 +74,8 @@ struct Step07Options {
   step07::ChunkedPrefillOptions chunking;  // --chunk-sizes, --long-prompt-every, --long-prompt-fraction, --chunk-load
   step07::BatchScalingOptions scaling;     // part 1: --scaling-rows, --scaling-context
   bool loopback = true;                    // part 5 (--no-loopback skips it)
+  step07::PrefixCachingOptions prefix;     // part 6: --system-prompt-fraction, --prefix-load
+  bool prefix_cache = true;                // --serve: the engine's prefix cache (--no-prefix-cache: off)
   // The serving modes.
   int serve_port = -1;           // --serve PORT: run the server until Ctrl-C
   int load_port = -1;            // --load PORT: replay the trace against a running server
@@ -131,6 +137,18 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
             ->capture_default_str();
         step07::add_batch_scaling_flags(app, options.scaling);
         app.add_flag("!--no-loopback", options.loopback, "skip part 5 (the HTTP server on loopback)");
+        llm::in_range(app.add_option("--system-prompt-fraction", options.prefix.system_prompt_fraction,
+                                     "prefix caching part: the shared system prompt's length, as a fraction of the "
+                                     "context"),
+                      0.01, 0.99)
+            ->capture_default_str();
+        llm::in_range(app.add_option("--prefix-load", options.prefix.load_factor,
+                                     "prefix caching part: arrival rate, as a fraction of continuous batching's "
+                                     "offline requests/s"),
+                      0.001, 100.0)
+            ->capture_default_str();
+        app.add_flag("!--no-prefix-cache", options.prefix_cache,
+                     "--serve: requests do not share the cached blocks of a common prompt prefix");
         llm::in_range(app.add_option("--serve", options.serve_port,
                                      "serve POST /v1/completions on 127.0.0.1:PORT until Ctrl-C (0: any free port)"),
                       0, 65535);
@@ -204,6 +222,8 @@ llm::Results make_results(const Step07Options& options, const llm::LoadedModel& 
   results.set_config("kv_contexts", static_cast<long long>(options.kv_contexts));
   results.set_config("chunk_tokens", static_cast<long long>(options.limits.chunk_tokens));
   results.set_config("repeats", static_cast<long long>(options.repeats));
+  results.set_config("system_prompt_fraction", options.prefix.system_prompt_fraction);
+  results.set_config("prefix_load", options.prefix.load_factor);
   results.set_config("clock", std::string("steady clock; idle gaps before an arrival skipped, never work"));
   results.set_config("speedup_baseline", std::string("output tokens/s of static batching on the same device"));
   results.set_config("quick", options.common.quick);
@@ -214,10 +234,12 @@ llm::Results make_results(const Step07Options& options, const llm::LoadedModel& 
   results.add_note("speedup of prefill rows = p99 inter-token latency without chunks / with this row's chunks (their "
                    "time is that p99)");
   results.add_note("speedup of the HTTP row = its output tokens/s / the in-process continuous run's");
+  results.add_note("speedup of prefix cache rows = p50 TTFT with the prefix cache off / with this row's setting (their "
+                   "time is that p50)");
   return results;
 }
 
-// Parts 1-5 on one device. Every run's tokens are checked against the
+// Parts 1-6 on one device. Every run's tokens are checked against the
 // requests run alone on the baseline model (contiguous cache).
 struct DeviceParts {
   step07::BatchScaling scaling;
@@ -225,15 +247,30 @@ struct DeviceParts {
   std::vector<step07::RateSweepPoint> sweep;
   std::vector<step07::ChunkedPrefillRow> chunked;
   std::optional<step07::LoopbackRun> loopback;
+  std::vector<step07::PrefixCachingRow> prefix;
 };
+
+// The parts' scenarios, made once for every device.
+struct Scenarios {
+  std::vector<step07::Request> trace;         // parts 2, 3, 5
+  std::vector<step07::Request> long_prompts;  // part 4 (arrival times given per device)
+  std::vector<step07::Request> shared_system; // part 6 (arrival times given per device)
+};
+
+// Progress lines per device: the solo runs, then each part.
+int progress_parts(const Step07Options& options) { return 6 + (options.loopback ? 1 : 0); }
+
 DeviceParts run_device(const std::string& device, const Step07Options& options, const llm::LoadedModel& loaded,
-                       const std::vector<step07::Request>& trace, const std::vector<step07::Request>& long_prompts,
-                       const std::vector<int>& policy_ids) {
+                       const Scenarios& scenarios, const std::vector<int>& policy_ids, llm::RunProgress& progress) {
   const auto baseline = llm::make_model_on(device, loaded.weights);
   const auto model = step05::make_paged_model_on(device, loaded.weights);
+  const auto& trace = scenarios.trace;
+  progress.start(fmt::format("{}: the {} requests alone (the reference tokens)", device, trace.size()));
   const auto solo = step07::solo_outputs(*baseline, trace);
   DeviceParts parts;
+  progress.start(fmt::format("{}: batch scaling, one forward of n decode rows", device));
   parts.scaling = step07::measure_batch_scaling(device, *model, options.scaling);
+  progress.start(fmt::format("{}: the trace under each policy", device));
   parts.policies = step07::compare_policies(device, *model, trace, solo, options.limits, policy_ids, options.repeats);
   // Loads are fractions of what continuous batching sustains offline, here.
   const step07::PolicyRun* continuous = step07::find_policy_run(parts.policies, step07::kContinuous);
@@ -243,14 +280,25 @@ DeviceParts run_device(const std::string& device, const Step07Options& options, 
                                              step07::engine_options_for(step07::policy(step07::kContinuous),
                                                                         options.limits, loaded.weights.config.seq_len))
                                   .metrics;
+  progress.start(fmt::format("{}: rate sweep, Poisson arrivals at {} loads", device, options.sweep.load_factors.size()));
   parts.sweep = step07::sweep_rates(device, *model, trace, solo, options.limits, offline.requests_per_s, options.sweep);
-  const auto scenario =
-      step07::with_arrivals(long_prompts, options.chunking.load_factor * offline.requests_per_s, options.chunking.seed);
-  parts.chunked = step07::compare_chunk_sizes(device, *model, scenario, step07::solo_outputs(*baseline, scenario),
-                                              options.limits, options.chunking);
-  if (options.loopback)
+  progress.start(fmt::format("{}: long prompts with and without chunked prefill", device));
+  const auto long_prompts = step07::with_arrivals(
+      scenarios.long_prompts, options.chunking.load_factor * offline.requests_per_s, options.chunking.seed);
+  parts.chunked = step07::compare_chunk_sizes(device, *model, long_prompts,
+                                              step07::solo_outputs(*baseline, long_prompts), options.limits,
+                                              options.chunking);
+  if (options.loopback) {
+    progress.start(fmt::format("{}: the engine behind the HTTP server on loopback", device));
     parts.loopback = step07::serve_over_loopback(device, *model, loaded.name, trace, solo, options.limits,
                                                  offline.output_tokens_per_s);
+  }
+  progress.start(fmt::format("{}: a shared system prompt with the prefix cache off and on", device));
+  const auto shared_system = step07::with_arrivals(
+      scenarios.shared_system, options.prefix.load_factor * offline.requests_per_s, options.prefix.seed);
+  parts.prefix = step07::compare_prefix_caching(device, *model, shared_system,
+                                                step07::solo_outputs(*baseline, shared_system), options.limits,
+                                                options.prefix);
   return parts;
 }
 
@@ -262,6 +310,8 @@ bool other_checks_ok(const std::vector<DeviceParts>& devices) {
     for (const auto& row : parts.chunked)
       if (!row.check.ok()) return false;
     if (parts.loopback && (!parts.loopback->check.ok() || parts.loopback->load.failed > 0)) return false;
+    for (const auto& row : parts.prefix)
+      if (!row.check.ok()) return false;
   }
   return true;
 }
@@ -273,7 +323,9 @@ void report(llm::Results& results, const step05::LengthSummary& lengths, int n_r
   std::vector<step07::RateSweepPoint> sweep;
   std::vector<step07::ChunkedPrefillRow> chunked;
   std::vector<step07::LoopbackRun> loopback;
+  std::vector<step07::PrefixCachingRow> prefix;
   for (const DeviceParts& parts : devices) {
+    prefix.insert(prefix.end(), parts.prefix.begin(), parts.prefix.end());
     scaling.push_back(parts.scaling);
     runs.insert(runs.end(), parts.policies.begin(), parts.policies.end());
     sweep.insert(sweep.end(), parts.sweep.begin(), parts.sweep.end());
@@ -286,6 +338,7 @@ void report(llm::Results& results, const step05::LengthSummary& lengths, int n_r
   step07::add_rate_sweep(results, sweep);
   step07::add_chunked_prefill(results, chunked);
   step07::add_loopback_rows(results, loopback);
+  step07::add_prefix_caching(results, prefix);
   fmt::print("{}\n", results.format_table());
   step07::print_batch_scaling(scaling);
   step07::print_trace(lengths);
@@ -293,6 +346,7 @@ void report(llm::Results& results, const step05::LengthSummary& lengths, int n_r
   step07::print_rate_sweep(sweep);
   step07::print_chunked_prefill(chunked, chunking);
   step07::print_loopback(loopback);
+  step07::print_prefix_caching(prefix);
 }
 
 // --serve PORT: continuous batching behind POST /v1/completions until Ctrl-C.
@@ -302,6 +356,7 @@ int serve(const Step07Options& options, const llm::LoadedModel& loaded, const ll
   server_options.port = options.serve_port;
   server_options.engine =
       step07::engine_options_for(step07::policy(step07::kContinuous), options.limits, loaded.weights.config.seq_len);
+  server_options.engine.prefix_caching = options.prefix_cache;
   const bool from_file = !options.common.model_path.empty();
   step07::CompletionServer server(*model, loaded.name, from_file ? &loaded.tokenizer : nullptr, server_options);
   step07::serve_until_signal(server);
@@ -336,12 +391,14 @@ int run_step07(int argc, char** argv) {
   const std::vector<step07::Request> trace = make_trace(options, loaded, prompts);
   if (options.serve_port >= 0) return serve(options, loaded, devices);
   if (options.load_port > 0) return load(options, trace);
-  const std::vector<step07::Request> long_prompts =
-      step07::with_long_prompts(trace, options.chunking, prompts, context);
+  const Scenarios scenarios{trace, step07::with_long_prompts(trace, options.chunking, prompts, context),
+                            step07::with_system_prompt(trace, options.prefix, prompts, context)};
 
+  const std::vector<std::string> device_names = llm::selected_device_names(devices);
+  llm::RunProgress progress("step07_batching", static_cast<int>(device_names.size()) * progress_parts(options));
   std::vector<DeviceParts> parts;
-  for (const std::string& device : llm::selected_device_names(devices))
-    parts.push_back(run_device(device, options, loaded, trace, long_prompts, policy_ids));
+  for (const std::string& device : device_names)
+    parts.push_back(run_device(device, options, loaded, scenarios, policy_ids, progress));
 
   llm::Results results = make_results(options, loaded, devices);
   report(results, lengths_of(trace, context), options.requests, parts, options.chunking);

@@ -228,6 +228,72 @@ void print_chunked_prefill(const std::vector<ChunkedPrefillRow>& rows, const Chu
 
 namespace {
 
+// The prefix-cache columns of a part 6 row, each through put(key, value).
+template <typename Put>
+void put_prefix_columns(Put put, const PrefixCachingRow& row) {
+  put("prefix_caching", row.prefix_caching);
+  put("system_prompt_tokens", static_cast<long long>(row.system_prompt_tokens));
+  put("prefill_rows", row.prefill_rows);
+  put("rows_computed", row.rows_computed);
+  put("prefix_queried_blocks", row.blocks.prefix_queried_blocks);
+  put("prefix_hit_blocks", row.blocks.prefix_hit_blocks);
+  put("hit_rate", row.hit_rate());
+  put("evictions", row.blocks.evictions);
+}
+
+}  // namespace
+
+void add_prefix_caching(llm::Results& results, const std::vector<PrefixCachingRow>& rows) {
+  llm::JsonTable table{"prefix_caching", {}};
+  for (const PrefixCachingRow& row : rows) {
+    const PrefixCachingRow* off = nullptr;  // the same device without the cache
+    for (const PrefixCachingRow& candidate : rows)
+      if (candidate.device == row.device && !candidate.prefix_caching) off = &candidate;
+    llm::ResultRow result;
+    result.device = row.device;
+    result.id = kContinuous;
+    result.variant = row.prefix_caching ? "prefix cache on" : "prefix cache off";
+    result.time_ms = row.metrics.ttft_ms.p50;
+    result.speedup =
+        off != nullptr && row.metrics.ttft_ms.p50 > 0 ? off->metrics.ttft_ms.p50 / row.metrics.ttft_ms.p50 : 1.0;
+    result.ok = row.check.ok();
+    result.throughput_key = "tokens_per_s";
+    result.throughput = row.metrics.output_tokens_per_s;
+    result.extra["kind"] = std::string("prefix_caching");
+    result.extra["time_is"] = std::string("p50 time to first token");
+    result.extra["speedup_over"] = std::string("p50 time to first token with the prefix cache off");
+    put_prefix_columns([&](const std::string& key, llm::JsonScalar value) { result.extra[key] = std::move(value); },
+                       row);
+    add_metrics(result.extra, row.metrics);
+    if (!row.check.ok()) llm::report_failed_check(row.device + " " + result.variant, row.check.first_difference);
+    results.add_row(std::move(result));
+
+    llm::JsonObject object = {{"device", row.device}};
+    put_prefix_columns([&](const std::string& key, llm::JsonScalar value) { object.emplace_back(key, std::move(value)); },
+                       row);
+    add_metrics(object, row.metrics);
+    table.rows.push_back(std::move(object));
+  }
+  results.add_table(std::move(table));
+}
+
+void print_prefix_caching(const std::vector<PrefixCachingRow>& rows) {
+  if (rows.empty()) return;
+  fmt::print("\nprefix caching: every prompt starts with the same {}-token system prompt:\n",
+             rows.front().system_prompt_tokens);
+  fmt::print("{:<6} {:>6} {:>9} {:>22} {:>12} {:>10} {:>15} {:>8} {:>6}\n", "device", "cache", "tok/s",
+             "TTFT p50/p90 ms", "rows run", "prefill", "hit blocks", "hit rate", "tokens");
+  for (const PrefixCachingRow& row : rows)
+    fmt::print("{:<6} {:>6} {:>9.0f} {:>10.2f} / {:>9.2f} {:>12} {:>10} {:>7} / {:>5} {:>7.0f}% {:>6}\n", row.device,
+               row.prefix_caching ? "on" : "off", row.metrics.output_tokens_per_s, row.metrics.ttft_ms.p50,
+               row.metrics.ttft_ms.p90, row.rows_computed, row.prefill_rows, row.blocks.prefix_hit_blocks,
+               row.blocks.prefix_queried_blocks, 100.0 * row.hit_rate(), row.check.ok() ? "same" : "DIFFER");
+  fmt::print("rows run: every row of every forward; prefill: those that sample no token or are more than one; hit "
+             "rate: blocks shared from the cache / full prompt blocks the admissions asked for.\n");
+}
+
+namespace {
+
 // What serving over HTTP adds per output token, from the two throughputs:
 // 1/served - 1/in-process (the events, the JSON on both sides, the threads).
 double http_us_per_token(const LoopbackRun& run) {

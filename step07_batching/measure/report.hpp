@@ -6,6 +6,7 @@
 #include "llm/harness/results.hpp"
 #include "step05_paged_attention/measure/request_trace.hpp"
 #include "step07_batching/measure/chunked_prefill.hpp"
+#include "step07_batching/measure/prefix_caching.hpp"
 #include "step07_batching/serve/load_client.hpp"
 #include "step07_batching/measure/loopback_serving.hpp"
 #include "step07_batching/measure/policy_comparison.hpp"
@@ -49,6 +50,12 @@ void print_chunked_prefill(const std::vector<ChunkedPrefillRow>& rows, const Chu
 // tokens identical to solo and no request failed) and the JSON table "loopback".
 void add_loopback_rows(llm::Results& results, const std::vector<LoopbackRun>& runs);
 void print_loopback(const std::vector<LoopbackRun>& runs);
+
+// 6. Prefix caching: results rows (kind "prefix_caching"; time = p50 TTFT,
+// speedup = p50 TTFT with the cache off / this row's, ok = tokens identical
+// to solo) and the JSON table "prefix_caching".
+void add_prefix_caching(llm::Results& results, const std::vector<PrefixCachingRow>& rows);
+void print_prefix_caching(const std::vector<PrefixCachingRow>& rows);
 
 // --load: what was sent and how it went, then the latency table as the
 // client measured it. Returns false when any request failed.
