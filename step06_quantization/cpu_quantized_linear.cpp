@@ -10,7 +10,7 @@
 // per-function target attributes: one binary carries all three and picks from
 // what the CPU reports, never from the build's -march.
 // Why the SIMD kernels are fast (instructions per weight, register tiles,
-// blocks of codes kept in L1): docs/06_quantization.md, "The CPU kernels".
+// blocks of codes kept in L1): docs/06_quantization.md, section 6.2.
 #include "step06_quantization/cpu_quantized_linear.hpp"
 
 #include <fmt/format.h>

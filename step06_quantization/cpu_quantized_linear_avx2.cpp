@@ -3,7 +3,7 @@
 // which is the reference to read first. Compiled with per-function target
 // attributes (STEP06_AVX2), so the build's -march never decides whether they
 // exist; cpu_quantized_linear.cpp calls them only on a CPU that reports
-// AVX2 and FMA. docs/06_quantization.md, "The CPU kernels".
+// AVX2 and FMA. docs/06_quantization.md, section 6.2.
 #include "step06_quantization/cpu_quantized_linear_kernels.hpp"
 
 #include <algorithm>

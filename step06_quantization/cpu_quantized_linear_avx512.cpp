@@ -3,7 +3,7 @@
 // cpu_quantized_linear.cpp, which is the reference to read first. Compiled
 // with per-function target attributes (STEP06_AVX512), so the build's -march
 // never decides whether they exist; cpu_quantized_linear.cpp calls them only
-// on a CPU that reports AVX-512 F and BW. docs/06_quantization.md, "The CPU kernels".
+// on a CPU that reports AVX-512 F and BW. docs/06_quantization.md, section 6.2.
 #include "step06_quantization/cpu_quantized_linear_kernels.hpp"
 
 #include <algorithm>

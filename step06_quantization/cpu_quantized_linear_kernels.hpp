@@ -4,7 +4,7 @@
 // product a tile kernel computes, the tile kernels' type, and the small
 // helpers both instruction sets use. Internal to step 06's CPU product
 // (cpu_quantized_linear.hpp is the interface); docs/06_quantization.md,
-// "The CPU kernels", explains the tiles.
+// section 6.2, explains the tiles.
 #include <algorithm>
 #include <array>
 #include <cstddef>
