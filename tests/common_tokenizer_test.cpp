@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -328,6 +329,103 @@ TEST(Llama2Tokenizer, EncodesHelloWorldAndRoundTrips) {
     SCOPED_TRACE(text);
     EXPECT_EQ(round_trip(tok, text), text);
   }
+}
+
+// --- encode() against llama2.c's merge loop (encode_by_rescanning) ---------
+
+// Texts that stress the merge order: nothing, one character, long runs of one
+// character (every pair ties), words, code points with and without tokens,
+// invalid UTF-8, byte-token spellings, and random mixes of the vocabulary's
+// own pieces (many merges, many ties between overlapping pairs).
+std::vector<std::string> awkward_texts(const Tokenizer& tok, unsigned seed) {
+  std::vector<std::string> texts = {"", " ", "a", "\n", "\xFF", "\xC3", "\xC3\xA9", "\xF0\x9F\x98\x80",
+                                    "<0x41>", "<0x41><0x42>b", "  ", "\t\t\n\n"};
+  texts.insert(texts.end(), kSentences.begin(), kSentences.end());
+  for (const char* unit : {"a", " ", "e", "ab", " the", "\xC3\xA9", "\xE2\x98\x95", "\x80", "1"})
+    for (int repeats : {2, 3, 4, 5, 7, 8, 16, 33, 100}) {
+      std::string text;
+      for (int i = 0; i < repeats; ++i) text += unit;
+      texts.push_back(text);
+    }
+  std::mt19937 rng(seed);
+  auto below = [&rng](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
+  const std::string letters = "abcdefghijklmnopqrstuvwxyz ABC.,!?'\n0123456789";
+  for (int t = 0; t < 60; ++t) {
+    std::string ascii, bytes, pieces;
+    const std::size_t length = 1 + below(200);
+    for (std::size_t i = 0; i < length; ++i) ascii += letters[below(letters.size())];
+    for (std::size_t i = 0; i < length; ++i) bytes += static_cast<char>(below(256));
+    while (pieces.size() < length) {
+      // A piece of the vocabulary as its text: byte tokens as their byte.
+      const int id = static_cast<int>(3 + below(static_cast<std::size_t>(tok.vocab_size() - 3)));
+      pieces += tok.decode(400, id);
+    }
+    texts.insert(texts.end(), {ascii, bytes, pieces});
+  }
+  return texts;
+}
+
+// Both merge loops on every awkward text, with and without BOS/EOS.
+void expect_encodings_match_rescanning(const Tokenizer& tok, unsigned seed) {
+  for (const std::string& text : awkward_texts(tok, seed)) {
+    for (const bool bos : {false, true}) {
+      const std::vector<int> fast = tok.encode(text, bos, !bos);
+      const std::vector<int> reference = tok.encode_by_rescanning(text, bos, !bos);
+      ASSERT_EQ(fast, reference) << "text of " << text.size() << " bytes: '" << text << "', bos " << bos;
+    }
+  }
+}
+
+TEST(EncodeMatchesRescanning, Tok512) {
+  LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
+  expect_encodings_match_rescanning(Tokenizer::load(path, 512), 11);
+}
+
+TEST(EncodeMatchesRescanning, Llama2Tokenizer) {
+  LLM_REQUIRE_MODEL_FILE(path, "tokenizer.bin");
+  expect_encodings_match_rescanning(Tokenizer::load(path, 32000), 12);
+}
+
+TEST(EncodeMatchesRescanning, SyntheticAndByteLevelVocabularies) {
+  expect_encodings_match_rescanning(
+      Tokenizer::load(write_tokenizer_file("synthetic_match.bin", kSyntheticPieces), kSyntheticVocab), 13);
+  expect_encodings_match_rescanning(Tokenizer::byte_level(300), 14);
+}
+
+// Every merge scores the same: the order is decided by position alone, the
+// leftmost pair first. Scores at llama2.c's -1e10 floor (or NaN, or -inf)
+// never merge; -0 ties with +0.
+TEST(EncodeMatchesRescanning, TiesAndScoresThatNeverMerge) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::string path = write_tokenizer_file(
+      "ties.bin", {{" ", 0.0f}, {"a", 0.0f}, {"b", 0.0f}, {"aa", 0.0f}, {"aaaa", 0.0f}, {" a", -0.0f},
+                   {"ab", 0.0f}, {"ba", -1e10f}, {"bb", nan}, {"aaa", 0.0f}, {"c", 0.0f},
+                   {"cc", -std::numeric_limits<float>::infinity()}, {"abab", 0.0f}});
+  const Tokenizer tok = Tokenizer::load(path, 259 + 13);
+  // [" ", a, a, a, a]: " a" (-0) ties with each "aa" (0) and, leftmost,
+  // merges first; then the leftmost "aa" ([" a", aa, a]); then "aaa".
+  EXPECT_EQ(tok.encode("aaaa", true, false), (std::vector<int>{Tokenizer::kBos, 264, 268}));
+  // "ba", "bb" and "cc" are never merged.
+  EXPECT_EQ(tok.encode("bbcc", true, false), (std::vector<int>{Tokenizer::kBos, 259, 261, 261, 269, 269}));
+  std::mt19937 rng(15);
+  for (int t = 0; t < 300; ++t) {
+    std::string text;
+    const int length = std::uniform_int_distribution<int>(0, 40)(rng);
+    for (int i = 0; i < length; ++i) text += "aabbc "[std::uniform_int_distribution<int>(0, 5)(rng)];
+    for (const bool bos : {false, true})
+      ASSERT_EQ(tok.encode(text, bos, false), tok.encode_by_rescanning(text, bos, false)) << "'" << text << "'";
+  }
+}
+
+// A prompt far longer than any context still encodes in one pass over a
+// priority queue; its ids are those of the rescanning loop (checked on a
+// length the quadratic reference can afford).
+TEST(EncodeMatchesRescanning, ALongStory) {
+  LLM_REQUIRE_MODEL_FILE(path, "tok512.bin");
+  const Tokenizer tok = Tokenizer::load(path, 512);
+  std::string story;
+  while (story.size() < 3000) story += kSentences[story.size() % kSentences.size()] + " ";
+  EXPECT_EQ(tok.encode(story, true, false), tok.encode_by_rescanning(story, true, false));
 }
 
 // --- Found by fuzzing (fuzz/fuzz_tokenizer_load.cpp) ----------------------

@@ -34,7 +34,13 @@ class Tokenizer {
   // Every id is below vocab_size(): where a vocabulary of fewer than 259
   // tokens has no byte token (id 3 + byte), the byte becomes <unk> (run.c
   // would index past its vocabulary).
+  // The merges take O(n log n) in the text's length (a priority queue of
+  // candidate pairs), where llama2.c's loop takes O(n^2).
   std::vector<int> encode(std::string_view text, bool add_bos, bool add_eos) const;
+  // encode() with llama2.c's merge loop as it reads: rescan every adjacent
+  // pair after each merge (quadratic). The reference encode() is tested
+  // against: the same ids for every text.
+  std::vector<int> encode_by_rescanning(std::string_view text, bool add_bos, bool add_eos) const;
 
   // The text of `token` following `previous`, as llama2.c's decode(): after BOS
   // a leading space is dropped; <0xXX> tokens decode to their raw byte.
@@ -49,6 +55,12 @@ class Tokenizer {
 
  private:
   int lookup(const std::string& piece) const;  // -1 when not in the vocabulary
+  // The tokens before any merge: optional BOS, the dummy-prefix space, one
+  // token per code point (or per byte, as fallback).
+  std::vector<int> initial_tokens(std::string_view text, bool add_bos) const;
+  // The token that tokens `left` and `right`, adjacent, merge into; -1 when
+  // their concatenation is not in the vocabulary or scores too low to merge.
+  int merge_of(int left, int right) const;
 
   std::vector<std::string> pieces_;  // [vocab_size]
   std::vector<float> scores_;        // [vocab_size] merge priority

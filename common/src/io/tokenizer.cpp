@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <fstream>
 #include <istream>
+#include <queue>
 #include <string>
 
 #include "llm/errors.hpp"
@@ -90,7 +91,46 @@ int Tokenizer::lookup(const std::string& piece) const {
   return it == piece_to_id_.end() ? -1 : it->second;
 }
 
-std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add_eos) const {
+namespace {
+
+// llama2.c's "no merge yet" score: a pair whose merged piece scores no higher
+// (or a NaN score) never merges, in both merge loops.
+constexpr float kNoMerge = -1e10f;
+
+// One symbol of the text being merged: a node of a doubly linked list over
+// the initial tokens. A merge keeps the left node (its token becomes the
+// merged one) and unlinks the right node, so the list order of the nodes is
+// always the order of their indices: a node's index is its position.
+struct Symbol {
+  int token;
+  int prev;                  // -1: the first symbol
+  int next;                  // -1: the last symbol
+  std::uint32_t version = 0;  // bumped when the token changes or the node is unlinked
+};
+
+// A merge that was possible when it was queued: nodes left and right (then
+// adjacent) into `merged`. Stale once either node's version moved on.
+struct Candidate {
+  float score;
+  int left;
+  int right;
+  int merged;
+  std::uint32_t left_version;
+  std::uint32_t right_version;
+};
+
+// The queue's order: the highest score first; on a tie the leftmost pair,
+// as llama2.c's scan (a later pair must score strictly more to win).
+struct MergesLater {
+  bool operator()(const Candidate& a, const Candidate& b) const {
+    if (a.score != b.score) return a.score < b.score;
+    return a.left > b.left;
+  }
+};
+
+}  // namespace
+
+std::vector<int> Tokenizer::initial_tokens(std::string_view text, bool add_bos) const {
   std::vector<int> tokens;
   tokens.reserve(text.size() + 3);
   if (add_bos) tokens.push_back(kBos);
@@ -101,8 +141,8 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add
     if (space >= 0) tokens.push_back(space);
   }
 
-  // 1. One token per UTF-8 code point, or one <0xXX> token per byte when the
-  //    code point is not in the vocabulary (byte fallback).
+  // One token per UTF-8 code point, or one <0xXX> token per byte when the
+  // code point is not in the vocabulary (byte fallback).
   std::string code_point;
   for (std::size_t i = 0; i < text.size(); ++i) {
     const auto byte = static_cast<unsigned char>(text[i]);
@@ -125,18 +165,76 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add
     }
     code_point.clear();
   }
+  return tokens;
+}
 
-  // 2. Greedy BPE: merge the adjacent pair whose concatenation has the best
-  //    score, until no adjacent pair is in the vocabulary. O(n^2) on the prompt
-  //    length, as llama2.c; prompts are short.
+int Tokenizer::merge_of(int left, int right) const {
+  const int id = lookup(pieces_[static_cast<std::size_t>(left)] + pieces_[static_cast<std::size_t>(right)]);
+  return id >= 0 && scores_[static_cast<std::size_t>(id)] > kNoMerge ? id : -1;
+}
+
+std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool add_eos) const {
+  // 1. Code points (or byte fallback), after the optional BOS and the dummy prefix.
+  std::vector<int> tokens = initial_tokens(text, add_bos);
   const std::size_t first = add_bos ? 1 : 0;  // BOS never merges
+
+  // 2. Greedy BPE, as encode_by_rescanning: merge the adjacent pair whose
+  //    concatenation scores best (the leftmost on a tie) until no adjacent pair
+  //    is in the vocabulary. Rescanning every pair after each merge costs
+  //    O(n^2); here every possible merge waits in a priority queue, and a
+  //    merge queues only the two pairs it creates (with its left and right
+  //    neighbours). A queued pair one of whose symbols has changed since is
+  //    skipped when it comes out (lazy invalidation). O(n log n).
+  const int n = static_cast<int>(tokens.size() - first);
+  std::vector<Symbol> symbols;  // [n] the tokens after BOS, linked
+  symbols.reserve(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const int token = tokens[first + static_cast<std::size_t>(i)];
+    symbols.push_back({token, /*prev=*/i - 1, /*next=*/i + 1 < n ? i + 1 : -1});
+  }
+  std::priority_queue<Candidate, std::vector<Candidate>, MergesLater> queue;
+  auto queue_pair = [&](int left, int right) {
+    const Symbol& l = symbols[static_cast<std::size_t>(left)];
+    const Symbol& r = symbols[static_cast<std::size_t>(right)];
+    const int merged = merge_of(l.token, r.token);
+    if (merged < 0) return;
+    queue.push({scores_[static_cast<std::size_t>(merged)], left, right, merged, l.version, r.version});
+  };
+  for (int i = 0; i + 1 < n; ++i) queue_pair(i, i + 1);
+
+  while (!queue.empty()) {
+    const Candidate best = queue.top();
+    queue.pop();
+    Symbol& left = symbols[static_cast<std::size_t>(best.left)];
+    Symbol& right = symbols[static_cast<std::size_t>(best.right)];
+    if (left.version != best.left_version || right.version != best.right_version) continue;  // stale
+    left.token = best.merged;
+    ++left.version;
+    ++right.version;  // unlinked: every pair queued with it is stale
+    left.next = right.next;
+    if (left.next >= 0) symbols[static_cast<std::size_t>(left.next)].prev = best.left;
+    if (left.prev >= 0) queue_pair(left.prev, best.left);
+    if (left.next >= 0) queue_pair(best.left, left.next);
+  }
+
+  tokens.resize(first);
+  for (int i = n > 0 ? 0 : -1; i >= 0; i = symbols[static_cast<std::size_t>(i)].next)
+    tokens.push_back(symbols[static_cast<std::size_t>(i)].token);
+  if (add_eos) tokens.push_back(kEos);
+  return tokens;
+}
+
+std::vector<int> Tokenizer::encode_by_rescanning(std::string_view text, bool add_bos, bool add_eos) const {
+  std::vector<int> tokens = initial_tokens(text, add_bos);
+  const std::size_t first = add_bos ? 1 : 0;  // BOS never merges
+  // llama2.c's loop: scan every adjacent pair, merge the best-scoring one
+  // (strictly better: the leftmost wins a tie), repeat until none merges.
   while (true) {
-    float best_score = -1e10f;
+    float best_score = kNoMerge;
     int best_id = -1;
     std::size_t best_index = 0;
     for (std::size_t i = first; i + 1 < tokens.size(); ++i) {
-      const int id = lookup(pieces_[static_cast<std::size_t>(tokens[i])] +
-                            pieces_[static_cast<std::size_t>(tokens[i + 1])]);
+      const int id = merge_of(tokens[i], tokens[i + 1]);
       if (id >= 0 && scores_[static_cast<std::size_t>(id)] > best_score) {
         best_score = scores_[static_cast<std::size_t>(id)];
         best_id = id;
