@@ -334,42 +334,27 @@ std::vector<DrafterConfig> drafter_configs(const SweepInputs& in, const step04::
   return configs;
 }
 
-// One drafter at one k: speculative runs against plain decoding, the pass
-// costs right after them, the prediction, the check. Adds the results row and
-// returns the table's row.
-SweepRow measure_configuration(llm::Results& results, const std::string& device, llm::Model& target,
-                               step04::Drafter& drafter, const DrafterConfig& config, int k, const PlainRun& plain,
-                               std::span<const int> cost_context, const SweepInputs& in) {
-  const step04::SamplingSettings sampling{in.options.common.temperature, in.options.common.top_p};
-  const SpeculativeRun spec =
-      measure_speculative(target, drafter, in.prompt, in.positions, k, in.options.common, in.options.repeats);
-  const step04::SpeculativeStats& st = spec.first.stats;
-  // The costs again, right after the runs they predict (load drifts).
-  const step04::TargetCosts costs = step04::measure_target_costs(target, cost_context, in.max_k, in.options.cost_runs);
-  const std::vector<double> v_of_j = costs.verify_cost_ratio();  // [max_k + 1] verify cost in target steps
-  const double c =
-      step04::measure_draft_step_ms(drafter, cost_context, k, sampling, in.options.cost_runs) / costs.step_ms;
-  const double alpha = st.alpha();
-  const step04::SpeedupPrediction predicted =
-      step04::predict_speedup(alpha, st.drafted_per_round, st.steps_per_round, c, v_of_j);
-  const double textbook = drafter.one_step_per_token()
-                              ? step04::textbook_speedup(alpha, k, c)
-                              : predicted.tokens_per_pass / (c + 1.0);  // one lookup per round, v = 1
-  const double spec_ms_per_token = spec.decode_ms / std::max(1, spec.decode_tokens());
-  const double measured = (spec.plain_decode_ms / std::max(1, plain.decode_tokens())) / spec_ms_per_token;
-  const double tokens_per_pass = static_cast<double>(spec.decode_tokens()) / std::max(1, st.rounds);
-  const double passes_saved = 1.0 - static_cast<double>(st.rounds) / std::max(1, spec.decode_tokens());
-  const double gap = measured / predicted.speedup - 1.0;
-  const auto token_check = llm::compare_tokens(spec.first.tokens, plain.first.tokens);
-  // Greedy: identical to plain decoding, or the step is wrong. Sampling:
-  // exact in distribution, not token for token (a different random
-  // stream); tests/step04_rejection_sampler_test.cpp checks that.
-  const bool ok = !sampling.greedy() || token_check.ok;
+// What one configuration measured, beside its run: the pass costs taken
+// right after it, and the prediction they give.
+struct ConfigurationCosts {
+  step04::TargetCosts target;
+  std::vector<double> v_of_j;  // [max_k + 1] verify cost in target steps
+  double c = 0.0;              // draft step / target step
+  step04::SpeedupPrediction predicted;
+  double textbook = 0.0;
+};
 
+// The results row of one configuration (its JSON keys).
+llm::ResultRow configuration_row(const std::string& device, const step04::Drafter& drafter, int variant_id, int k,
+                                 const SpeculativeRun& spec, const ConfigurationCosts& costs, double measured,
+                                 bool tokens_identical, bool ok, int max_k) {
+  const step04::SpeculativeStats& st = spec.first.stats;
+  const double spec_ms_per_token = spec.decode_ms / std::max(1, spec.decode_tokens());
+  const double gap = measured / costs.predicted.speedup - 1.0;
   llm::ResultRow row;
   row.device = device;
   row.variant = fmt::format("{} k={}", drafter.name(), k);
-  row.id = config.variant->id;
+  row.id = variant_id;
   row.time_ms = spec.decode_ms;
   row.speedup = measured;
   row.max_rel_err = 0.0;
@@ -384,33 +369,69 @@ SweepRow measure_configuration(llm::Results& results, const std::string& device,
   row.extra["tested"] = st.tested;
   row.extra["accepted"] = st.accepted;
   row.extra["draft_steps"] = st.draft_steps;
-  row.extra["alpha"] = alpha;
+  row.extra["alpha"] = st.alpha();
   row.extra["accepted_per_drafted"] = st.drafted ? static_cast<double>(st.accepted) / st.drafted : 0.0;
-  row.extra["tokens_per_pass"] = tokens_per_pass;
-  row.extra["tokens_per_pass_predicted"] = predicted.tokens_per_pass;
-  row.extra["passes_saved_fraction"] = passes_saved;
-  row.extra["draft_cost_ratio_c"] = c;
-  row.extra["verify_cost_ratio_v"] = v_of_j[static_cast<std::size_t>(k)];
-  row.extra["predicted_draft_cost_per_round"] = predicted.draft_cost;
-  row.extra["predicted_verify_cost_per_round"] = predicted.verify_cost;
-  row.extra["predicted_speedup"] = predicted.speedup;
-  row.extra["textbook_speedup"] = textbook;
+  row.extra["tokens_per_pass"] = static_cast<double>(spec.decode_tokens()) / std::max(1, st.rounds);
+  row.extra["tokens_per_pass_predicted"] = costs.predicted.tokens_per_pass;
+  row.extra["passes_saved_fraction"] = 1.0 - static_cast<double>(st.rounds) / std::max(1, spec.decode_tokens());
+  row.extra["draft_cost_ratio_c"] = costs.c;
+  row.extra["verify_cost_ratio_v"] = costs.v_of_j[static_cast<std::size_t>(k)];
+  row.extra["predicted_draft_cost_per_round"] = costs.predicted.draft_cost;
+  row.extra["predicted_verify_cost_per_round"] = costs.predicted.verify_cost;
+  row.extra["predicted_speedup"] = costs.predicted.speedup;
+  row.extra["textbook_speedup"] = costs.textbook;
   row.extra["prediction_gap"] = gap;
   row.extra["within_20pct"] = std::abs(gap) <= 0.20;
-  row.extra["target_step_ms"] = costs.step_ms;
+  row.extra["target_step_ms"] = costs.target.step_ms;
   row.extra["plain_decode_ms"] = spec.plain_decode_ms;
   row.extra["draft_ms"] = st.draft_ms;
   row.extra["verify_ms"] = st.verify_ms;
   row.extra["overhead_ms"] = spec.first.decode_ms - st.draft_ms - st.verify_ms;
-  row.extra["tokens_identical"] = token_check.ok;
-  row.extra["best_k_for_alpha"] = static_cast<long long>(step04::best_k(alpha, c, v_of_j, in.max_k));
+  row.extra["tokens_identical"] = tokens_identical;
+  row.extra["best_k_for_alpha"] = static_cast<long long>(step04::best_k(st.alpha(), costs.c, costs.v_of_j, max_k));
+  return row;
+}
+
+// One drafter at one k: speculative runs against plain decoding, the pass
+// costs right after them, the prediction, the check. Adds the results row and
+// returns the table's row.
+SweepRow measure_configuration(llm::Results& results, const std::string& device, llm::Model& target,
+                               step04::Drafter& drafter, const DrafterConfig& config, int k, const PlainRun& plain,
+                               std::span<const int> cost_context, const SweepInputs& in) {
+  const step04::SamplingSettings sampling{in.options.common.temperature, in.options.common.top_p};
+  const SpeculativeRun spec =
+      measure_speculative(target, drafter, in.prompt, in.positions, k, in.options.common, in.options.repeats);
+  const step04::SpeculativeStats& st = spec.first.stats;
+  // The costs again, right after the runs they predict (load drifts).
+  ConfigurationCosts costs;
+  costs.target = step04::measure_target_costs(target, cost_context, in.max_k, in.options.cost_runs);
+  costs.v_of_j = costs.target.verify_cost_ratio();
+  costs.c = step04::measure_draft_step_ms(drafter, cost_context, k, sampling, in.options.cost_runs) /
+            costs.target.step_ms;
+  const double alpha = st.alpha();
+  costs.predicted = step04::predict_speedup(alpha, st.drafted_per_round, st.steps_per_round, costs.c, costs.v_of_j);
+  costs.textbook = drafter.one_step_per_token()
+                       ? step04::textbook_speedup(alpha, k, costs.c)
+                       : costs.predicted.tokens_per_pass / (costs.c + 1.0);  // one lookup per round, v = 1
+  const double spec_ms_per_token = spec.decode_ms / std::max(1, spec.decode_tokens());
+  const double measured = (spec.plain_decode_ms / std::max(1, plain.decode_tokens())) / spec_ms_per_token;
+  const auto token_check = llm::compare_tokens(spec.first.tokens, plain.first.tokens);
+  // Greedy: identical to plain decoding, or the step is wrong. Sampling:
+  // exact in distribution, not token for token (a different random
+  // stream); tests/step04_rejection_sampler_test.cpp checks that.
+  const bool ok = !sampling.greedy() || token_check.ok;
+
+  llm::ResultRow row =
+      configuration_row(device, drafter, config.variant->id, k, spec, costs, measured, token_check.ok, ok, in.max_k);
   if (!ok)
     llm::report_failed_check(device + " " + row.variant,
                              "speculative output differs from plain decoding (" + token_check.summary() + ")");
   results.add_row(std::move(row));
-  return {device,   drafter.name(), k,        alpha,    tokens_per_pass, predicted.tokens_per_pass,
-          passes_saved, c,          v_of_j[static_cast<std::size_t>(k)], measured, predicted.speedup,
-          textbook, token_check.ok};
+  const double tokens_per_pass = static_cast<double>(spec.decode_tokens()) / std::max(1, st.rounds);
+  const double passes_saved = 1.0 - static_cast<double>(st.rounds) / std::max(1, spec.decode_tokens());
+  return {device,   drafter.name(), k,        alpha,    tokens_per_pass, costs.predicted.tokens_per_pass,
+          passes_saved, costs.c,    costs.v_of_j[static_cast<std::size_t>(k)], measured, costs.predicted.speedup,
+          costs.textbook, token_check.ok};
 }
 
 // Plain decoding and every drafter x k on one device. The first device's
