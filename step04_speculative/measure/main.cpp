@@ -143,14 +143,15 @@ void check_drafts_fit(int max_k, std::size_t prompt_tokens, int positions, const
 // first one, and a round at the largest k verifies k+1 of them, so the
 // generation must leave at least that many (--steps 1 once timed no token at
 // all and printed an infinite gap).
-void check_room_to_decode(int max_k, std::size_t prompt_tokens, int positions, int steps_flag) {
+void check_room_to_decode(int max_k, std::size_t prompt_tokens, int positions, const llm::CommonOptions& common) {
   const int decoded_after_the_first = positions - static_cast<int>(prompt_tokens);
   if (decoded_after_the_first < max_k + 1)
     throw llm::InputError(fmt::format(
-        "--steps {} leaves {} token(s) to decode after the first generated one (the prompt takes {} of the {} "
-        "positions), but a round at k = {} verifies k+1 = {}: give --steps {} or more, or a smaller --k",
-        steps_flag, std::max(0, decoded_after_the_first), prompt_tokens, positions, max_k, max_k + 1,
-        static_cast<int>(prompt_tokens) + max_k + 1));
+        "--steps {}{} leaves {} token(s) to decode after the first generated one (the prompt takes {} of the {} "
+        "positions), but a round at k = {} verifies k+1 = {}: give {} or more, or a smaller --k",
+        common.steps, common.quick ? " (--quick's cap)" : "", std::max(0, decoded_after_the_first), prompt_tokens,
+        positions, max_k, max_k + 1,
+        fmt::format("{}--steps {}", common.quick ? "no --quick and " : "", static_cast<int>(prompt_tokens) + max_k + 1)));
 }
 
 // Plain decoding (step 01's generate_cached): the reference tokens, and the
@@ -513,7 +514,7 @@ int run_step04(int argc, char** argv) {
   const int positions = llm::generation_positions(options.common, config, prompt.size());
   const int max_k = *std::max_element(options.ks.begin(), options.ks.end());
   check_drafts_fit(max_k, prompt.size(), positions, config);
-  check_room_to_decode(max_k, prompt.size(), positions, options.common.steps);
+  check_room_to_decode(max_k, prompt.size(), positions, options.common);
   settle_draft_layers(options, loaded.weights, selected);
   const DraftModel draft = load_draft_model(options, loaded);
 
