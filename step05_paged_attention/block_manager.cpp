@@ -303,20 +303,10 @@ int BlockManager::share_cached_prefix(int sequence, std::span<const int> tokens,
   return shared * block_size_;
 }
 
-void BlockManager::publish_full_blocks(int sequence, std::span<const int> tokens) {
-  check_sequence(sequence, "publish_full_blocks");
-  const int held = held_[static_cast<std::size_t>(sequence)];
-  const int full_blocks = static_cast<int>(tokens.size() / block_size_);
-  if (full_blocks > held)
-    throw llm::InputError(
-        fmt::format("block manager publish_full_blocks: {} tokens fill {} blocks of {} but "
-                    "sequence {} holds {}",
-                    tokens.size(), full_blocks, block_size_, sequence, held));
+std::vector<std::uint64_t> BlockManager::checked_chain(int sequence, std::span<const int> tokens,
+                                                       int full_blocks) const {
   const std::int32_t* row = table_row(sequence);
   std::vector<std::uint64_t> hashes(static_cast<std::size_t>(full_blocks));  // [full_blocks] the chain
-  // First, before any change: a held block already in the cache must be
-  // cached for exactly these tokens (else the caller's tokens are not what
-  // the sequence's rows hold).
   for (int logical = 0; logical < full_blocks; ++logical) {
     const auto block_tokens = tokens.subspan(static_cast<std::size_t>(logical) * block_size_, block_size_);
     const std::uint64_t parent_hash = logical == 0 ? kPrefixHashRoot : hashes[static_cast<std::size_t>(logical - 1)];
@@ -329,6 +319,20 @@ void BlockManager::publish_full_blocks(int sequence, std::span<const int> tokens
                       "is cached for other tokens than the ones given",
                       row[logical], logical, sequence));
   }
+  return hashes;
+}
+
+void BlockManager::publish_full_blocks(int sequence, std::span<const int> tokens) {
+  check_sequence(sequence, "publish_full_blocks");
+  const int held = held_[static_cast<std::size_t>(sequence)];
+  const int full_blocks = static_cast<int>(tokens.size() / block_size_);
+  if (full_blocks > held)
+    throw llm::InputError(
+        fmt::format("block manager publish_full_blocks: {} tokens fill {} blocks of {} but "
+                    "sequence {} holds {}",
+                    tokens.size(), full_blocks, block_size_, sequence, held));
+  const std::int32_t* row = table_row(sequence);
+  const std::vector<std::uint64_t> hashes = checked_chain(sequence, tokens, full_blocks);
 
   std::uint64_t parent_hash = kPrefixHashRoot;
   std::uint64_t parent_serial = kRootParentSerial;  // the entry this level's block hangs under
@@ -391,15 +395,14 @@ bool BlockManager::is_cached(int block) const {
   return blocks_[static_cast<std::size_t>(block)].cached;
 }
 
-void BlockManager::check_invariants() const {
-  const auto broken = [](const std::string& what) {
-    throw std::logic_error("block manager invariant broken: " + what);
-  };
-  const std::size_t n = blocks_.size();
+namespace {
 
-  // Tables: valid ids below each sequence's count, -1 past it; count the
-  // entries naming each block.
-  std::vector<int> table_entries(n, 0);  // [n_blocks]
+[[noreturn]] void broken(const std::string& what) { throw std::logic_error("block manager invariant broken: " + what); }
+
+}  // namespace
+
+std::vector<int> BlockManager::check_tables() const {
+  std::vector<int> table_entries(blocks_.size(), 0);  // [n_blocks]
   for (int sequence = 0; sequence < max_sequences_; ++sequence) {
     const int held = held_[static_cast<std::size_t>(sequence)];
     if (held < 0 || held > max_blocks_per_sequence_)
@@ -418,8 +421,11 @@ void BlockManager::check_invariants() const {
       }
     }
   }
+  return table_entries;
+}
 
-  // States: each block in exactly one of free / used / evictable.
+void BlockManager::check_block_states(const std::vector<int>& table_entries) const {
+  const std::size_t n = blocks_.size();
   std::vector<int> on_free_list(n, 0);  // [n_blocks] times each block is on the free list
   std::vector<int> on_lru(n, 0);        // [n_blocks] times each block is in the LRU list
   for (const int block : free_list_) {
@@ -435,7 +441,6 @@ void BlockManager::check_invariants() const {
     if (blocks_[static_cast<std::size_t>(block)].lru_position != position)
       broken(fmt::format("evictable block {}'s LRU position is stale", block));
   }
-  int cached = 0;
   for (std::size_t block = 0; block < n; ++block) {
     const Block& b = blocks_[block];
     if (b.ref_count != table_entries[block])
@@ -450,6 +455,16 @@ void BlockManager::check_invariants() const {
     if (on_lru[block] != (evictable ? 1 : 0))
       broken(fmt::format("block {} (refcount {}, cached {}) is in the LRU list {} times", block, b.ref_count, b.cached,
                          on_lru[block]));
+  }
+  if (free_blocks() + used_blocks() + evictable_blocks() != n_blocks_ || used_blocks() < 0)
+    broken(fmt::format("free {} + used {} + evictable {} != {} blocks", free_blocks(), used_blocks(),
+                       evictable_blocks(), n_blocks_));
+}
+
+void BlockManager::check_prefix_cache() const {
+  int cached = 0;
+  for (std::size_t block = 0; block < blocks_.size(); ++block) {
+    const Block& b = blocks_[block];
     if (!b.cached) continue;
     ++cached;
     if (static_cast<int>(b.tokens.size()) != block_size_)
@@ -468,9 +483,11 @@ void BlockManager::check_invariants() const {
     if (!blocks_[static_cast<std::size_t>(block)].cached || blocks_[static_cast<std::size_t>(block)].hash != hash)
       broken(fmt::format("a cache entry names block {}, which is not cached with that hash", block));
   }
-  if (free_blocks() + used_blocks() + evictable_blocks() != n_blocks_ || used_blocks() < 0)
-    broken(fmt::format("free {} + used {} + evictable {} != {} blocks", free_blocks(), used_blocks(),
-                       evictable_blocks(), n_blocks_));
+}
+
+void BlockManager::check_invariants() const {
+  check_block_states(check_tables());
+  check_prefix_cache();
 }
 
 }  // namespace step05

@@ -1,33 +1,24 @@
 #pragma once
 // The block manager: PagedAttention's bookkeeping, with no K/V memory of its
-// own. A pool of n_blocks physical blocks of block_size positions; each
-// sequence maps its logical blocks (positions 0..B-1, B..2B-1, ...) to
-// physical ones through its block table, like a process's page table maps
-// virtual pages to frames. The paged KV caches (paged_kv_cache.hpp) own the
-// K/V pools and ask this class which rows a position lives in; step 07's
-// scheduler links it to decide what fits.
+// own (chapter 05, section 3). A pool of n_blocks physical blocks of
+// block_size positions; each sequence maps its logical blocks to physical
+// ones through its block table, as a page table maps pages to frames. The
+// paged KV caches (paged_kv_cache.hpp) own the K/V pools; step 07's
+// scheduler asks this class what fits and reserves through it.
 //
 // Every physical block is in exactly one of three states:
 //   free       refcount 0, not in the prefix cache: on the free list
 //   used       refcount > 0: in the tables of `refcount` sequences
-//   evictable  refcount 0 but in the prefix cache: its K/V are still valid
-//              and a request with the same prefix may take it back; the
-//              least recently released one is evicted (becomes free) when
-//              the free list is empty
+//   evictable  refcount 0 but in the prefix cache (its K/V still valid); the
+//              least recently released one is evicted when the free list is empty
 //
-// Sharing. fork(parent, child, n) puts the parent's blocks of positions
-// 0..n-1 into the child's table (refcounts + 1). A write into a block held by
-// more than one sequence first copies it (copy-on-write): reserve() returns
-// the copies the cache must make before the forward writes.
-//
-// Automatic prefix caching. A FULL block is identified by the hash of (its
-// parent block's hash, its block_size token ids), so equal hashes mean equal
-// prefixes, not just equal blocks. publish_full_blocks() enters a sequence's
-// full blocks into the cache; share_cached_prefix() gives a new request every
-// leading full block already cached. The cache stores each block's tokens,
-// parent hash and the entry it was published under beside its hash and
-// compares them on a hit, so a 64-bit hash collision can never hand out
-// another prefix's K/V.
+// Sharing: fork() puts a parent's blocks into a child's table; a write into a
+// block held by more than one sequence first copies it (reserve() returns the
+// copies). Prefix caching: a FULL block's key hashes its parent's key and its
+// tokens; publish_full_blocks() enters a sequence's full blocks and
+// share_cached_prefix() hands a new request those of its longest cached
+// prefix. A hit compares the stored tokens (and serials: block_manager.cpp),
+// so a 64-bit hash collision never hands out another prefix's K/V.
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -180,6 +171,17 @@ class BlockManager {
     int last_written_held = 0;
   };
   ReserveCount count_reserve(int sequence, int first_write, int end) const;
+  // check_invariants in three parts: the tables (returns how many entries
+  // name each block: [n_blocks]), each block's state against them, the
+  // prefix cache's entries.
+  std::vector<int> check_tables() const;
+  void check_block_states(const std::vector<int>& table_entries) const;
+  void check_prefix_cache() const;
+  // The hash chain of `tokens`' first full_blocks blocks ([full_blocks]),
+  // checked before publish_full_blocks changes anything: a held block
+  // already cached must be cached for exactly these tokens (else they are not
+  // what the sequence's rows hold: InputError).
+  std::vector<std::uint64_t> checked_chain(int sequence, std::span<const int> tokens, int full_blocks) const;
   void check_sequence(int sequence, const char* operation) const;
   void check_block(int block, const char* operation) const;
   // Row `sequence` of tables_: [max_blocks_per_sequence].

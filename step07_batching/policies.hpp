@@ -40,7 +40,7 @@ struct ServingLimits {
   // Chunked prefill: rows per forward, decode rows included. Small, because
   // on a CPU a forward's time grows with its rows (part 1): the smaller the
   // chunk, the shorter the decoders' stall. A GPU, whose forward costs about
-  // the same up to hundreds of rows, takes chunks of 256-2048 (part 4 sweeps it).
+  // the same up to hundreds of rows, takes far larger chunks (part 4 sweeps it).
   int chunk_tokens = 32;
 };
 

@@ -3,9 +3,8 @@
 // requests run (decode rows, and prefill chunks in flight), which waiting
 // requests join, and who is preempted when KV blocks run out. It moves
 // RequestState pointers between the engine's two queues and reserves their
-// blocks through the one ledger of blocks (KvLedger: step 05's block
-// manager); it never touches the model, so it is tested on its own over long
-// random traces against a bare block manager.
+// blocks through the one ledger (KvLedger: step 05's block manager); it
+// never touches the model, so it is tested alone against a block manager.
 //
 // The loop (vLLM's, in miniature; chapter 07, section 3):
 //   budget = token_budget
