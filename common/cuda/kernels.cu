@@ -14,6 +14,7 @@
 #include "kernels.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/errors.hpp"
+#include "llm/kv_int8.hpp"  // store_int8_head: the host's int8 arithmetic
 
 namespace llm::cuda::kernels {
 namespace {

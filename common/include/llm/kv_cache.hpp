@@ -1,10 +1,17 @@
 #pragma once
-// The KV cache hook. Attention never indexes cache memory directly: it reads
-// K and V of one layer of one sequence through a KvView, which maps a position
-// to a row through a block table. A contiguous cache is the special case of one
-// block per sequence as long as the context; a paged cache (step 05) uses small
-// blocks; a quantized cache (step 06) adds scales beside the same table.
-#include <cmath>
+// The KV cache (docs/01_kv_cache.md, section 2): the K and V rows of every
+// layer of every sequence, kept so a decode step computes K/V for its new
+// token only. Attention never indexes cache memory directly: it reads one
+// layer of one sequence through a KvView, and the forward writes through
+// store_kv_row.
+//
+// Reading order. Step 01's cache is contiguous fp32: one [capacity, kv_dim]
+// buffer per layer and sequence (CpuKvCache). Read KvView's fp32 rows, the
+// KvCache interface and CpuKvCache; the parts marked "step 04", "step 05"
+// and "step 06" can wait for those steps: rollback, the block table of the
+// paged cache (docs/05_paged_attention.md, section 2) and int8 elements
+// (docs/06_quantization.md, section 7; their arithmetic is llm/kv_int8.hpp).
+// For a contiguous cache the block table has one entry: block = sequence.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -24,31 +31,41 @@ namespace llm {
 
 // How a cache stores each K/V element.
 enum class KvElement : std::uint8_t {
-  Float32,  // the rows as the model computed them
-  Int8,     // per (position, KV head): int8 values and one fp32 scale, value = q * scale
+  Float32,  // the rows as the model computed them (every cache until step 06)
+  Int8,     // step 06: per (position, KV head) int8 values and one fp32 scale, value = q * scale
 };
 
 // K/V rows of one layer of one sequence, as the cache stores them: the hook
 // every attention kernel reads through and every forward writes through
-// (store_kv_row). Plain data: usable in CUDA kernels. A contiguous cache is one
-// block per sequence as long as its capacity; a paged cache (step 05) uses
-// small blocks; an int8 cache (step 06) sets `element` and the int8 pools.
+// (store_kv_row). Plain data: usable in CUDA kernels. One struct for every
+// cache of the course; a contiguous fp32 cache (step 01) uses keys, values
+// and a one-entry block table, and leaves the int8 fields null.
 struct KvView {
-  // Float32 storage (element == Float32; null otherwise).
+  // Float32 storage (element == Float32; null otherwise). Contiguous cache:
+  // the layer's [num_sequences, capacity, kv_dim] rows, a block per sequence.
   float* keys = nullptr;            // block pool: [n_blocks, block_size, kv_dim]
   float* values = nullptr;          // block pool: [n_blocks, block_size, kv_dim]
-  // Int8 storage (element == Int8; null otherwise): the same row layout in
-  // int8, and one scale per row and KV head.
+  // Step 06, int8 storage (element == Int8; null otherwise): the same row
+  // layout in int8, and one scale per row and KV head.
   std::int8_t* keys_int8 = nullptr;    // block pool: [n_blocks, block_size, kv_dim]
   std::int8_t* values_int8 = nullptr;  // block pool: [n_blocks, block_size, kv_dim]
   float* key_scales = nullptr;         // [n_blocks, block_size, kv_dim / head_dim]
   float* value_scales = nullptr;       // [n_blocks, block_size, kv_dim / head_dim]
+  // Which block of the pool holds each block of the sequence. Contiguous: one
+  // entry (the sequence's own block) and block_size = capacity; step 05's
+  // paged cache: small blocks anywhere in the pool.
   const std::int32_t* block_table = nullptr;  // [ceil(positions / block_size)] physical block of each logical block
   int block_size = 0;               // positions per block
   int kv_dim = 0;                   // n_kv_heads * head_dim values per row
   int head_dim = 0;                 // values per KV head (the int8 scale granularity; set by every cache)
   KvElement element = KvElement::Float32;
 
+  // The fp32 K and V rows of position `pos` ([kv_dim] floats each). In a
+  // contiguous cache: row pos of the sequence's block.
+  LLM_HOST_DEVICE float* key_row(int pos) const { return keys + row_offset(pos); }
+  LLM_HOST_DEVICE float* value_row(int pos) const { return values + row_offset(pos); }
+
+  // --- step 05: the block table (a contiguous cache's has one entry) ---
   // Row of position `pos` inside the pool (block * block_size + slot).
   LLM_HOST_DEVICE std::size_t row_index(int pos) const {
     const int block = block_table[pos / block_size];
@@ -56,10 +73,8 @@ struct KvView {
   }
   // Offset (in elements) of position `pos`'s row inside the pool.
   LLM_HOST_DEVICE std::size_t row_offset(int pos) const { return row_index(pos) * kv_dim; }
-  // Float32 rows.
-  LLM_HOST_DEVICE float* key_row(int pos) const { return keys + row_offset(pos); }
-  LLM_HOST_DEVICE float* value_row(int pos) const { return values + row_offset(pos); }
-  // Int8 rows and their scales ([kv_dim / head_dim] per row).
+
+  // --- step 06: int8 rows and their scales ([kv_dim / head_dim] per row) ---
   LLM_HOST_DEVICE std::int8_t* key_row_int8(int pos) const { return keys_int8 + row_offset(pos); }
   LLM_HOST_DEVICE std::int8_t* value_row_int8(int pos) const { return values_int8 + row_offset(pos); }
   LLM_HOST_DEVICE float* key_row_scales(int pos) const { return key_scales + row_index(pos) * (kv_dim / head_dim); }
@@ -67,45 +82,6 @@ struct KvView {
     return value_scales + row_index(pos) * (kv_dim / head_dim);
   }
 };
-
-// Symmetric absmax quantization of one head's values: scale = max|x| / 127,
-// q = round(x / scale), so the largest value is exact and every value is
-// within scale / 2. An all-zero head gets scale 0 (and reads back as zeros).
-LLM_HOST_DEVICE inline float int8_scale_of(const float* x, int n) {
-  float absmax = 0.0f;
-  for (int i = 0; i < n; ++i) absmax = fmaxf(absmax, fabsf(x[i]));
-  return absmax / 127.0f;
-}
-LLM_HOST_DEVICE inline std::int8_t int8_quantize(float x, float scale) {
-  if (scale == 0.0f) return 0;
-  // |x / scale| <= 127 by the choice of scale; the clamp guards rounding.
-  return static_cast<std::int8_t>(fminf(127.0f, fmaxf(-127.0f, roundf(x / scale))));
-}
-
-// An int8 row back to floats: out[i] = row[i] * scales[i / head_dim].
-// row, out [kv_dim]; scales [kv_dim / head_dim].
-LLM_HOST_DEVICE inline void dequantize_int8_row(const std::int8_t* row, const float* scales, int kv_dim,
-                                                int head_dim, float* out) {
-  for (int i = 0; i < kv_dim; ++i) out[i] = static_cast<float>(row[i]) * scales[i / head_dim];
-}
-
-// Quantizes KV head `head` of one position's K and V rows ([kv_dim] floats
-// each) into an Int8 view: one scale per head and pool. Shared by the host
-// (store_kv_row) and the CUDA write kernel, so both devices store the same bytes.
-LLM_HOST_DEVICE inline void store_int8_head(const KvView& view, int pos, int head, const float* key,
-                                            const float* value) {
-  const int first = head * view.head_dim;
-  const float key_scale = int8_scale_of(key + first, view.head_dim);
-  const float value_scale = int8_scale_of(value + first, view.head_dim);
-  view.key_row_scales(pos)[head] = key_scale;
-  view.value_row_scales(pos)[head] = value_scale;
-  std::int8_t* key_out = view.key_row_int8(pos);
-  std::int8_t* value_out = view.value_row_int8(pos);
-  for (int i = first; i < first + view.head_dim; ++i) {
-    key_out[i] = int8_quantize(key[i], key_scale);
-    value_out[i] = int8_quantize(value[i], value_scale);
-  }
-}
 
 // Writes one position's K and V rows ([kv_dim] floats each, host memory)
 // into a view on the host, in the view's element type. The CUDA twin is
@@ -140,33 +116,20 @@ class KvCache {
   // True when the cache was shaped for `config` (layers and K/V width): a
   // cache of another model would be read and written out of bounds.
   virtual bool fits(const ModelConfig& config) const = 0;
-  // How the views store K/V (every view of a cache stores the same way).
-  virtual KvElement element() const { return KvElement::Float32; }
   // K/V of one layer of one sequence; its pointers are memory of device_name().
   virtual KvView view(int layer, int sequence) const = 0;
   // Makes room for positions 0..end-1 of `sequence`, of which begin..end-1
   // (begin <= length) are about to be written. A contiguous cache checks its
-  // capacity; a paged cache allocates blocks, and copies a block it shares
-  // with another sequence before begin..end-1 are written into it
-  // (copy-on-write: why the cache must know where the writes start). Throws
-  // KvCacheFullError, saying how much was asked and how much there is, when
-  // it cannot.
+  // capacity. Throws KvCacheFullError, saying how much was asked and how
+  // much there is, when it cannot. (Step 05: a paged cache allocates blocks,
+  // and copies a block it shares with another sequence before begin..end-1
+  // are written into it: copy-on-write, why the cache must know where the
+  // writes start.)
   virtual void reserve(int sequence, int begin, int end) = 0;
   // Called once per forward after every reserve and before any view is used
   // on the device: a device cache uploads block tables changed since the last
   // forward. Default: nothing to do.
   virtual void prepare() {}
-
-  // Forget positions >= new_length of a sequence (speculative rollback, reuse
-  // of a slot; a paged cache frees the blocks past it). Throws InputError when
-  // new_length > length.
-  virtual void truncate(int sequence, int new_length);
-  void clear();  // every sequence back to length 0 (truncate of each)
-  // Prefix sharing: `sequence` (empty) takes over positions 0..n_positions-1
-  // of `source`, which keeps them. A contiguous cache copies the rows; a paged
-  // cache shares the blocks. Throws InputError for a non-empty `sequence` or
-  // n_positions > length(source), KvCacheFullError when there is no room.
-  virtual void adopt_prefix(int sequence, int source, int n_positions) = 0;
 
   // Position `position` of `sequence` may be written when the slot exists and
   // the position leaves no gap (position <= length); else throws InputError.
@@ -174,9 +137,27 @@ class KvCache {
   // forgets every later one (rewriting after a rollback).
   void check_writable(int sequence, int position) const;
   void mark_written(int sequence, int position);
+  void clear();  // every sequence back to length 0 (a truncate of each, below)
 
   virtual std::size_t bytes_allocated() const = 0;  // K and V (and scales) reserved
   virtual std::size_t bytes_in_use() const = 0;     // of those, the bytes holding valid positions
+
+  // --- step 04: rollback ---
+  // Forget positions >= new_length of a sequence (speculative rollback, reuse
+  // of a slot; a paged cache frees the blocks past it). Throws InputError when
+  // new_length > length.
+  virtual void truncate(int sequence, int new_length);
+
+  // --- step 05: prefix sharing ---
+  // `sequence` (empty) takes over positions 0..n_positions-1 of `source`,
+  // which keeps them. A contiguous cache copies the rows; a paged cache
+  // shares the blocks. Throws InputError for a non-empty `sequence` or
+  // n_positions > length(source), KvCacheFullError when there is no room.
+  virtual void adopt_prefix(int sequence, int source, int n_positions) = 0;
+
+  // --- step 06: int8 elements ---
+  // How the views store K/V (every view of a cache stores the same way).
+  virtual KvElement element() const { return KvElement::Float32; }
 
  protected:
   // Throws InputError unless there is at least one sequence.
@@ -247,7 +228,8 @@ class CpuKvCache final : public KvCache {
   std::vector<std::int32_t> block_ids_;  // [num_sequences]: sequence s is block s
 };
 
-// Checks an adopt_prefix request against the lengths (shared by every cache).
+// Step 05: checks an adopt_prefix request against the lengths (shared by
+// every cache).
 void check_adopt_prefix(const KvCache& cache, int sequence, int source, int n_positions);
 
 }  // namespace llm

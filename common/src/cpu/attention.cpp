@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include "llm/kv_int8.hpp"  // dequantize_int8_row
+
 namespace llm::cpu {
 namespace {
 

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "llm/errors.hpp"
+#include "llm/kv_int8.hpp"  // store_int8_head, dequantize_int8_row
 
 namespace llm {
 
