@@ -44,10 +44,11 @@ struct AttentionKernels {
   PrefillAttentionFn prefill = reference_prefill_attention;
   DecodeAttentionFn decode = reference_decode_attention;
 
-  // Whether these kernels read a cache of `element`. The reference kernels
-  // read every element type (int8 rows dequantized with their scales); any
-  // other kernel is taken to read fp32 rows (key_row), so a model refuses to
-  // pair it with an int8 cache instead of reading int8 bytes as floats.
+  // Step 06: whether these kernels read a cache of `element`. The reference
+  // kernels read every element type (int8 rows dequantized with their
+  // scales); any other kernel is taken to read fp32 rows (key_row), so a
+  // model refuses to pair it with an int8 cache instead of reading int8
+  // bytes as floats.
   bool reads(KvElement element) const {
     return element == KvElement::Float32 ||
            (prefill == reference_prefill_attention && decode == reference_decode_attention);
