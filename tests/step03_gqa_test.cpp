@@ -19,10 +19,10 @@
 #include "llm/sampler.hpp"
 #include "step03_gqa/measure/conversion_experiment.hpp"
 #include "llm/harness/cpu_cache_flush.hpp"
-#include "step03_gqa/measure/decode_attention_sweep.hpp"
 #include "step03_gqa/gqa_attention.hpp"
 #include "step03_gqa/kv_cache_sizes.hpp"
 #include "step03_gqa/kv_heads_conversion.hpp"
+#include "step03_gqa/measure/decode_attention_sweep.hpp"
 #include "test_support.hpp"
 
 namespace step03 {

@@ -24,8 +24,8 @@
 #include "llm/errors.hpp"
 #include "step02_flash_attention/cuda_attention.hpp"  // the variants: flash1_unsupported
 #include "step02_flash_attention/cuda_model_hooks.hpp"  // flash1_prefill and its workspace function
-#include "step02_flash_attention/measure/cuda_runner.hpp"
 #include "step02_flash_attention/half_precision.hpp"
+#include "step02_flash_attention/measure/cuda_runner.hpp"
 
 namespace step02 {
 

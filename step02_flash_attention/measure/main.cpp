@@ -35,8 +35,8 @@
 #include "llm/harness/timer.hpp"
 #include "step02_flash_attention/attention_problem.hpp"
 #include "step02_flash_attention/cpu_attention.hpp"
-#include "step02_flash_attention/measure/cuda_runner.hpp"
 #include "step02_flash_attention/half_precision.hpp"
+#include "step02_flash_attention/measure/cuda_runner.hpp"
 #include "step02_flash_attention/reference_attention.hpp"
 #include "step02_flash_attention/variants.hpp"
 

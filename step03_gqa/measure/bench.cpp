@@ -17,10 +17,11 @@
 #include <span>
 
 #include "llm/cuda/cuda_runtime_api.hpp"
+#include "llm/harness/random_fill.hpp"
 #include "llm/kv_cache.hpp"
 #include "step03_gqa/cuda_gqa_attention.hpp"
-#include "step03_gqa/measure/decode_attention_sweep.hpp"
 #include "step03_gqa/gqa_attention.hpp"
+#include "step03_gqa/measure/decode_attention_sweep.hpp"
 
 namespace {
 

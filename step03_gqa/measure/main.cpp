@@ -32,10 +32,10 @@
 #include "llm/harness/result_rows.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
-#include "step03_gqa/measure/conversion_experiment.hpp"
-#include "step03_gqa/measure/decode_attention_sweep.hpp"
 #include "step03_gqa/gqa_attention.hpp"
 #include "step03_gqa/kv_cache_sizes.hpp"
+#include "step03_gqa/measure/conversion_experiment.hpp"
+#include "step03_gqa/measure/decode_attention_sweep.hpp"
 
 namespace {
 
