@@ -446,8 +446,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   // Phase 3: the second half of the weights is requested before the first
   // half is multiplied (a register double buffer). Holding all 8 steps and
   // the staging loads at once would not fit in 128 registers, and need not:
-  // ~32 KB in flight per SM keep HBM busy (Little's law: ~25 GB/s per SM x
-  // ~1 us), and 8 warps x 4 KB (x 2 blocks) already are 64 KB.
+  // ~32 KB in flight per SM keep HBM busy (Little's law with an H100's
+  // datasheet figures: 3.35 TB/s over 132 SMs is ~25 GB/s per SM, times ~1 us
+  // of latency), and 8 warps x 4 KB (x 2 blocks) already are 64 KB.
   if (warp_has_tile) load_steps<kEarlySteps, kMaxSteps>(codes, tile_codes, steps);
 
   // The math. acc[nt] is the warp's 16 x 8 output tile for tokens
