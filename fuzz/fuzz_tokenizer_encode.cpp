@@ -2,9 +2,10 @@
 // types it: any bytes, invalid UTF-8 included), with stories260K's real
 // tokenizer (tok512.bin, found as the tests find model files: $LLM_MODELS_DIR,
 // else ../shared/models) or, without it, the built-in byte-level one.
-// Checks: every id is in the vocabulary, BOS first and EOS last, and decoding
-// the ids gives back the text (the dummy-prefix space dropped after BOS, as
-// llama2.c prints it).
+// Checks: the ids are those of llama2.c's merge loop (encode_by_rescanning),
+// every id is in the vocabulary, BOS first and EOS last, and decoding the ids
+// gives back the text (the dummy-prefix space dropped after BOS, as llama2.c
+// prints it).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -39,12 +40,16 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  // encode() is quadratic in the prompt's length, as llama2.c's; prompts are
-  // short, and a long input would only make the fuzzer slow.
+  // The reference loop is quadratic in the prompt's length: a long input
+  // would only make the fuzzer slow.
   if (size > 512) return 0;
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   const llm::Tokenizer& t = tokenizer();
   const std::vector<int> ids = t.encode(text, /*add_bos=*/true, /*add_eos=*/true);
+  if (ids != t.encode_by_rescanning(text, /*add_bos=*/true, /*add_eos=*/true)) {
+    std::fprintf(stderr, "encode and encode_by_rescanning differ on %zu bytes\n", size);
+    std::abort();
+  }
   if (ids.size() < 2 || ids.front() != llm::Tokenizer::kBos || ids.back() != llm::Tokenizer::kEos) std::abort();
   std::string decoded;
   for (std::size_t i = 1; i + 1 < ids.size(); ++i) {
