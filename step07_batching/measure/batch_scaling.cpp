@@ -68,9 +68,9 @@ float sum_of(std::span<const float> buffer) {
 // one thread. The cap: a server's OS reports the whole socket's L3, of which
 // one core uses its own core complex's slice (tens of MiB), so a few hundred
 // MiB already stream from DRAM, while touching each new page costs more
-// than reading it (on a VM, about 3 ms per MiB: a 1 GiB buffer would take
-// seconds to set up). A forward whose bytes fit in the cache may read them
-// faster than this (print_batch_scaling says when).
+// than reading it (a buffer of a GiB would take seconds to set up). A
+// forward whose bytes fit in the cache may read them faster than this
+// (print_batch_scaling says when).
 double measure_cpu_read_bandwidth_gbps(std::size_t last_level_cache, std::size_t max_bytes, int runs,
                                        std::string& how) {
   const std::size_t min_bytes = std::min<std::size_t>(std::size_t{64} << 20, max_bytes);

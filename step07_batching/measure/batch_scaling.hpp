@@ -1,31 +1,21 @@
 #pragma once
-// Part 1 of the step: why decode batches almost for free.
+// Part 1 of the step: why decode batches almost for free (chapter 07,
+// section 2). One forward of n decode rows, each the next token of a
+// different sequence with `context` positions already in a paged cache, for
+// n = 1, 2, 4, ... At batch 1 a decode step reads every weight to do two
+// FLOPs with it; n rows read the weights ONCE and do 2n FLOPs with each, so
+// until the arithmetic catches up with the memory traffic, n rows cost about
+// what one row costs. What does not batch: each row's K/V, read for that row
+// alone (about 1 FLOP per byte at any n).
 //
-// One forward pass of n decode rows, each row the next token of a different
-// sequence whose first `context` positions are already in a paged cache
-// (filled by a prefill of seeded tokens), for n = 1, 2, 4, ... 64. At batch 1
-// a decode step reads every weight to do two FLOPs with it; n rows read the
-// weights ONCE for the whole batch and do 2n FLOPs with each, so until the
-// arithmetic catches up with the memory traffic, n rows cost about what one
-// row costs and tokens/s grow about n-fold. What does not batch: each row's
-// K/V, read for that row alone (about 1 FLOP per byte at any n).
-//
-// Beside each measurement, the roofline model of the same forward:
-//   bytes      = weights once (fp32: step 01's decode_bytes_per_token at
-//                context 0) + n x K/V of the positions each row attends
+// Beside each measurement, its roofline:
+//   bytes      = weights once (step 01's decode_bytes_per_token at context 0)
+//                + n x K/V of the positions each row attends
 //   FLOPs      = 2 x parameters x n + attention's 4 x positions x dim x layers x n
-//   intensity  = FLOPs / bytes
 //   predicted  = max(bytes / bandwidth, FLOPs / compute rate)
-// with the device's bandwidth and compute rate measured in the same run
-// (DeviceCeilings: on the CPU a streaming read of a buffer past the caches
-// and the model's own matrix product at a compute-bound shape; on the GPU
-// common's copy bandwidth and the model's prefill). And, computed from the model's size only (nothing run),
-// Llama-2-7B in fp16 on an H100 at its nominal 3.35 TB/s and 990 dense fp16
-// TFLOP/s: the roofline the docs chapter discusses.
-//
-// Every batched row's logits are checked against the same sequence's solo
-// 1-row forward (fp32 end-to-end logits tolerance): batching changes the
-// order of sums, never the result beyond rounding.
+// with the ceilings measured in the same run (DeviceCeilings), and Llama-2-7B
+// in fp16 on an H100, computed from its datasheet (nothing run). Every
+// batched row's logits are checked against its sequence's solo forward.
 #include <cstddef>
 #include <cstdint>
 #include <string>
