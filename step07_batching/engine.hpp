@@ -76,7 +76,7 @@ struct IterationRecord {
   int prefill_rows = 0;  // every other row (prompt chunks, recomputes)
   int waiting = 0;       // requests left waiting after the schedule
   int preempted = 0;     // requests preempted by this schedule
-  int blocks_used = 0;   // KV blocks held after the forward
+  int blocks_used = 0;   // KV blocks held after the forward (a chunked prompt's whole sequence included)
 };
 
 class Engine {
