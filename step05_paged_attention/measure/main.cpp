@@ -23,6 +23,7 @@
 #include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
 #include "llm/harness/model_on_device.hpp"
+#include "llm/harness/progress.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
 #include "step05_paged_attention/measure/kernel_overhead.hpp"
@@ -233,13 +234,15 @@ struct ModelParts {
 };
 ModelParts run_model_parts(const Step05Options& options, const llm::LoadedModel& loaded,
                            const llm::DeviceSelection& devices, std::span<const int> prompt, int positions,
-                           const Plan& plan) {
+                           const Plan& plan, llm::RunProgress& progress) {
   ModelParts parts;
   for (const std::string& device : llm::selected_device_names(devices)) {
     const auto baseline = llm::make_model_on(device, loaded.weights);
     const auto paged = step05::make_paged_model_on(device, loaded.weights);
     const auto prompts = step05::make_shared_prefix_prompts(*baseline, prompt, options.sharing);
+    progress.start(fmt::format("{}: requests sharing a system prompt, without and with the prefix cache", device));
     parts.sharing.push_back(step05::run_prefix_sharing(device, *paged, prompts, options.sharing));
+    progress.start(fmt::format("{}: greedy generation through the paged cache, checked token for token", device));
     const auto checks = step05::check_paged_generation(device, *baseline, *paged, prompt, positions, plan.generation);
     parts.generation.insert(parts.generation.end(), checks.begin(), checks.end());
   }
@@ -276,10 +279,14 @@ int run_step05(int argc, char** argv) {
   const Plan plan = plan_from(options, devices);  // every flag checked before any work
 
   // 1. Memory: the trace through a fixed budget. 2. The kernels' overhead.
+  const auto device_count = static_cast<int>(llm::selected_device_names(devices).size());
+  llm::RunProgress progress("step05_paged_attention", 2 + 2 * device_count);
+  progress.start("the request trace through a KV budget, contiguous and paged");
   const std::vector<step05::ModelMemoryReplay> memory = replay_for_models(options, loaded);
+  progress.start("paged against contiguous decode attention on the same K/V");
   const step05::KernelOverheadResult overhead = step05::run_kernel_overhead(plan.overhead);
   // 3. Prefix sharing and 4. exact generation through the paged cache.
-  const ModelParts parts = run_model_parts(options, loaded, devices, prompt, positions, plan);
+  const ModelParts parts = run_model_parts(options, loaded, devices, prompt, positions, plan, progress);
 
   llm::Results results = make_results(options, loaded, devices, plan);
   report(results, options, devices, memory, overhead, parts);

@@ -24,6 +24,7 @@
 #include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
 #include "llm/harness/model_on_device.hpp"
+#include "llm/harness/progress.hpp"
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
 #include "step06_quantization/measure/kernel_table.hpp"
@@ -257,12 +258,16 @@ int run_step06(int argc, char** argv) {
   const int positions = llm::generation_positions(options.common, loaded.weights.config, prompt.size());
   const Plan plan = plan_from(options, loaded, devices, prompt, positions);  // every flag checked before any work
 
+  llm::RunProgress progress("step06_quantization", 3);
   // 1. The kernels alone.
+  progress.start("the quantized products alone, per shape, format and batch");
   const step06::KernelTable kernels = step06::run_kernel_table(plan.shapes, plan.kernels);
   // 2. Decode speed on the small preset (memory-bound dims, random weights).
+  progress.start("decode speed of the small preset in every weight format");
   const std::vector<step06::ModelRow> small_speed = step06::run_model_table(
       "preset small", llm::random_weights(llm::find_preset("small").config, options.common.seed), plan.small_speed);
   // 2 and 3. This model: speed, and quality against fp32.
+  progress.start(fmt::format("{}: decode speed and quality against fp32 in every weight format", loaded.name));
   const std::vector<step06::ModelRow> this_model =
       step06::run_model_table(loaded.name, loaded.weights, plan.this_model);
 
