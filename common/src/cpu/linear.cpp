@@ -29,10 +29,10 @@ void DenseLinear::forward(const float* x, int rows, float* y) const {
     // weight row with x, so the whole matrix streams through once per token
     // and memory bandwidth is the limit. One row at a time, on purpose:
     // Eigen's general `w * x` walks several weight rows side by side (that
-    // many read streams, `in_` floats apart), and measured on one core of an
-    // AMD EPYC that reached 16-20 GB/s, where reading W front to back as a
-    // single sequential stream reached 28-32 GB/s, the rate llama2.c's
-    // one-row loop gets (docs/01_kv_cache.md, section 5.2).
+    // many read streams, `in_` floats apart), which a core's prefetchers
+    // follow less well than one sequential stream front to back, the way
+    // llama2.c's one-row loop reads W. The chapter measures both
+    // (docs/01_kv_cache.md, section 5.2).
     matvec_row_by_row(weight_.data(), out_, in_, x, y);
     return;
   }
