@@ -45,8 +45,7 @@ int PagedCacheLedger::share_cached_prefix(int slot, std::span<const int> tokens)
 }
 
 Engine::Engine(llm::Model& model, const EngineOptions& options, const ServingClock& clock)
-    : options_(options),
-      model_(model),
+    : model_(model),
       clock_(clock),
       scheduler_(options.scheduler),
       cache_(step05::make_paged_kv_cache(model.device_name(), model.config(), cache_options(model.config(), options))),
@@ -154,7 +153,7 @@ void Engine::sample_and_finish(const Schedule& schedule, std::span<const float> 
     RequestState& request = *entry.request;
     const bool samples = entry.samples_token();  // before computed moves: the rows reached the last token
     request.computed += entry.n_rows;
-    if (options_.prefix_caching) publish_filled_blocks(request, entry.first_position);
+    if (ledger_.prefix_caching()) publish_filled_blocks(request, entry.first_position);
     if (!samples) continue;  // a prompt chunk short of the end, or a recompute: its logits are not needed
     const int token = request.sampler.sample(logits.subspan(i * vocab, vocab));
     request.tokens.push_back(token);

@@ -52,6 +52,7 @@ class PagedCacheLedger final : public KvLedger {
   int share_cached_prefix(int slot, std::span<const int> tokens) override;
   void reserve(int slot, int first_write, int end) override { cache_.reserve(slot, first_write, end); }
   void release(int slot) override { cache_.truncate(slot, 0); }
+  bool prefix_caching() const { return prefix_caching_; }
 
  private:
   step05::PagedKvCache& cache_;
@@ -126,7 +127,6 @@ class Engine {
   // Prefix caching: the blocks rows first_position.. of `request` filled enter the prefix cache.
   void publish_filled_blocks(const RequestState& request, int first_position);
 
-  EngineOptions options_;
   llm::Model& model_;
   const ServingClock& clock_;
   Scheduler scheduler_;
