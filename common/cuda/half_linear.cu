@@ -1,0 +1,560 @@
+// Half-precision weights (fp16, bf16) for the CUDA model: HalfCudaLinear
+// (half_linear.hpp), its GEMV for 1..16 rows and its cuBLAS path for more.
+//
+// What is half and what is not. Only the weights are rounded (once, at
+// construction, round to nearest even). At decode a token's activations are
+// a few KB (x [rows, in] fp32) against MB of weights per product, so the
+// weights are what a token's time is made of, and halving them is what pays;
+// rounding x too would save almost nothing on the GEMV path. Keeping x, y,
+// the residual stream and the norms in fp32 (and every sum in fp32) leaves
+// the weights' rounding as the only new error against the fp32 CPU
+// reference, which keeps that comparison tight. (The prefill path does round
+// x to the half type: see forward_gemm.)
+//
+// The GEMV (rows <= kMaxGemvRows = 16). Why 16: speculative decoding verifies
+// k + 1 <= 9 rows at once and step 07 batches a few sequences per step; a
+// GEMV that reads every weight byte once whatever the row count makes those
+// rows nearly free at decode, where cublasSgemm's kernels for 9 rows took
+// 1.2-1.7x the time of one row. The row count is a template parameter,
+// rounded up to a bucket (1, 2, 4, 8, 16; the extra rows are zeros that are
+// never written), so the sums live in registers.
+//
+//   weights  [out, padded_in] half bit patterns, padded_in = in rounded up to
+//            8 (16 bytes), columns [in, padded_in) zero: every row starts
+//            16-byte aligned (cudaMalloc is 256-byte aligned), so any `in`
+//            works with 16-byte loads and no scalar tail;
+//   x        [rows, in] fp32, row-major;  y [rows, out] fp32, row-major;
+//   partials [k_splits, rows, out] fp32 and counters [output blocks]
+//            (HalfActivationScratch), only when the columns are split.
+//
+// Vector width: 16 bytes (8 halves) per load, the widest load a thread has;
+// fewer, wider loads keep more bytes in flight per instruction, which is what
+// a memory-bound kernel needs to reach HBM bandwidth.
+//
+// Block shape: 256 threads = 8 warps. Within a warp, 8 lanes share one weight
+// row: they read 8 x 16 = 128 contiguous bytes of it (a whole cache line) per
+// step of 64 columns, so a warp reads 4 rows per load instruction, and each
+// lane does that for 2 output rows (kOutputsPerLane): a warp owns 8 output
+// rows, a block 64. Why not 32 lanes on one row (512 bytes): x. A lane's x
+// values for its 8 columns serve both its rows, and the 4 lane groups of a
+// warp read the same x addresses from shared memory (a broadcast), so shared
+// memory delivers 128 bytes of x per warp instruction instead of 512, and the
+// 8-lane reduction at the end is 3 shuffles instead of 5. At 16 rows every
+// weight is multiplied 16 times in fp32: at an H100's 3.35 TB/s that is
+// about 27 TFMA/s, some 80% of its fp32 peak (33.5), so the instructions
+// around the FMAs must stay few, and 16 rows may run somewhat slower than 1.
+//
+// x in shared memory. All 8 warps of a block multiply the same x, so the
+// block stages a chunk of x's columns (16 KB: 4096 / kRows columns of every
+// row) in shared memory once, and every warp reads it from there. A block's
+// 64 outputs make the x traffic from L2 into the SM (4 * rows bytes per
+// column) at most half its weight traffic (64 * 2 bytes per column) at 16
+// rows. The chunk is stored swizzled so that the 8 lanes of a group read 128
+// contiguous bytes (no bank conflicts).
+//
+// Filling the GPU: 64 outputs per block give out / 64 blocks, too few for
+// out = 256 (TinyLlama's K/V projections: 4 blocks) and even out = 2048 (32)
+// on 132 SMs. So the columns are split into k_splits slices (gridDim.y),
+// chosen at construction from the shape and the SM count (about 2 blocks per
+// SM, slices of whole 64-column steps). Each slice's block writes its partial
+// sums; the last block of an output block to finish (a ticket counter) adds
+// the slices' partials in slice order and writes y. No atomicAdd on y, so
+// the result is bitwise reproducible, and the order of every output's sum
+// depends only on the shape, never on the row count: a row gives the same
+// bits alone or among 16 (the test checks it).
+//
+// Loads in flight: each lane requests kStepsPerBatch x kOutputsPerLane = 8
+// vectors (128 bytes) before it uses any, with 2 or more blocks per SM (the
+// launch bounds cap registers at 128 for that): 64 KB or more per SM, enough
+// to cover HBM latency at full bandwidth.
+#include "half_linear.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "llm/cuda/cuda_check.hpp"
+#include "llm/cuda/cuda_runtime_api.hpp"
+#include "llm/errors.hpp"
+
+namespace llm::cuda {
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr int kGemvWarps = 8;
+constexpr int kGemvThreads = kGemvWarps * kWarpSize;  // 256
+// Blocks per SM the launch bounds ask for (registers <= 65536 / (2 * 256) =
+// 128 per thread): two blocks let one stream weights while the other waits at
+// a barrier for its next chunk of x.
+constexpr int kGemvMinBlocksPerSm = 2;
+constexpr int kHalvesPerVector = 8;                                   // one 16-byte load
+constexpr int kLanesPerWeightRow = 8;                                 // 8 x 16 = 128 bytes of a row per step
+constexpr int kLaneGroupsPerWarp = kWarpSize / kLanesPerWeightRow;    // 4
+constexpr int kOutputsPerLane = 2;
+constexpr int kOutputsPerBlock = kGemvWarps * kLaneGroupsPerWarp * kOutputsPerLane;  // 64
+constexpr int kStepElements = kLanesPerWeightRow * kHalvesPerVector;  // 64 columns per step
+constexpr int kStepsPerBatch = 4;                                     // steps whose loads are issued together
+constexpr int kBatchElements = kStepsPerBatch * kStepElements;        // 256 columns
+constexpr int kStagedXFloats = 4096;                                  // 16 KB of x per chunk
+// Wanted GEMV blocks per SM when choosing the column split.
+constexpr int kWantedBlocksPerSm = 2;
+// Element-wise kernels (conversions): 256 threads, a grid-stride loop over at
+// most 65535 blocks (as kernels.cu does).
+constexpr int kElementwiseThreads = 256;
+constexpr std::size_t kMaxElementwiseBlocks = 65535;
+static_assert(kGemvThreads % kWarpSize == 0 && kWarpSize % kLanesPerWeightRow == 0);
+static_assert(kStagedXFloats % (kMaxGemvRows * kBatchElements) == 0,
+              "every row bucket's chunk must hold whole batches");
+
+constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+constexpr int round_up(int a, int b) { return ceil_div(a, b) * b; }
+
+int elementwise_blocks(std::size_t count) {
+  return static_cast<int>(
+      std::clamp<std::size_t>((count + kElementwiseThreads - 1) / kElementwiseThreads, 1, kMaxElementwiseBlocks));
+}
+
+// The two half types, as bit patterns (std::uint16_t) outside the kernels.
+struct Float16Traits {
+  static constexpr cudaDataType_t kCublasType = CUDA_R_16F;
+  static constexpr std::uint16_t kExponentMask = 0x7c00;  // all ones: inf or NaN
+  __device__ static float to_float(std::uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+  // Round to nearest even; beyond 65504 (from 65520 on) the result is inf.
+  __device__ static std::uint16_t from_float(float value) { return __half_as_ushort(__float2half_rn(value)); }
+};
+struct BFloat16Traits {
+  static constexpr cudaDataType_t kCublasType = CUDA_R_16BF;
+  static constexpr std::uint16_t kExponentMask = 0x7f80;
+  __device__ static float to_float(std::uint16_t bits) { return __bfloat162float(__ushort_as_bfloat16(bits)); }
+  __device__ static std::uint16_t from_float(float value) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(value));
+  }
+};
+
+// The 16-bit element `index` (0..7) of a 16-byte vector: little-endian, so
+// element 2i is the low half of 32-bit word i.
+template <class Traits>
+__device__ float vector_element(const uint4& vector, int index) {
+  const unsigned int words[4] = {vector.x, vector.y, vector.z, vector.w};
+  const unsigned int word = words[index / 2];
+  return Traits::to_float(static_cast<std::uint16_t>(index % 2 == 0 ? word & 0xffffu : word >> 16));
+}
+
+// weight [out, in] fp32 -> bits [out, padded_in] of the half type, padding
+// columns zero; counts the results that are not finite.
+template <class Traits>
+__global__ void round_weights_kernel(const float* __restrict__ weight, int out, int in, int padded_in,
+                                     std::uint16_t* __restrict__ bits, unsigned long long* __restrict__ non_finite) {
+  const std::size_t count = static_cast<std::size_t>(out) * static_cast<std::size_t>(padded_in);
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
+    const std::size_t row = i / static_cast<std::size_t>(padded_in);
+    const int column = static_cast<int>(i % static_cast<std::size_t>(padded_in));
+    std::uint16_t rounded = 0;
+    if (column < in) {
+      rounded = Traits::from_float(weight[row * static_cast<std::size_t>(in) + static_cast<std::size_t>(column)]);
+      if ((rounded & Traits::kExponentMask) == Traits::kExponentMask) atomicAdd(non_finite, 1ull);
+    }
+    bits[i] = rounded;
+  }
+}
+
+// x [count] fp32 -> bits [count] of the half type (the prefill path's B).
+template <class Traits>
+__global__ void round_activations_kernel(const float* __restrict__ x, std::size_t count,
+                                         std::uint16_t* __restrict__ bits) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    bits[i] = Traits::from_float(x[i]);
+}
+
+struct GemvArguments {
+  const std::uint16_t* weight = nullptr;    // [out, padded_in] half bit patterns
+  const float* x = nullptr;                 // [rows, in]
+  float* y = nullptr;                       // [rows, out]
+  float* partial_sums = nullptr;            // [k_splits, rows, out], when k_splits > 1
+  unsigned int* split_counters = nullptr;   // [output blocks], when k_splits > 1
+  int rows = 0;                             // 1..kRows of the bucket
+  int out = 0;
+  int in = 0;
+  int padded_in = 0;
+  int steps_per_split = 0;                  // 64-column steps per slice
+  int k_splits = 1;                         // gridDim.y
+};
+
+// Where column c (0 .. chunk length) of a staged x row lives in shared
+// memory. Within each 64-column step, the 8 columns of lane group member
+// `sublane` (c = 8 sublane + j) are stored as two float4: j = 0..3 at
+// 4 sublane, j = 4..7 at 32 + 4 sublane. The 8 lanes of a group then read
+// 2 x 128 contiguous bytes, and the 4 groups of a warp the same addresses.
+__device__ int staged_column(int column) {
+  const int step = column / kStepElements, within = column % kStepElements;
+  const int sublane = within / kHalvesPerVector, j = within % kHalvesPerVector;
+  return step * kStepElements + (j / 4) * (kStepElements / 2) + sublane * 4 + j % 4;
+}
+
+// Grid (output blocks, k_splits), kGemvThreads threads. Block (b, s)
+// computes outputs [64 b, 64 b + 64) over columns [k_begin, k_end) of slice
+// s for args.rows <= kRows rows. Lane `sublane` (0..7) of lane group
+// `lane_group` (0..3) of warp w owns outputs first_output + 0, 1 and reads
+// 16 bytes at column k = batch + 64 step + 8 sublane of each: per output and
+// row, a lane sums its columns in increasing order with fmaf, then the group
+// adds its 8 lanes (xor shuffles 4, 2, 1) and the slices are added in slice
+// order: an order fixed by the shape alone.
+template <class Traits, int kRows>
+__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_kernel(const GemvArguments args) {
+  constexpr int kChunkElements = kStagedXFloats / kRows;  // columns of x staged at a time
+  static_assert(kChunkElements % kBatchElements == 0);
+  // x [kRows, kChunkElements] of the current chunk, columns swizzled
+  // (staged_column); rows >= args.rows and columns past the slice are zero.
+  __shared__ __align__(16) float staged_x[kStagedXFloats];
+  __shared__ bool is_last_block;
+
+  const int thread = static_cast<int>(threadIdx.x);
+  const int lane = thread % kWarpSize;
+  const int warp = thread / kWarpSize;
+  const int sublane = lane % kLanesPerWeightRow;
+  const int lane_group = lane / kLanesPerWeightRow;
+  const int output_block = static_cast<int>(blockIdx.x);
+  const int split = static_cast<int>(blockIdx.y);
+  const int first_output =
+      output_block * kOutputsPerBlock + (warp * kLaneGroupsPerWarp + lane_group) * kOutputsPerLane;
+
+  const int first_step = split * args.steps_per_split;
+  const int k_begin = first_step * kStepElements;
+  const int k_end = min((first_step + args.steps_per_split) * kStepElements, args.padded_in);  // a multiple of 8
+  const int x_end = min(k_end, args.in);
+
+  bool output_valid[kOutputsPerLane];
+  const uint4* weight_row[kOutputsPerLane];  // 16-byte vectors of this lane's output rows
+#pragma unroll
+  for (int o = 0; o < kOutputsPerLane; ++o) {
+    const int output = first_output + o;
+    output_valid[o] = output < args.out;
+    const std::size_t row = output_valid[o] ? static_cast<std::size_t>(output) : 0;
+    weight_row[o] = reinterpret_cast<const uint4*>(args.weight + row * static_cast<std::size_t>(args.padded_in));
+  }
+
+  float sums[kOutputsPerLane][kRows];
+#pragma unroll
+  for (int o = 0; o < kOutputsPerLane; ++o)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) sums[o][r] = 0.0f;
+
+  for (int chunk_k = k_begin; chunk_k < k_end; chunk_k += kChunkElements) {
+    const int chunk_length = min(kChunkElements, k_end - chunk_k);
+    const int staged_length = round_up(chunk_length, kBatchElements);  // whole batches, zero past the slice
+    __syncthreads();  // every warp is done with the previous chunk
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      for (int column = thread; column < staged_length; column += kGemvThreads) {
+        const int k = chunk_k + column;
+        staged_x[r * kChunkElements + staged_column(column)] =
+            r < args.rows && k < x_end ? args.x[static_cast<std::size_t>(r) * args.in + k] : 0.0f;
+      }
+    __syncthreads();
+
+    for (int batch_offset = 0; batch_offset < chunk_length; batch_offset += kBatchElements) {
+      // Every load of the batch first (8 x 16 bytes in flight per lane),
+      // then the arithmetic. Past the slice's end, or for outputs past
+      // `out`, the vector is zero (and so is x there): adding 0 * 0 changes
+      // no sum.
+      uint4 raw[kStepsPerBatch][kOutputsPerLane];
+#pragma unroll
+      for (int step = 0; step < kStepsPerBatch; ++step)
+#pragma unroll
+        for (int o = 0; o < kOutputsPerLane; ++o) {
+          const int k = chunk_k + batch_offset + step * kStepElements + sublane * kHalvesPerVector;
+          raw[step][o] =
+              output_valid[o] && k < k_end ? __ldg(weight_row[o] + k / kHalvesPerVector) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+      for (int step = 0; step < kStepsPerBatch; ++step) {
+        float weights[kOutputsPerLane][kHalvesPerVector];
+#pragma unroll
+        for (int o = 0; o < kOutputsPerLane; ++o)
+#pragma unroll
+          for (int j = 0; j < kHalvesPerVector; ++j) weights[o][j] = vector_element<Traits>(raw[step][o], j);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const float* x_step = staged_x + r * kChunkElements + batch_offset + step * kStepElements + sublane * 4;
+          const float4 low = *reinterpret_cast<const float4*>(x_step);
+          const float4 high = *reinterpret_cast<const float4*>(x_step + kStepElements / 2);
+          const float x_values[kHalvesPerVector] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+#pragma unroll
+          for (int o = 0; o < kOutputsPerLane; ++o)
+#pragma unroll
+            for (int j = 0; j < kHalvesPerVector; ++j) sums[o][r] = fmaf(weights[o][j], x_values[j], sums[o][r]);
+        }
+      }
+    }
+  }
+
+  // The 8 lanes of a group hold partial sums of the same outputs: add them.
+#pragma unroll
+  for (int o = 0; o < kOutputsPerLane; ++o)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int offset = kLanesPerWeightRow / 2; offset > 0; offset /= 2)
+        sums[o][r] += __shfl_xor_sync(0xffffffffu, sums[o][r], offset);
+
+  const bool writes = sublane == 0;
+  if (args.k_splits == 1) {
+    if (writes) {
+#pragma unroll
+      for (int o = 0; o < kOutputsPerLane; ++o)
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+          if (output_valid[o] && r < args.rows)
+            args.y[static_cast<std::size_t>(r) * args.out + first_output + o] = sums[o][r];
+    }
+    return;  // the whole block returns: no barrier follows
+  }
+
+  // Split columns: this slice's partial sums (to L2), then a ticket; the last
+  // block of this output block adds every slice's partials in slice order.
+  if (writes) {
+#pragma unroll
+    for (int o = 0; o < kOutputsPerLane; ++o)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        if (output_valid[o] && r < args.rows)
+          __stcg(args.partial_sums + (static_cast<std::size_t>(split) * args.rows + r) * args.out + first_output + o,
+                 sums[o][r]);
+  }
+  // Release: each thread's partials are visible device-wide before the
+  // ticket is taken (the fence), and every thread has fenced before thread 0
+  // takes it (the barrier).
+  __threadfence();
+  __syncthreads();
+  if (thread == 0) {
+    // atomicInc wraps to 0 after k_splits - 1: the last block leaves the
+    // counter at zero for the next launch (or the next layer sharing it).
+    const unsigned int last_ticket = static_cast<unsigned int>(args.k_splits - 1);
+    const unsigned int ticket = atomicInc(args.split_counters + output_block, last_ticket);
+    __threadfence();  // acquire: the other slices' partials are read after their tickets
+    is_last_block = ticket == last_ticket;
+  }
+  __syncthreads();
+  if (!is_last_block) return;
+  for (int index = thread; index < args.rows * kOutputsPerBlock; index += kGemvThreads) {
+    const int r = index / kOutputsPerBlock;
+    const int output = output_block * kOutputsPerBlock + index % kOutputsPerBlock;
+    if (output >= args.out) continue;
+    float sum = 0.0f;
+    // __ldcg: from L2, where the other blocks' stores went (never a stale L1 line).
+    for (int s = 0; s < args.k_splits; ++s)
+      sum += __ldcg(args.partial_sums + (static_cast<std::size_t>(s) * args.rows + r) * args.out + output);
+    args.y[static_cast<std::size_t>(r) * args.out + output] = sum;
+  }
+}
+
+template <class Traits>
+void launch_gemv(const GemvArguments& args, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned int>(ceil_div(args.out, kOutputsPerBlock)),
+                  static_cast<unsigned int>(args.k_splits));
+  // The smallest bucket that holds the rows.
+  if (args.rows <= 1)
+    half_gemv_kernel<Traits, 1><<<grid, kGemvThreads, 0, stream>>>(args);
+  else if (args.rows <= 2)
+    half_gemv_kernel<Traits, 2><<<grid, kGemvThreads, 0, stream>>>(args);
+  else if (args.rows <= 4)
+    half_gemv_kernel<Traits, 4><<<grid, kGemvThreads, 0, stream>>>(args);
+  else if (args.rows <= 8)
+    half_gemv_kernel<Traits, 8><<<grid, kGemvThreads, 0, stream>>>(args);
+  else
+    half_gemv_kernel<Traits, 16><<<grid, kGemvThreads, 0, stream>>>(args);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+static_assert(kMaxGemvRows == 16, "launch_gemv's largest bucket is 16 rows");
+
+// cublasSetStream only when the handle is on another stream: setting it
+// resets the handle's workspace to cuBLAS's own pool, which would undo a
+// workspace the model bound to its stream.
+void use_cublas_stream(cublasHandle_t cublas, cudaStream_t stream) {
+  cudaStream_t current = nullptr;
+  LLM_CUBLAS_CHECK(cublasGetStream(cublas, &current));
+  if (current != stream) LLM_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+}
+
+// "[out, in]". (Appended piece by piece: GCC 12 at -O3 warns falsely
+// (-Wrestrict) about "[" + std::to_string(...).)
+std::string shape_text(int out, int in) {
+  std::string text = "[";
+  text += std::to_string(out);
+  text += ", ";
+  text += std::to_string(in);
+  text += "]";
+  return text;
+}
+
+}  // namespace
+
+std::string to_string(HalfType type) { return type == HalfType::Float16 ? "fp16" : "bf16"; }
+
+HalfCudaLinear::HalfCudaLinear(std::span<const float> weight, int out_features, int in_features, HalfType type,
+                               std::shared_ptr<HalfActivationScratch> scratch, cublasHandle_t cublas)
+    : out_(out_features),
+      in_(in_features),
+      padded_in_(0),
+      type_(type),
+      scratch_(std::move(scratch)),
+      cublas_(cublas) {
+  if (out_features <= 0 || in_features <= 0 ||
+      weight.size() != static_cast<std::size_t>(out_features) * static_cast<std::size_t>(in_features))
+    throw InputError("linear layer: " + std::to_string(weight.size()) + " weights do not make a " +
+                     shape_text(out_features, in_features) + " matrix");
+  if (in_features > (1 << 24))
+    throw InputError("linear layer " + shape_text(out_features, in_features) +
+                     ": more than 2^24 input features (the GEMV's column indices are ints)");
+  if (scratch_ == nullptr) throw std::logic_error("HalfCudaLinear: no scratch (pass a HalfActivationScratch)");
+  padded_in_ = round_up(in_, kHalvesPerVector);
+
+  // Round on the device: the fp32 matrix goes up once (a temporary), the
+  // half one stays. The count of non-finite results comes back with a
+  // synchronous copy, so the weights are ready when the constructor returns.
+  const DeviceBuffer<float> weight_fp32(weight);
+  weight_.ensure(static_cast<std::size_t>(out_) * static_cast<std::size_t>(padded_in_));
+  DeviceBuffer<unsigned long long> non_finite(1);
+  non_finite.zero();
+  const int blocks = elementwise_blocks(weight_.size());
+  if (type_ == HalfType::Float16)
+    round_weights_kernel<Float16Traits><<<blocks, kElementwiseThreads>>>(weight_fp32.data(), out_, in_, padded_in_,
+                                                                         weight_.data(), non_finite.data());
+  else
+    round_weights_kernel<BFloat16Traits><<<blocks, kElementwiseThreads>>>(weight_fp32.data(), out_, in_, padded_in_,
+                                                                          weight_.data(), non_finite.data());
+  LLM_CUDA_CHECK_LAUNCH();
+  unsigned long long non_finite_count = 0;
+  non_finite.download(std::span<unsigned long long>(&non_finite_count, 1));
+  if (non_finite_count > 0) {
+    const std::string why = type_ == HalfType::Float16
+                                ? "fp16's largest finite value is 65504: keep this model in bf16 or fp32"
+                                : "the fp32 weights were inf or NaN, or beyond bf16's largest value, about 3.39e38";
+    throw InputError("linear layer " + shape_text(out_, in_) + ": " + std::to_string(non_finite_count) + " of " +
+                     std::to_string(weight.size()) + " weights are not finite after rounding to " + to_string(type_) +
+                     " (" + why + ")");
+  }
+
+  // The column split: about kWantedBlocksPerSm blocks per SM, slices of
+  // whole steps, none empty. Depends on the shape and the GPU only.
+  const int output_blocks = ceil_div(out_, kOutputsPerBlock);
+  const int total_steps = ceil_div(padded_in_, kStepElements);
+  const int wanted_splits = ceil_div(kWantedBlocksPerSm * sm_count(), output_blocks);
+  const int splits = std::clamp(wanted_splits, 1, std::min(total_steps, 65535));  // gridDim.y <= 65535
+  gemv_steps_per_split_ = ceil_div(total_steps, splits);
+  gemv_k_splits_ = ceil_div(total_steps, gemv_steps_per_split_);
+}
+
+void HalfCudaLinear::reserve_rows(int rows) {
+  if (rows <= 0) return;
+  HalfActivationScratch& scratch = *scratch_;
+  const auto gemv_rows = static_cast<std::size_t>(std::min(rows, kMaxGemvRows));
+  const std::size_t partial_floats =
+      gemv_k_splits_ > 1 ? static_cast<std::size_t>(gemv_k_splits_) * gemv_rows * static_cast<std::size_t>(out_) : 0;
+  const std::size_t counters = gemv_k_splits_ > 1 ? static_cast<std::size_t>(ceil_div(out_, kOutputsPerBlock)) : 0;
+  const std::size_t activation_halves =
+      rows > kMaxGemvRows ? static_cast<std::size_t>(rows) * static_cast<std::size_t>(in_) : 0;
+  if (partial_floats <= scratch.partial_sums.size() && counters <= scratch.split_counters.size() &&
+      activation_halves <= scratch.activations.size())
+    return;
+  // Growing frees the old buffers: nothing queued before may still use them.
+  LLM_CUDA_CHECK(cudaDeviceSynchronize());
+  scratch.partial_sums.ensure(partial_floats);
+  scratch.activations.ensure(activation_halves);
+  if (counters > scratch.split_counters.size()) {
+    scratch.split_counters.ensure(counters);
+    scratch.split_counters.zero();  // every ticket counter starts at zero
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+}
+
+void HalfCudaLinear::forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
+  if (rows <= 0) return;
+  if (rows <= kMaxGemvRows)
+    forward_gemv(x_dev, rows, y_dev, stream);
+  else
+    forward_gemm(x_dev, rows, y_dev, stream);
+}
+
+void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
+  GemvArguments args;
+  args.weight = weight_.data();
+  args.x = x_dev;
+  args.y = y_dev;
+  args.rows = rows;
+  args.out = out_;
+  args.in = in_;
+  args.padded_in = padded_in_;
+  args.steps_per_split = gemv_steps_per_split_;
+  args.k_splits = gemv_k_splits_;
+  if (gemv_k_splits_ > 1) {
+    const std::size_t partial_floats =
+        static_cast<std::size_t>(gemv_k_splits_) * static_cast<std::size_t>(rows) * static_cast<std::size_t>(out_);
+    const auto counters = static_cast<std::size_t>(ceil_div(out_, kOutputsPerBlock));
+    if (scratch_->partial_sums.size() < partial_floats || scratch_->split_counters.size() < counters)
+      throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": a forward of " + std::to_string(rows) +
+                             " rows needs scratch that reserve_rows(" + std::to_string(rows) +
+                             ") grows; call it first, outside any stream capture");
+    args.partial_sums = scratch_->partial_sums.data();
+    args.split_counters = scratch_->split_counters.data();
+  }
+  if (type_ == HalfType::Float16)
+    launch_gemv<Float16Traits>(args, stream);
+  else
+    launch_gemv<BFloat16Traits>(args, stream);
+}
+
+// More rows than the GEMV takes (prefill): x is rounded to the half type into
+// the shared scratch and cuBLAS multiplies half by half with fp32 sums
+// (tensor cores). Unlike the GEMV, this path rounds x: each x value gains a
+// relative error of at most 2^-11 (fp16) or 2^-8 (bf16), so an output can
+// move by up to that fraction of sum_i |w_i| |x_i| (in practice about
+// sqrt(in) times less: the errors have random signs). fp16 also turns |x| >
+// 65504 into inf and flushes |x| < 2^-24 to zero; bf16 keeps fp32's range.
+void HalfCudaLinear::forward_gemm(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
+  const std::size_t count = static_cast<std::size_t>(rows) * static_cast<std::size_t>(in_);
+  if (scratch_->activations.size() < count)
+    throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": a forward of " + std::to_string(rows) +
+                           " rows needs scratch that reserve_rows(" + std::to_string(rows) +
+                           ") grows; call it first, outside any stream capture");
+  std::uint16_t* x_half = scratch_->activations.data();  // [rows, in]
+  const int blocks = elementwise_blocks(count);
+  if (type_ == HalfType::Float16)
+    round_activations_kernel<Float16Traits><<<blocks, kElementwiseThreads, 0, stream>>>(x_dev, count, x_half);
+  else
+    round_activations_kernel<BFloat16Traits><<<blocks, kElementwiseThreads, 0, stream>>>(x_dev, count, x_half);
+  LLM_CUDA_CHECK_LAUNCH();
+  const cudaDataType_t half_type =
+      type_ == HalfType::Float16 ? Float16Traits::kCublasType : BFloat16Traits::kCublasType;
+  // The row-major / column-major reading of DenseCudaLinear::forward
+  // (cuda_linear.cpp): C [out, rows] = op(A) [out, in] . B [in, rows] with A
+  // the weights' memory under op T and B = x's memory as is. The weights'
+  // rows are padded_in_ apart (lda), x's are in_ apart.
+  const float alpha = 1.0f, beta = 0.0f;
+  use_cublas_stream(cublas_, stream);
+  LLM_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N,
+                                /*m=*/out_, /*n=*/rows, /*k=*/in_, &alpha,
+                                /*A=*/weight_.data(), half_type, /*lda=*/padded_in_,
+                                /*B=*/x_half, half_type, /*ldb=*/in_, &beta,
+                                /*C=*/y_dev, CUDA_R_32F, /*ldc=*/out_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+CudaLinearFactory half_cuda_linear_factory(HalfType type) {
+  auto scratch = std::make_shared<HalfActivationScratch>();
+  return [type, scratch](const std::vector<float>& weight, int out_features, int in_features, const LinearSite&,
+                         cublasHandle_t cublas) -> std::unique_ptr<CudaLinear> {
+    return std::make_unique<HalfCudaLinear>(weight, out_features, in_features, type, scratch, cublas);
+  };
+}
+
+}  // namespace llm::cuda

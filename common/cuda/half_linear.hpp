@@ -1,0 +1,111 @@
+#pragma once
+// Half-precision weights for the CUDA model: a CudaLinear whose weights are
+// rounded once to fp16 or bf16 and kept that way on the device, so a decode
+// token reads half the bytes of the fp32 baseline. Activations stay fp32 (x
+// in, y out) and every sum is accumulated in fp32. Up to kMaxGemvRows rows go
+// through a GEMV written for this (one pass over the weights whatever the row
+// count); more rows (prefill) go through cuBLAS with x rounded to the half
+// type. Why these choices, and the kernel's shape: half_linear.cu.
+//
+// Host-only: includable from .cpp files of a CUDA build (the half types
+// themselves, cuda_fp16.h and cuda_bf16.h, appear only in half_linear.cu).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "cuda_linear.hpp"
+#include "llm/cuda/device_buffer.hpp"
+
+namespace llm::cuda {
+
+enum class HalfType { Float16, BFloat16 };
+std::string to_string(HalfType type);  // "fp16", "bf16"
+
+// Up to this many rows, forward runs the GEMV (speculative decoding verifies
+// up to k + 1 <= 9 rows, step 07 batches a few sequences); beyond, cuBLAS.
+inline constexpr int kMaxGemvRows = 16;
+
+// Device scratch that every layer of one factory shares: the layers run one
+// after another on one stream, so one buffer of each kind serves them all.
+// Grown (never shrunk) by HalfCudaLinear::reserve_rows, outside any forward;
+// forward only checks that it is big enough.
+struct HalfActivationScratch {
+  // Prefill path: x [rows, in_features] rounded to the half type (bit
+  // patterns), the B operand of cublasGemmEx.
+  DeviceBuffer<std::uint16_t> activations;
+  // GEMV path, layers that split the input columns over several blocks:
+  // each slice's partial sums [k_splits, rows, out_features] fp32 ...
+  DeviceBuffer<float> partial_sums;
+  // ... and one ticket counter per block of outputs [output_blocks], zero
+  // between launches (the last block of each output block wraps it to 0).
+  DeviceBuffer<unsigned int> split_counters;
+};
+
+// y [rows, out] = x [rows, in] . W^T with W [out, in] rounded once to `type`
+// (round to nearest, ties to even) and kept on the device; x and y are fp32,
+// the sums fp32.
+class HalfCudaLinear final : public CudaLinear {
+ public:
+  // Rounds `weight` [out_features, in_features] to `type` (on the device) and
+  // keeps it. Throws InputError when the sizes do not match or a weight is not
+  // finite after rounding (fp16 ends at 65504: larger weights become inf; bf16
+  // has fp32's exponent range). `scratch` is shared with the factory's other
+  // layers; `cublas` is borrowed (the model outlives its layers' calls).
+  HalfCudaLinear(std::span<const float> weight, int out_features, int in_features, HalfType type,
+                 std::shared_ptr<HalfActivationScratch> scratch, cublasHandle_t cublas);
+
+  // rows <= 0: nothing. rows <= kMaxGemvRows: the GEMV. More: x rounded to
+  // the half type into the scratch, then cublasGemmEx. Never allocates (it
+  // may be captured into a CUDA graph): throws std::logic_error when the
+  // scratch it needs was not grown by reserve_rows(rows) (of this layer or
+  // another layer sharing the scratch).
+  void forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const override;
+  // Grows the shared scratch for forwards of up to `rows` rows. Outside any
+  // forward and any stream capture (it allocates, and zeroes the split
+  // counters synchronously).
+  // (Overrides CudaLinear::reserve_rows once the base declares it.)
+  void reserve_rows(int rows);
+
+  int in_features() const override { return in_; }
+  int out_features() const override { return out_; }
+  // Bytes of weights one product reads: out * padded_in * 2, where padded_in
+  // is in_features rounded up to a multiple of 8 (see padded_in_features);
+  // out * in * 2 for every real model (their widths are multiples of 8).
+  std::size_t weight_bytes() const override { return weight_.bytes(); }
+
+  HalfType type() const { return type_; }
+  // Row stride of the device weights: in_features rounded up to 8 halves (16
+  // bytes), the padding columns zero, so every 16-byte load is aligned.
+  int padded_in_features() const { return padded_in_; }
+  // How many slices of the input columns the GEMV splits each output over
+  // (1: none); fixed at construction from the shape and the GPU's SM count.
+  int gemv_k_splits() const { return gemv_k_splits_; }
+  // The weights as stored: [out_features, padded_in_features] bit patterns of
+  // `type` values.
+  const std::uint16_t* weight_bits() const { return weight_.data(); }
+
+ private:
+  void forward_gemv(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const;
+  void forward_gemm(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const;
+
+  DeviceBuffer<std::uint16_t> weight_;  // [out_, padded_in_] half bit patterns, columns >= in_ zero
+  int out_;
+  int in_;
+  int padded_in_;
+  HalfType type_;
+  int gemv_k_splits_ = 1;           // blockIdx.y of the GEMV: slices of the input columns
+  int gemv_steps_per_split_ = 1;    // 64-column steps in each slice (the last may have fewer)
+  std::shared_ptr<HalfActivationScratch> scratch_;
+  cublasHandle_t cublas_;
+};
+
+// Layers with weights rounded to `type`; all the layers one factory makes
+// share one HalfActivationScratch.
+CudaLinearFactory half_cuda_linear_factory(HalfType type);
+
+}  // namespace llm::cuda

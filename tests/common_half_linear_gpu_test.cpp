@@ -1,0 +1,433 @@
+// HalfCudaLinear (common/cuda/half_linear.hpp): fp16 and bf16 weights, fp32
+// activations, against a double-precision host product of the SAME rounded
+// weights (rounded here with CUDA's own host conversions, round to nearest
+// even), so the only differences left are the device's fp32 sums and, past
+// 16 rows, its rounding of x to the half type:
+//   - the GEMV (rows <= 16): fp32 sums in another order. A sum whose
+//     longest chain of additions has D terms is off by at most D 2^-24 of
+//     sum |w| |x| (fmaf rounds each product into the sum once); the GEMV's
+//     chains are in/8 columns per lane, 3 shuffles, and one add per column
+//     slice (at most in/64).
+//   - cuBLAS (rows > 16): x rounded to the half type, at most 2^-11 (fp16)
+//     or 2^-8 (bf16) of |x| per value (plus 2^-25 absolute where fp16 goes
+//     subnormal), then fp32 sums in an order we do not know: in 2^-23 of
+//     sum |w| |x| covers any order, even with truncating adds.
+// Outputs start as NaN and every row past `rows` must stay NaN: an output
+// the layer never writes, or one it writes out of bounds, fails. Every test
+// skips with the reason where no GPU can be present (always in a build
+// without CUDA) and fails where one is present but unusable
+// (LLM_REQUIRE_CUDA_DEVICE, tests/test_support.hpp).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <ostream>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "llm/errors.hpp"
+#include "test_support.hpp"
+#if defined(LLM_WITH_CUDA)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda_linear.hpp"
+#include "half_linear.hpp"
+#include "llm/cuda/cuda_check.hpp"
+#include "llm/cuda/device_buffer.hpp"
+#include "llm/linear.hpp"
+#endif
+
+namespace llm {
+namespace {
+
+using ::llm::testing::HasSubstr;
+using ::llm::testing::random_vector;
+
+// A layer shape and weight type (plain values, so the list compiles in a
+// build without CUDA too).
+struct HalfCase {
+  bool bf16 = false;
+  int out = 0;
+  int in = 0;
+};
+void PrintTo(const HalfCase& c, std::ostream* os) {
+  *os << (c.bf16 ? "bf16" : "fp16") << " [" << c.out << ", " << c.in << "]";
+}
+std::string case_name(const ::testing::TestParamInfo<HalfCase>& info) {
+  return std::string(info.param.bf16 ? "bf16_" : "fp16_") + std::to_string(info.param.out) + "x" +
+         std::to_string(info.param.in);
+}
+
+// TinyLlama's K/V projection and its MLP, then odd widths (the odd model
+// configs' 96, 200, 300, 72, 512; in = 100 is not a multiple of 8: padded
+// rows), and a tall matrix with enough output blocks that the GEMV does not
+// split its columns on an H100 (the others do).
+std::vector<HalfCase> half_cases() {
+  const std::vector<std::pair<int, int>> shapes = {{256, 2048}, {96, 200}, {300, 96}, {72, 512},
+                                                   {5632, 2048}, {20000, 100}};
+  std::vector<HalfCase> cases;
+  for (const bool bf16 : {false, true})
+    for (const auto& [out, in] : shapes) cases.push_back({bf16, out, in});
+  return cases;
+}
+
+#if defined(LLM_WITH_CUDA)
+
+using cuda::DeviceBuffer;
+using cuda::HalfActivationScratch;
+using cuda::HalfCudaLinear;
+using cuda::HalfType;
+
+HalfType half_type(bool bf16) { return bf16 ? HalfType::BFloat16 : HalfType::Float16; }
+
+// v rounded to the half type and back (round to nearest even; fp16 past
+// 65504 is inf), by CUDA's host conversions.
+float rounded(float v, bool bf16) {
+  return bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
+}
+
+// y [rows, out] = x [rows, in] . W^T in double, and sum_i |w_i| |x_i| per
+// output (the scale of every error bound).
+struct Reference {
+  std::vector<double> y;
+  std::vector<double> magnitude;
+  std::vector<double> weight_abs_sum;  // sum_i |w_i| per output row
+};
+Reference reference_product(const std::vector<float>& weight, const std::vector<float>& x, int rows, int out,
+                            int in) {
+  Reference ref;
+  ref.y.assign(static_cast<std::size_t>(rows) * out, 0.0);
+  ref.magnitude.assign(ref.y.size(), 0.0);
+  ref.weight_abs_sum.assign(static_cast<std::size_t>(out), 0.0);
+  for (int o = 0; o < out; ++o) {
+    const float* w = weight.data() + static_cast<std::size_t>(o) * in;
+    for (int i = 0; i < in; ++i) ref.weight_abs_sum[o] += std::fabs(static_cast<double>(w[i]));
+    for (int r = 0; r < rows; ++r) {
+      const float* xr = x.data() + static_cast<std::size_t>(r) * in;
+      double sum = 0.0, magnitude = 0.0;
+      for (int i = 0; i < in; ++i) {
+        const double product = static_cast<double>(w[i]) * static_cast<double>(xr[i]);
+        sum += product;
+        magnitude += std::fabs(product);
+      }
+      ref.y[static_cast<std::size_t>(r) * out + o] = sum;
+      ref.magnitude[static_cast<std::size_t>(r) * out + o] = magnitude;
+    }
+  }
+  return ref;
+}
+
+// The error bounds of the header comment, as a fraction of sum |w| |x|.
+double gemv_relative_bound(int in) {
+  const double chain = std::ceil(in / 8.0) + std::ceil(in / 64.0) + 8.0;
+  return chain * std::ldexp(1.0, -24);
+}
+double gemm_relative_bound(int in, bool bf16) {
+  return std::ldexp(1.0, bf16 ? -8 : -11) + in * std::ldexp(1.0, -23);
+}
+
+std::uint32_t bits_of(float v) {
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+}
+constexpr std::uint32_t kPoisonBits = 0xffffffffu;  // a NaN: what cudaMemset(0xff) leaves in a float
+
+// Runs layer.forward on the first `rows` rows of x_dev into a poisoned y
+// [max_rows, out] and returns all of y.
+std::vector<float> run_forward(const HalfCudaLinear& layer, const DeviceBuffer<float>& x_dev, int rows,
+                               DeviceBuffer<float>& y_dev) {
+  LLM_CUDA_CHECK(cudaMemset(y_dev.data(), 0xff, y_dev.bytes()));
+  layer.forward(x_dev.data(), rows, y_dev.data(), nullptr);
+  LLM_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> y(y_dev.size());
+  y_dev.download(y);
+  return y;
+}
+
+// Rows [0, rows) of `got` within the bound of its path; rows past `rows`
+// untouched (still poison). A NaN never passes (!(error <= bound)).
+::testing::AssertionResult matches_reference(const std::vector<float>& got, const Reference& ref, int rows, int out,
+                                             int in, bool bf16) {
+  const bool gemv = rows <= cuda::kMaxGemvRows;
+  const double relative = gemv ? gemv_relative_bound(in) : gemm_relative_bound(in, bf16) + gemv_relative_bound(in);
+  int failures = 0;
+  std::string first_failures;
+  double worst_ratio = 0.0;
+  for (int r = 0; r < rows; ++r)
+    for (int o = 0; o < out; ++o) {
+      const std::size_t at = static_cast<std::size_t>(r) * out + o;
+      double bound = relative * ref.magnitude[at] + 1e-30;
+      if (!gemv && !bf16) bound += std::ldexp(1.0, -25) * ref.weight_abs_sum[o];  // fp16 subnormal x
+      const double error = std::fabs(static_cast<double>(got[at]) - ref.y[at]);
+      if (!(error <= bound)) {
+        if (++failures <= 5)
+          first_failures += " (row " + std::to_string(r) + ", output " + std::to_string(o) + ": got " +
+                            std::to_string(got[at]) + ", expected " + std::to_string(ref.y[at]) + ", bound " +
+                            std::to_string(bound) + ")";
+      } else {
+        worst_ratio = std::max(worst_ratio, error / bound);
+      }
+    }
+  for (std::size_t at = static_cast<std::size_t>(rows) * out; at < got.size(); ++at)
+    if (bits_of(got[at]) != kPoisonBits) {
+      if (++failures <= 5) first_failures += " (written past the rows at element " + std::to_string(at) + ")";
+    }
+  if (failures > 0)
+    return ::testing::AssertionFailure() << failures << " outputs wrong for " << rows << " rows:" << first_failures;
+  return ::testing::AssertionSuccess() << "worst error " << worst_ratio << " of the bound";
+}
+
+#endif  // LLM_WITH_CUDA
+
+class HalfLinearVsHost : public ::testing::TestWithParam<HalfCase> {};
+
+// Every row count the two paths and the GEMV's buckets meet: 1, 2, 3 (bucket
+// 4), 5 (8), 8, 9 (16: speculative decoding's k + 1), 15, 16, then cuBLAS.
+TEST_P(HalfLinearVsHost, MatchesTheDoubleProductOfTheRoundedWeights) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  const HalfCase c = GetParam();
+  constexpr int kMaxRows = 64;
+  const std::uint64_t seed = static_cast<std::uint64_t>(c.out) * 7919u + static_cast<std::uint64_t>(c.in);
+  const std::vector<float> weight = random_vector(static_cast<std::size_t>(c.out) * c.in, seed, 0.5f);
+  const std::vector<float> x = random_vector(static_cast<std::size_t>(kMaxRows) * c.in, seed + 1, 1.0f);
+  std::vector<float> weight_rounded = weight;
+  for (float& w : weight_rounded) w = rounded(w, c.bf16);
+  // Rows are independent: the first `rows` rows of the 64-row product are
+  // the product of the first `rows` rows.
+  const Reference ref = reference_product(weight_rounded, x, kMaxRows, c.out, c.in);
+
+  cuda::CublasHandle cublas;
+  HalfCudaLinear layer(weight, c.out, c.in, half_type(c.bf16), std::make_shared<HalfActivationScratch>(),
+                       cublas.get());
+  EXPECT_EQ(layer.in_features(), c.in);
+  EXPECT_EQ(layer.out_features(), c.out);
+  EXPECT_EQ(layer.padded_in_features() % 8, 0);
+  EXPECT_EQ(layer.weight_bytes(), static_cast<std::size_t>(c.out) * layer.padded_in_features() * 2);
+  if (c.in % 8 == 0) {
+    EXPECT_EQ(layer.weight_bytes(), static_cast<std::size_t>(c.out) * c.in * 2);
+  }
+  std::cout << "[ info     ] " << to_string(layer.type()) << " [" << c.out << ", " << c.in << "]: GEMV splits the columns "
+            << layer.gemv_k_splits() << " ways\n";
+
+  // The stored weights are exactly the host's rounding (padding columns zero).
+  std::vector<std::uint16_t> stored(static_cast<std::size_t>(c.out) * layer.padded_in_features());
+  LLM_CUDA_CHECK(cudaMemcpy(stored.data(), layer.weight_bits(), stored.size() * sizeof(std::uint16_t),
+                            cudaMemcpyDeviceToHost));
+  int stored_mismatches = 0;
+  for (int o = 0; o < c.out; ++o)
+    for (int i = 0; i < layer.padded_in_features(); ++i) {
+      const std::uint16_t bits = stored[static_cast<std::size_t>(o) * layer.padded_in_features() + i];
+      std::uint16_t expected = 0;
+      if (i < c.in) {
+        const float w = weight[static_cast<std::size_t>(o) * c.in + i];
+        expected = c.bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(w)) : __half_as_ushort(__float2half_rn(w));
+      }
+      stored_mismatches += bits != expected;
+    }
+  EXPECT_EQ(stored_mismatches, 0) << "device rounding differs from the host's round-to-nearest-even";
+
+  layer.reserve_rows(kMaxRows);
+  const DeviceBuffer<float> x_dev{std::span<const float>(x)};
+  DeviceBuffer<float> y_dev(static_cast<std::size_t>(kMaxRows) * c.out);
+  for (const int rows : {1, 2, 3, 5, 8, 9, 15, 16, 17, 33, 64}) {
+    const std::vector<float> y = run_forward(layer, x_dev, rows, y_dev);
+    const ::testing::AssertionResult check = matches_reference(y, ref, rows, c.out, c.in, c.bf16);
+    EXPECT_TRUE(check) << rows << " rows";
+    if (check) std::cout << "[ info     ] " << rows << " rows: " << check.message() << "\n";
+  }
+  // rows <= 0: nothing is written.
+  const std::vector<float> untouched = run_forward(layer, x_dev, 0, y_dev);
+  EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float v) { return bits_of(v) == kPoisonBits; }));
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HalfLinearVsHost, ::testing::ValuesIn(half_cases()), case_name);
+
+class HalfGemvRowOrder : public ::testing::TestWithParam<HalfCase> {};
+
+// A row's outputs do not depend on which rows run with it: the GEMV's order
+// of additions is fixed by the shape alone (half_linear.cu), and fmaf is
+// explicit, so the bits are equal in every bucket (1, 2, 4, 8, 16) and for
+// a row alone.
+TEST_P(HalfGemvRowOrder, ARowGivesTheSameBitsAloneOrAmong16) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  const HalfCase c = GetParam();
+  constexpr int kRows = cuda::kMaxGemvRows;
+  const std::uint64_t seed = 1000u + static_cast<std::uint64_t>(c.out) * 31u + static_cast<std::uint64_t>(c.in);
+  const std::vector<float> weight = random_vector(static_cast<std::size_t>(c.out) * c.in, seed, 0.5f);
+  const std::vector<float> x = random_vector(static_cast<std::size_t>(kRows) * c.in, seed + 1, 1.0f);
+  cuda::CublasHandle cublas;
+  HalfCudaLinear layer(weight, c.out, c.in, half_type(c.bf16), std::make_shared<HalfActivationScratch>(),
+                       cublas.get());
+  layer.reserve_rows(kRows);
+  const DeviceBuffer<float> x_dev{std::span<const float>(x)};
+  DeviceBuffer<float> y_dev(static_cast<std::size_t>(kRows) * c.out);
+  const std::vector<float> all_rows = run_forward(layer, x_dev, kRows, y_dev);
+  const auto same_bits = [&](const std::vector<float>& got, int got_row, int row) {
+    for (int o = 0; o < c.out; ++o)
+      if (bits_of(got[static_cast<std::size_t>(got_row) * c.out + o]) !=
+          bits_of(all_rows[static_cast<std::size_t>(row) * c.out + o]))
+        return false;
+    return true;
+  };
+  for (int rows = 1; rows < kRows; ++rows) {
+    const std::vector<float> y = run_forward(layer, x_dev, rows, y_dev);
+    for (int r = 0; r < rows; ++r) EXPECT_TRUE(same_bits(y, r, r)) << "row " << r << " of " << rows;
+  }
+  // Each row alone, from its own place in x.
+  DeviceBuffer<float> one_y(static_cast<std::size_t>(c.out));
+  for (int r = 0; r < kRows; ++r) {
+    LLM_CUDA_CHECK(cudaMemset(one_y.data(), 0xff, one_y.bytes()));
+    layer.forward(x_dev.data() + static_cast<std::size_t>(r) * c.in, 1, one_y.data(), nullptr);
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> y(one_y.size());
+    one_y.download(y);
+    EXPECT_TRUE(same_bits(y, 0, r)) << "row " << r << " alone";
+  }
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HalfGemvRowOrder,
+                         ::testing::Values(HalfCase{false, 256, 2048}, HalfCase{true, 256, 2048},
+                                           HalfCase{false, 72, 512}, HalfCase{true, 20000, 100}),
+                         case_name);
+
+// forward never allocates: past what reserve_rows prepared it throws.
+TEST(HalfCudaLinear, ForwardPastTheReservedRowsThrows) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  constexpr int kOut = 96, kIn = 200;
+  const std::vector<float> weight = random_vector(static_cast<std::size_t>(kOut) * kIn, 5, 0.5f);
+  const std::vector<float> x = random_vector(static_cast<std::size_t>(17) * kIn, 6, 1.0f);
+  cuda::CublasHandle cublas;
+  HalfCudaLinear layer(weight, kOut, kIn, HalfType::Float16, std::make_shared<HalfActivationScratch>(),
+                       cublas.get());
+  const DeviceBuffer<float> x_dev{std::span<const float>(x)};
+  DeviceBuffer<float> y_dev(static_cast<std::size_t>(17) * kOut);
+  layer.reserve_rows(cuda::kMaxGemvRows);
+  EXPECT_NO_THROW(layer.forward(x_dev.data(), cuda::kMaxGemvRows, y_dev.data(), nullptr));
+  EXPECT_THROW(layer.forward(x_dev.data(), 17, y_dev.data(), nullptr), std::logic_error);
+  layer.reserve_rows(17);
+  EXPECT_NO_THROW(layer.forward(x_dev.data(), 17, y_dev.data(), nullptr));
+  LLM_CUDA_CHECK(cudaDeviceSynchronize());
+
+  // A layer that splits its columns needs scratch for even one row.
+  const std::vector<float> kv_weight = random_vector(static_cast<std::size_t>(256) * 2048, 7, 0.5f);
+  HalfCudaLinear kv_layer(kv_weight, 256, 2048, HalfType::BFloat16, std::make_shared<HalfActivationScratch>(),
+                          cublas.get());
+  if (kv_layer.gemv_k_splits() > 1) {
+    const DeviceBuffer<float> kv_x(2048);
+    DeviceBuffer<float> kv_y(256);
+    EXPECT_THROW(kv_layer.forward(kv_x.data(), 1, kv_y.data(), nullptr), std::logic_error);
+  }
+#endif
+}
+
+// fp16 ends at 65504: a weight of 1e6 becomes inf, which the constructor
+// refuses, naming the layer. bf16 has fp32's exponent range: 1e6 rounds to
+// 999424 (8 significant bits), and both paths compute with it exactly here.
+TEST(HalfCudaLinear, WeightsBeyondFp16RangeThrowForFp16Only) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  constexpr int kOut = 8, kIn = 16, kRows = 17;
+  std::vector<float> weight(static_cast<std::size_t>(kOut) * kIn, 0.25f);
+  weight[3] = 1e6f;  // output 0, column 3
+  cuda::CublasHandle cublas;
+  try {
+    HalfCudaLinear layer(weight, kOut, kIn, HalfType::Float16, std::make_shared<HalfActivationScratch>(),
+                         cublas.get());
+    ADD_FAILURE() << "a weight of 1e6 was accepted in fp16";
+  } catch (const InputError& e) {
+    EXPECT_TRUE(HasSubstr(e.what(), "[8, 16]"));
+    EXPECT_TRUE(HasSubstr(e.what(), "fp16"));
+  }
+
+  HalfCudaLinear layer(weight, kOut, kIn, HalfType::BFloat16, std::make_shared<HalfActivationScratch>(),
+                       cublas.get());
+  layer.reserve_rows(kRows);
+  const std::vector<float> ones(static_cast<std::size_t>(kRows) * kIn, 1.0f);
+  const DeviceBuffer<float> x_dev{std::span<const float>(ones)};
+  DeviceBuffer<float> y_dev(static_cast<std::size_t>(kRows) * kOut);
+  for (const int rows : {1, kRows}) {
+    const std::vector<float> y = run_forward(layer, x_dev, rows, y_dev);
+    for (int r = 0; r < rows; ++r) {
+      EXPECT_EQ(y[static_cast<std::size_t>(r) * kOut], 999424.0f + 15 * 0.25f) << rows << " rows, row " << r;
+      for (int o = 1; o < kOut; ++o) EXPECT_EQ(y[static_cast<std::size_t>(r) * kOut + o], 4.0f);
+    }
+  }
+
+  // A weight that is already not finite is refused in both types.
+  std::vector<float> with_nan(static_cast<std::size_t>(kOut) * kIn, 0.25f);
+  with_nan[kIn + 1] = std::nanf("");
+  EXPECT_THROW(HalfCudaLinear(with_nan, kOut, kIn, HalfType::BFloat16, std::make_shared<HalfActivationScratch>(),
+                              cublas.get()),
+               InputError);
+  // And a matrix of the wrong size.
+  EXPECT_THROW(HalfCudaLinear(with_nan, kOut + 1, kIn, HalfType::Float16, std::make_shared<HalfActivationScratch>(),
+                              cublas.get()),
+               InputError);
+#endif
+}
+
+// The factory's layers share one scratch: reserving through each and running
+// them one after another on one stream gives each its own correct product.
+TEST(HalfCudaLinear, FactoryLayersShareTheirScratch) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  EXPECT_EQ(cuda::to_string(HalfType::Float16), "fp16");
+  EXPECT_EQ(cuda::to_string(HalfType::BFloat16), "bf16");
+  constexpr int kRows = 33;
+  const std::vector<std::pair<int, int>> shapes = {{96, 200}, {300, 96}, {72, 512}};
+  for (const bool bf16 : {false, true}) {
+    const cuda::CudaLinearFactory factory = cuda::half_cuda_linear_factory(half_type(bf16));
+    cuda::CublasHandle cublas;
+    std::vector<std::unique_ptr<cuda::CudaLinear>> layers;
+    std::vector<Reference> refs;
+    std::vector<DeviceBuffer<float>> inputs;
+    for (std::size_t l = 0; l < shapes.size(); ++l) {
+      const auto [out, in] = shapes[l];
+      const std::vector<float> weight = random_vector(static_cast<std::size_t>(out) * in, 40 + l, 0.5f);
+      const std::vector<float> x = random_vector(static_cast<std::size_t>(kRows) * in, 50 + l, 1.0f);
+      std::vector<float> weight_rounded = weight;
+      for (float& w : weight_rounded) w = rounded(w, bf16);
+      refs.push_back(reference_product(weight_rounded, x, kRows, out, in));
+      inputs.emplace_back(std::span<const float>(x));
+      layers.push_back(factory(weight, out, in, LinearSite{static_cast<int>(l), LinearRole::Query}, cublas.get()));
+      EXPECT_NE(dynamic_cast<HalfCudaLinear*>(layers.back().get()), nullptr);
+    }
+    for (const auto& layer : layers) layer->reserve_rows(kRows);
+    for (const int rows : {kRows, 5}) {
+      // All layers queued back to back, then checked.
+      std::vector<DeviceBuffer<float>> outputs;
+      for (std::size_t l = 0; l < layers.size(); ++l) {
+        outputs.emplace_back(static_cast<std::size_t>(kRows) * shapes[l].first);
+        LLM_CUDA_CHECK(cudaMemset(outputs.back().data(), 0xff, outputs.back().bytes()));
+      }
+      for (std::size_t l = 0; l < layers.size(); ++l)
+        layers[l]->forward(inputs[l].data(), rows, outputs[l].data(), nullptr);
+      LLM_CUDA_CHECK(cudaDeviceSynchronize());
+      for (std::size_t l = 0; l < layers.size(); ++l) {
+        std::vector<float> y(outputs[l].size());
+        outputs[l].download(y);
+        EXPECT_TRUE(matches_reference(y, refs[l], rows, shapes[l].first, shapes[l].second, bf16))
+            << (bf16 ? "bf16" : "fp16") << " layer " << l << ", " << rows << " rows";
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace llm
