@@ -28,10 +28,21 @@ class CublasHandle {
   CublasHandle(const CublasHandle&) = delete;
   CublasHandle& operator=(const CublasHandle&) = delete;
   cublasHandle_t get() const { return handle_; }
+  // Binds the handle to `stream` with a workspace this object owns, so no
+  // cuBLAS call on that stream allocates memory: a call captured into a CUDA
+  // graph must not (cudaMalloc is not a stream operation). The layers' own
+  // set_cublas_stream calls then find the stream already bound and leave the
+  // workspace in place.
+  void bind_to_stream(cudaStream_t stream);
 
  private:
   cublasHandle_t handle_ = nullptr;
+  DeviceBuffer<unsigned char> workspace_;  // [kCublasWorkspaceBytes]
 };
+
+// cublasSetStream, unless `stream` is already the handle's: cublasSetStream
+// resets the workspace to cuBLAS's own pool, which would undo bind_to_stream.
+void set_cublas_stream(cublasHandle_t cublas, cudaStream_t stream);
 
 class CudaLinear {
  public:
@@ -42,6 +53,11 @@ class CudaLinear {
   virtual int in_features() const = 0;
   virtual int out_features() const = 0;
   virtual std::size_t weight_bytes() const = 0;  // bytes read per full product
+  // Called by the model, outside any forward, with the most rows a coming
+  // forward may pass: a layer that needs scratch for that many rows allocates
+  // it here, so forward never allocates (it may be captured into a CUDA
+  // graph, where cudaMalloc is not allowed).
+  virtual void reserve_rows(int /*rows*/) {}
   // The fp32 weights [out_features, in_features] in device memory when the
   // layer keeps them that way (DenseCudaLinear), else nullptr: a tied
   // classifier's weights are the embedding table (see Linear::dense_weight).

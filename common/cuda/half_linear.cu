@@ -377,15 +377,6 @@ void launch_gemv(const GemvArguments& args, cudaStream_t stream) {
 }
 static_assert(kMaxGemvRows == 16, "launch_gemv's largest bucket is 16 rows");
 
-// cublasSetStream only when the handle is on another stream: setting it
-// resets the handle's workspace to cuBLAS's own pool, which would undo a
-// workspace the model bound to its stream.
-void use_cublas_stream(cublasHandle_t cublas, cudaStream_t stream) {
-  cudaStream_t current = nullptr;
-  LLM_CUBLAS_CHECK(cublasGetStream(cublas, &current));
-  if (current != stream) LLM_CUBLAS_CHECK(cublasSetStream(cublas, stream));
-}
-
 // "[out, in]". (Appended piece by piece: GCC 12 at -O3 warns falsely
 // (-Wrestrict) about "[" + std::to_string(...).)
 std::string shape_text(int out, int in) {
@@ -541,7 +532,7 @@ void HalfCudaLinear::forward_gemm(const float* x_dev, int rows, float* y_dev, cu
   // the weights' memory under op T and B = x's memory as is. The weights'
   // rows are padded_in_ apart (lda), x's are in_ apart.
   const float alpha = 1.0f, beta = 0.0f;
-  use_cublas_stream(cublas_, stream);
+  set_cublas_stream(cublas_, stream);  // cuda_linear.hpp: keeps the model's workspace
   LLM_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N,
                                 /*m=*/out_, /*n=*/rows, /*k=*/in_, &alpha,
                                 /*A=*/weight_.data(), half_type, /*lda=*/padded_in_,

@@ -68,8 +68,7 @@ class HalfCudaLinear final : public CudaLinear {
   // Grows the shared scratch for forwards of up to `rows` rows. Outside any
   // forward and any stream capture (it allocates, and zeroes the split
   // counters synchronously).
-  // (Overrides CudaLinear::reserve_rows once the base declares it.)
-  void reserve_rows(int rows);
+  void reserve_rows(int rows) override;
 
   int in_features() const override { return in_; }
   int out_features() const override { return out_; }

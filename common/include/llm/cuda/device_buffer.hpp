@@ -115,4 +115,41 @@ class DeviceBuffer {
   std::size_t size_ = 0;
 };
 
+// PinnedBuffer<T>: an array of T in page-locked ("pinned") host memory that
+// frees itself. The GPU's copy engine reads and writes pinned memory directly,
+// so a cudaMemcpyAsync from or to it really is asynchronous and needs no
+// staging copy through a driver buffer; a copy from pageable memory may be
+// staged and block the host. CudaModel keeps the plan it uploads and the
+// logits it downloads in pinned buffers: one copy each way per forward.
+template <class T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { release(); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::size_t size() const { return size_; }  // elements
+  // Room for at least `count` elements; growing loses the contents.
+  void ensure(std::size_t count) {
+    if (count <= size_) return;
+    release();
+    void* p = nullptr;
+    LLM_CUDA_CHECK(cudaMallocHost(&p, count * sizeof(T)));
+    data_ = static_cast<T*>(p);
+    size_ = count;
+  }
+
+ private:
+  void release() noexcept {
+    if (data_ != nullptr) static_cast<void>(cudaFreeHost(data_));
+    data_ = nullptr;
+    size_ = 0;
+  }
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
 }  // namespace llm::cuda
