@@ -1,8 +1,8 @@
 // The CUDA model's split-KV decode attention (common/cuda/split_kv_decode_attention.cu)
 // against the CPU reference (cpu::reference_decode_attention), on fresh random
 // caches: head_dim 1..256, MHA, GQA groups 2..8, MQA (groups 8 and 12, more
-// heads than one block takes), lengths across the split boundaries (1, 2,
-// 63..65, 127..129, 1000, 4097), mixed batches whose queries write rows in
+// heads than one block takes), lengths across the tile and split boundaries
+// (1, 2, 15..17, 31..33, 63..65, 127..129, 1000, 4097), mixed batches whose queries write rows in
 // another order, contiguous and paged (block size 16, shuffled table) views,
 // fp32 and int8 elements. Also: the split is piecewise constant per
 // power-of-two bucket and covers max_length, the workspace covers the
@@ -64,7 +64,7 @@ std::vector<ShapeCase> shape_cases() {
       {"hd100_q4_kv1", {4, 1, 100}},    // MQA, 100 dims (lanes past 100 idle)
       {"hd128_q32_kv4", {32, 4, 128}},  // group 8
       {"hd128_q12_kv1", {12, 1, 128}},  // MQA, group 12: a chunk of 8 heads and one of 4
-      {"hd256_q8_kv1", {8, 1, 256}},    // MQA at the largest head: two chunks of 4 heads
+      {"hd256_q16_kv1", {16, 1, 256}},  // MQA at the largest head: two chunks of 8 heads
       {"hd256_q2_kv2", {2, 2, 256}},    // MHA at the largest head
   };
 }
@@ -321,18 +321,30 @@ std::string lengths_text(const std::vector<int>& lengths) {
 
 class SplitKvDecode : public ::testing::TestWithParam<KernelCase> {};
 
-// Every length alone (one query, row 0), across the split boundaries: one
-// split up to 128 keys, 2 at 129, 64 splits at 4097.
-TEST_P(SplitKvDecode, SingleQueriesMatchReference) {
-  LLM_REQUIRE_CUDA_DEVICE();
+// Every length alone (one query, row 0), across the tile boundaries (tiles
+// of 16, 32 or 64 keys) and the split boundaries: one split up to 64 keys,
+// 2 at 65, 4 at 129 (the short lengths: every boundary the kernel has, and
+// few enough keys for compute-sanitizer's racecheck to finish), then 128
+// splits at 4097 (the long ones).
+void expect_single_queries_match(const KernelCase& c, std::initializer_list<int> lengths, unsigned seed) {
 #if defined(LLM_WITH_CUDA)
-  const KernelCase& c = GetParam();
-  unsigned seed = 1000;
-  for (const int length : {1, 2, 63, 64, 65, 127, 128, 129, 1000, 4097}) {
+  for (const int length : lengths) {
     DecodeProblem problem(c.shape_case.shape, {length}, c.storage, c.element, {}, 1, ++seed, 1.0f);
     expect_matches_reference(problem.run(), problem.reference(), "length " + std::to_string(length));
   }
+#else
+  static_cast<void>(c), static_cast<void>(lengths), static_cast<void>(seed);
 #endif
+}
+
+TEST_P(SplitKvDecode, ShortSingleQueriesMatchReference) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  expect_single_queries_match(GetParam(), {1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129}, 1000);
+}
+
+TEST_P(SplitKvDecode, LongSingleQueriesMatchReference) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  expect_single_queries_match(GetParam(), {1000, 4097}, 2000);
 }
 
 // A batch of mixed lengths (many splits empty for the short queries) whose

@@ -20,14 +20,41 @@
 // 2. The group-aware read (step 03's cuda_gqa_attention.cu). With GQA the
 //    `group` query heads of a KV head read the same K and V rows. A block
 //    serves one KV head and (up to 8 of) its query heads: each K/V row is
-//    loaded into registers once and used for every head of the group, so
-//    the bytes read are those of the KV heads, not of the query heads.
+//    read from memory once, into shared memory, and used there by every
+//    head of the block, so the bytes read are those of the KV heads, not of
+//    the query heads.
 // 3. One block-table lookup per cache block (step 05's cuda_paged_attention.cu).
 //    A cache (KvView) is a block table over a pool of blocks of block_size
-//    rows: position p is row table[p / B] * B + p % B. A block walks its key
-//    range cache block by cache block: one table read gives the first row of
-//    the block, the keys inside follow it. A contiguous cache is one block
-//    of `capacity` rows: one lookup per split.
+//    rows: position p is row table[p / B] * B + p % B. For each tile of keys
+//    (below), the lane of the first key of each cache block among a warp's
+//    keys reads the table and hands the entry to the lanes of the block's
+//    other keys (a shuffle): one table read per cache block and tile (and
+//    warp of keys); a contiguous cache is one block of `capacity` rows.
+//
+// Inside a block: tiles in shared memory. A split block (128 threads, 4
+// warps) walks its keys in TILES of kTileKeys keys. For each tile:
+//   load    the block copies the tile's K and V rows of its KV head into
+//           shared memory, as floats (int8 codes converted; their per-key
+//           scales go to two small arrays). Thread t loads elements t,
+//           t + 128, ... of the tile in row order, so a warp reads 32
+//           consecutive elements of a row at a time (coalesced).
+//   scores  thread t computes whole dot products q_h . k_key for key
+//           t % kTileKeys and some of the block's heads, from the K tile and
+//           the block's query heads (in shared memory since the start,
+//           pre-scaled by log2(e) / sqrt(head_dim)): no shuffles per key.
+//   softmax one warp per head (2 heads per warp at 8 heads) takes the max and
+//           the sum of the tile's scores of its head (one max and one sum
+//           reduction per head and tile, not per key), updates that head's
+//           running max and sum, and turns the scores into weights
+//           p = 2^(score - new max) in place.
+//   P.V     thread t owns some (head, dim) outputs in registers across tiles:
+//           acc = acc * rescale + sum over the tile's keys of p * v[dim].
+// Every K/V element is read from global memory once per block, and the
+// dependent chains are whole dot products and per-dim sums, not 5-step
+// shuffle reductions per (key, head) as in a warp-per-key layout.
+// The next tile's block-table entries are read during the scores phase, so
+// only the K/V loads of a tile (issued 16 elements per thread at a time)
+// wait for memory; the other blocks of the SM run meanwhile.
 //
 // CUDA graphs: the split depends only on a power-of-two bucket of
 // max_length (split_kv_decode_split), and each query's view, length and row
@@ -55,84 +82,128 @@ namespace {
 
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullWarpMask = 0xffffffffu;
-// 4 warps (128 threads) per split block. Each warp runs its own online
-// softmax over every 4th group of keys of the split, so the warps never wait
-// for each other inside the key loop (no per-key __syncthreads); they meet
-// once, at the end, to merge 4 states through shared memory. 4 is few enough
-// for that merge to be cheap and for 3 blocks (12 warps) to fit an SM's
-// registers (kMinBlocksPerSm), and enough that the smallest split (128 keys)
-// still gives every warp 32 keys.
+// 4 warps (128 threads) per split block: enough threads to load a tile with
+// many loads in flight and to give every (head, key) score and every
+// (head, dim) output a thread, few enough that the 4 barriers per tile are
+// cheap.
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreadsPerBlock = kWarpsPerBlock * kWarpSize;
-// The register budget: at least 3 blocks of 128 threads per SM caps ptxas at
-// 65536 / (3 x 128) = 170 registers per thread. ptxas (CUDA 13, sm_90) then
-// uses 168 at head_dim 128 with 8 heads per block, 90..161 for the other
-// layouts, without spills; left free it took up to 255 (2 blocks per SM) and
-// spilled in some layouts. 12 warps per SM, each with the K and V rows of 4
-// keys in flight (4 KiB at head_dim 128), keep ~48 KiB of loads in flight
-// per SM, above the ~20 KiB an H100's bandwidth x latency asks of each SM.
-constexpr int kMinBlocksPerSm = 3;
-// A split covers at least 128 keys. Each split costs a fixed amount beyond
-// its keys: loading the query, merging 4 warps, writing head_dim + 2 floats
-// per query head that the merge kernel reads back. At 128 keys that is about
-// 2% of the K/V bytes the split reads (head_dim 128: 128 keys x 2 x 512 B =
-// 128 KiB against ~8 x 520 B of partials for a group of 8), and 128 keys
-// still fill every warp's key loop (32 keys each). Measured on an H100
-// (fp32, 32 query heads, head_dim 64 and 128, groups 1, 4, 8): 64 keys was
-// faster at batch 1 for 256..1024 keys (fewer keys per warp, shorter
-// chains), but 10-20% slower at batch 16..64 and at batch 1 with 4096 keys
-// (twice the partials to write and merge).
-constexpr int kMinKeysPerSplit = 128;
-// The smallest bucket: every max_length up to 128 gets the same launch (one
-// split, one kernel), so a graph captured at position 1 replays up to 128.
+// The register budget: at least 4 blocks of 128 threads per SM caps ptxas at
+// 65536 / (4 x 128) = 128 registers per thread, which ptxas (CUDA 13,
+// sm_90) reaches without spills (kLoadBatch); shared memory (at most ~42 KiB
+// per block, SharedTile) allows 5 blocks per SM.
+constexpr int kMinBlocksPerSm = 4;
+// A split covers at least 64 keys: one tile at head_dim <= 64 (TinyLlama's
+// 64), 2 at 128, 4 at 256. Each split costs a fixed amount beyond its keys:
+// loading the query heads, the first tile's memory latency, writing
+// head_dim + 2 floats per query head that the merge kernel reads back (at
+// head_dim 64 and a group of 8: 8 x 66 floats against 64 x 2 x 64 floats of
+// K/V, ~6%). Shorter splits give more blocks at batch 1 (a model with 4 KV
+// heads gets 4 blocks per 64 keys) but twice the partials; longer ones leave
+// SMs idle at batch 1.
+constexpr int kMinKeysPerSplit = 64;
+// The smallest bucket: every max_length up to 64 gets the same launch (one
+// split, one kernel), so a graph captured at position 1 replays up to 64.
 constexpr int kSmallestBucket = kMinKeysPerSplit;
-// At most 128 splits: 16k keys at the minimum split length. With 8 KV heads
+// At most 128 splits: 8k keys at the minimum split length. With 8 KV heads
 // that is 1024 blocks for a single query, ~8 per SM of an H100 (132 SMs),
 // enough to pull its bandwidth; more splits would only add partials. Longer
-// contexts get longer splits instead (32k keys: 128 splits of 256).
+// contexts get longer splits instead (16k keys: 128 splits of 128).
 constexpr int kMaxSplits = 128;
 // The largest bucket: 2^30 keys, far beyond any cache, keeps the bucket
 // arithmetic inside int.
 constexpr int kLargestBucket = 1 << 30;
 // Query heads per block: up to 8, which covers the GQA groups of Llama 3 (4),
-// Mistral (4), Qwen2 (7) and 70B-class models (8) in one block; a larger group
-// (MQA) is cut into chunks of 8 heads, each chunk a block of its own (it
-// reads the same K/V rows again, mostly from L2). Each head costs
-// 2 * kDimsPerLane registers (its query dims and its accumulator), so
-// head_dim 256 (8 dims per lane) takes 4 heads per block to stay within the
-// registers of the others.
+// Mistral (4), Qwen2 (7), TinyLlama and 70B-class models (8) in one block; a
+// larger group (MQA) is cut into chunks of 8 heads, each chunk a block of
+// its own (it reads the same K/V rows again, mostly from L2).
 constexpr int kMaxHeadsPerBlock = 8;
-constexpr int max_heads_per_block(int dims_per_lane) { return dims_per_lane <= 4 ? kMaxHeadsPerBlock : 4; }
 // Grid dimensions y and z are limited to 65535 by CUDA.
 constexpr int kMaxGridYZ = 65535;
 constexpr float kLog2e = 1.4426950408889634f;
 
-static_assert(kMinKeysPerSplit % (kWarpsPerBlock * kWarpSize) == 0, "the smallest split gives every warp whole spans");
 static_assert((kMinKeysPerSplit & (kMinKeysPerSplit - 1)) == 0 && (kMaxSplits & (kMaxSplits - 1)) == 0,
               "powers of two: keys_per_split = bucket / splits is exact");
 
-// How a warp holds one head of a K or V row, and how many query heads a
-// block serves. Lane l holds dims l, l + 32, ..., l + 32 (kDimsPerLane - 1):
-// a warp reads a row as kDimsPerLane loads of 32 consecutive elements
-// (coalesced: 128 bytes per fp32 load), any head_dim works (a lane's dims
-// past head_dim read as 0), and no alignment is needed beyond the element's.
-// One layout per range of head_dim, chosen from the shape alone:
-//   head_dim  1..32  1 dim per lane  (the tiny model's 8: lanes 8..31 idle)
-//   head_dim 33..64  2               (64)
-//   head_dim 65..128 4               (128)
-//   head_dim 129..256 8              (256)
-// Each warp loads the K and V rows of kKeysPerWarpStep keys before using
-// them, so several loads are in flight per warp: 4 keys (head_dim 128:
-// 8 loads of 4 KiB in all per warp step), 2 at 8 dims per lane, which keeps
-// the staging registers (keys x dims x 2) at 32.
-template <int kDimsPerLane_, int kHeadsPerBlock_>
-struct LaneLayout {
-  static constexpr int kDimsPerLane = kDimsPerLane_;
-  static constexpr int kHeadsPerBlock = kHeadsPerBlock_;
-  static constexpr int kHeadFloats = kDimsPerLane * kWarpSize;  // the largest head_dim it covers
-  static constexpr int kKeysPerWarpStep = kDimsPerLane <= 4 ? 4 : 2;
-  static constexpr int kKeysPerBlockStep = kKeysPerWarpStep * kWarpsPerBlock;
-  static_assert(kHeadsPerBlock >= 1 && kHeadsPerBlock <= max_heads_per_block(kDimsPerLane));
+constexpr int ceil_div(int numerator, int denominator) { return (numerator + denominator - 1) / denominator; }
+
+// How a block lays out its tile and divides each phase among its threads,
+// for one range of head_dim and one number of query heads per block.
+// kHeadFloats is head_dim rounded up to 32, 64, 128 or 256; a head's dims
+// past head_dim are 0 in every shared buffer (the query's and the tile's),
+// so they add 0 to every dot product and are never written out.
+// The tile: 64 keys up to head_dim 64, then 4096 floats of K (and of V):
+// 32 keys at 128, 16 at 256. That keeps the K and V tiles at 16 KiB each
+// and the whole SharedTile under the 48 KiB of static shared memory
+// (~42 KiB at head_dim 256 with 8 heads), keeps every thread's share of a
+// tile at 16..32 elements of K and as many of V, and divides the 64 keys of
+// the smallest split into whole tiles.
+template <int kHeadFloats_, int kHeads_>
+struct TileLayout {
+  static constexpr int kHeadFloats = kHeadFloats_;
+  static constexpr int kHeads = kHeads_;
+  static constexpr int kTileKeys = kHeadFloats <= 64 ? 64 : 4096 / kHeadFloats;
+  // K tile rows are kHeadFloats + 4 floats apart. The scores phase has the
+  // threads of a warp read float4s of DIFFERENT keys at the same dims; a
+  // 16-byte read is served 8 threads at a time, and with rows 4 floats (4
+  // banks) past a multiple of 32 banks apart, 8 consecutive keys fall in 8
+  // different 4-bank groups: no bank conflict. (Unpadded, all 8 would hit
+  // the same banks.) The pad keeps every row 16-byte aligned.
+  static constexpr int kKeyStride = kHeadFloats + 4;
+  // Load: every thread's share of the tile's K (and V) elements.
+  static constexpr int kLoadsPerThread = kTileKeys * kHeadFloats / kThreadsPerBlock;
+  // Load: elements per thread loaded before any is stored (copy_tile); the
+  // largest that ptxas (CUDA 13, sm_90) keeps in 128 registers without spills.
+  static constexpr int kLoadBatch = kHeadFloats <= 32 ? 8 : 16;
+  // Block-table lookup: warps 0..kRowWarps-1 find the pool rows, one key per lane.
+  static constexpr int kRowWarps = ceil_div(kTileKeys, kWarpSize);
+  // Scores: thread t takes key t % kTileKeys and heads t / kTileKeys +
+  // j * kScoreHeadLanes.
+  static constexpr int kScoreHeadLanes = kThreadsPerBlock / kTileKeys;
+  static constexpr int kScoreHeadsPerThread = ceil_div(kHeads, kScoreHeadLanes);
+  // Softmax: warp w takes heads w + j * kWarpsPerBlock; lane l the keys l + 32 c.
+  static constexpr int kSoftmaxHeadsPerWarp = ceil_div(kHeads, kWarpsPerBlock);
+  static constexpr int kScoresPerLane = ceil_div(kTileKeys, kWarpSize);
+  // P.V: thread t owns dims t % kOutputDimLanes + x * kOutputDimLanes of
+  // heads t / kOutputDimLanes + j * kOutputHeadLanes. A warp covers 32
+  // consecutive dims of one head: its V reads are consecutive floats (no
+  // bank conflict) and its weight reads are one address (a broadcast).
+  static constexpr int kOutputDimLanes = kHeadFloats < kThreadsPerBlock ? kHeadFloats : kThreadsPerBlock;
+  static constexpr int kOutputHeadLanes = kThreadsPerBlock / kOutputDimLanes;
+  static constexpr int kOutputDimsPerThread = kHeadFloats / kOutputDimLanes;
+  static constexpr int kOutputHeadsPerThread = ceil_div(kHeads, kOutputHeadLanes);
+
+  static_assert(kHeadFloats % kWarpSize == 0 && kHeadFloats <= kMaxHeadDim);
+  static_assert(kHeads >= 1 && kHeads <= kMaxHeadsPerBlock);
+  static_assert(kTileKeys % 4 == 0 && kTileKeys <= kThreadsPerBlock, "float4 weight reads; one score thread per key");
+  static_assert(kMinKeysPerSplit % kTileKeys == 0, "a split is whole tiles");
+  static_assert((kTileKeys * kHeadFloats) % kThreadsPerBlock == 0, "every thread loads the same share");
+  static_assert(kLoadsPerThread % kLoadBatch == 0, "whole load batches");
+};
+
+// The block's shared memory. Dims past head_dim and keys past the split's
+// end hold 0 (never garbage: 0 x NaN would poison a sum).
+template <class Layout>
+struct SharedTile {
+  // [kTileKeys, kKeyStride]: the tile's K rows (the last 4 floats of a row are padding, never read)
+  alignas(16) float keys[Layout::kTileKeys][Layout::kKeyStride];
+  // [kTileKeys, kHeadFloats]: the tile's V rows
+  alignas(16) float values[Layout::kTileKeys][Layout::kHeadFloats];
+  // [kHeads, kHeadFloats]: the block's query heads, times log2(e) / sqrt(head_dim), loaded once
+  alignas(16) float queries[Layout::kHeads][Layout::kHeadFloats];
+  // [kHeads, kTileKeys]: the tile's scores (log2 units), then in place its
+  // softmax weights (int8: times each key's V scale), -inf / 0 past the end
+  alignas(16) float scores[Layout::kHeads][Layout::kTileKeys];
+  // [kTileKeys]: pool row of each key of the tile being loaded
+  std::size_t key_rows[Layout::kTileKeys];
+  // [kTileKeys]: int8 scales of the tile's keys (unused for fp32)
+  float key_scales[Layout::kTileKeys];
+  float value_scales[Layout::kTileKeys];
+  // [kHeads]: each head's factor for the accumulators at this tile
+  // (2^(old max - new max)), running max (log2 units) and running sum
+  float head_rescale[Layout::kHeads];
+  float head_max[Layout::kHeads];
+  float head_sum[Layout::kHeads];
 };
 
 __device__ __forceinline__ float warp_sum(float value) {
@@ -142,51 +213,63 @@ __device__ __forceinline__ float warp_sum(float value) {
   return value;
 }
 
+__device__ __forceinline__ float warp_max(float value) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    value = fmaxf(value, __shfl_xor_sync(kFullWarpMask, value, offset));
+  return value;
+}
+
+// Component i (a constant after unrolling) of a float4.
+__device__ __forceinline__ float component(const float4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 // --- Reading one KV head of a cached row, per element type. A new element
 // (fp16, ...) is one more specialization and one more branch in split_kernel.
 //
-// load(): this lane's dims of KV head `kv_head` in pool row `row` of K and
-// of V, as floats, and the factor each must be multiplied by (the int8
-// scales; 1 for fp32). Dims past head_dim are 0.
+// key(row, dim) / value(row, dim): element `dim` of KV head `kv_head` in
+// pool row `row`, as stored (Raw); to_float() converts it when the tile is
+// written to shared memory, so the load itself is not waited for until
+// then. key_scale(row) / value_scale(row): the factor a key's score and
+// its softmax weight must be multiplied by (kScaled: int8 only).
 template <KvElement kElement>
 struct CachedHead;
 
 template <>
 struct CachedHead<KvElement::Float32> {
+  using Raw = float;
+  static constexpr bool kScaled = false;
   const float* keys;
   const float* values;
   std::size_t row_floats;   // kv_dim: floats from one pool row to the next
   std::size_t head_offset;  // kv_head * head_dim: the head's first float in a row
-  int head_dim;
 
-  __device__ CachedHead(const KvView& view, int kv_head, int head_dim_)
+  __device__ CachedHead(const KvView& view, int kv_head, int head_dim)
       : keys(view.keys),
         values(view.values),
         row_floats(static_cast<std::size_t>(view.kv_dim)),
-        head_offset(static_cast<std::size_t>(kv_head) * head_dim_),
-        head_dim(head_dim_) {}
+        head_offset(static_cast<std::size_t>(kv_head) * head_dim) {}
 
-  template <int kDims>
-  __device__ __forceinline__ void load(std::size_t row, int lane, float (&key)[kDims], float (&value)[kDims],
-                                       float& key_scale, float& value_scale) const {
-    const std::size_t first = row * row_floats + head_offset;
-#pragma unroll
-    for (int x = 0; x < kDims; ++x) {
-      const int dim = lane + x * kWarpSize;
-      key[x] = dim < head_dim ? __ldg(keys + first + dim) : 0.0f;
-      value[x] = dim < head_dim ? __ldg(values + first + dim) : 0.0f;
-    }
-    key_scale = 1.0f;
-    value_scale = 1.0f;
+  __device__ __forceinline__ Raw key(std::size_t row, int dim) const {
+    return __ldg(keys + row * row_floats + head_offset + dim);
   }
+  __device__ __forceinline__ Raw value(std::size_t row, int dim) const {
+    return __ldg(values + row * row_floats + head_offset + dim);
+  }
+  __device__ __forceinline__ float key_scale(std::size_t) const { return 1.0f; }
+  __device__ __forceinline__ float value_scale(std::size_t) const { return 1.0f; }
+  __device__ static __forceinline__ float to_float(Raw raw) { return raw; }
 };
 
 // Int8: value = int8 * scale, one scale per (position, KV head), as
-// store_int8_head (llm/kv_int8.hpp) wrote them. The scale is applied once
-// per key (to the dot product, and to the key's softmax weight) instead of
-// once per element.
+// store_int8_head (llm/kv_int8.hpp) wrote them. The tile holds the codes;
+// the scales are applied once per key (to the score, and to the key's
+// softmax weight) instead of once per element.
 template <>
 struct CachedHead<KvElement::Int8> {
+  using Raw = std::int8_t;
+  static constexpr bool kScaled = true;
   const std::int8_t* keys;
   const std::int8_t* values;
   const float* key_scales;
@@ -195,33 +278,30 @@ struct CachedHead<KvElement::Int8> {
   std::size_t head_offset;   // kv_head * head_dim
   int scales_per_row;        // KV heads: kv_dim / the view's head_dim (KvView::key_row_scales)
   int kv_head;
-  int head_dim;
 
-  __device__ CachedHead(const KvView& view, int kv_head_, int head_dim_)
+  __device__ CachedHead(const KvView& view, int kv_head_, int head_dim)
       : keys(view.keys_int8),
         values(view.values_int8),
         key_scales(view.key_scales),
         value_scales(view.value_scales),
         row_elements(static_cast<std::size_t>(view.kv_dim)),
-        head_offset(static_cast<std::size_t>(kv_head_) * head_dim_),
+        head_offset(static_cast<std::size_t>(kv_head_) * head_dim),
         scales_per_row(view.kv_dim / view.head_dim),
-        kv_head(kv_head_),
-        head_dim(head_dim_) {}
+        kv_head(kv_head_) {}
 
-  template <int kDims>
-  __device__ __forceinline__ void load(std::size_t row, int lane, float (&key)[kDims], float (&value)[kDims],
-                                       float& key_scale, float& value_scale) const {
-    const std::size_t first = row * row_elements + head_offset;
-#pragma unroll
-    for (int x = 0; x < kDims; ++x) {
-      const int dim = lane + x * kWarpSize;
-      key[x] = dim < head_dim ? static_cast<float>(__ldg(keys + first + dim)) : 0.0f;
-      value[x] = dim < head_dim ? static_cast<float>(__ldg(values + first + dim)) : 0.0f;
-    }
-    const std::size_t scale_index = row * static_cast<std::size_t>(scales_per_row) + kv_head;
-    key_scale = __ldg(key_scales + scale_index);
-    value_scale = __ldg(value_scales + scale_index);
+  __device__ __forceinline__ Raw key(std::size_t row, int dim) const {
+    return __ldg(keys + row * row_elements + head_offset + dim);
   }
+  __device__ __forceinline__ Raw value(std::size_t row, int dim) const {
+    return __ldg(values + row * row_elements + head_offset + dim);
+  }
+  __device__ __forceinline__ float key_scale(std::size_t row) const {
+    return __ldg(key_scales + row * static_cast<std::size_t>(scales_per_row) + kv_head);
+  }
+  __device__ __forceinline__ float value_scale(std::size_t row) const {
+    return __ldg(value_scales + row * static_cast<std::size_t>(scales_per_row) + kv_head);
+  }
+  __device__ static __forceinline__ float to_float(Raw raw) { return static_cast<float>(raw); }
 };
 
 // Everything the split kernel takes: the shape, the split, device pointers.
@@ -240,31 +320,101 @@ struct SplitKernelArgs {
   float* partial_stats;    // [n_queries, n_heads, splits, 2] (m_s in log2 units, l_s)
 };
 
-// Each warp's final state, for the merge of the block's warps.
-// 4 warps x 8 heads x 128 floats x 4 B = 16 KiB of accumulators at head_dim
-// 128 (16 KiB at 256 with 4 heads; less for the narrower layouts).
-template <class Lanes>
-struct WarpStates {
-  float running_max[kWarpsPerBlock][Lanes::kHeadsPerBlock];
-  float running_sum[kWarpsPerBlock][Lanes::kHeadsPerBlock];
-  float accumulator[kWarpsPerBlock][Lanes::kHeadsPerBlock][Lanes::kHeadFloats];
-};
+// --- The block-table lookup of a tile, in two steps so that the table read
+// of the next tile is in flight while the current tile's scores are
+// computed. Called by warps 0..kRowWarps-1 only (all 32 lanes: step 2
+// shuffles); lane l of warp w stands for key w * 32 + l of the tile whose
+// first position is tile_first.
+//
+// Step 1: the table entry of the lane's key's cache block, read only by the
+// lane of the block's first key among the warp's keys (lane 0, or a key at
+// offset 0 of its cache block); every other lane returns 0.
+template <class Layout>
+__device__ __forceinline__ int read_table_entry(const KvView& view, int tile_first, int end, int warp, int lane) {
+  const int key = warp * kWarpSize + lane;
+  const int position = tile_first + key;
+  if (key >= Layout::kTileKeys || position >= end) return 0;
+  const int offset = position % view.block_size;
+  return lane == 0 || offset == 0 ? view.block_table[position / view.block_size] : 0;
+}
+
+// Step 2: every key's pool row into tile.key_rows. The lane that read the
+// entry of a key's cache block is `offset` lanes back (the key at offset 0),
+// or lane 0 if that key is in an earlier warp or tile: both are valid keys
+// of the same cache block, so they read the same entry.
+template <class Layout>
+__device__ __forceinline__ void publish_key_rows(const KvView& view, int tile_first, int end, int warp, int lane,
+                                                 int table_entry, SharedTile<Layout>& tile) {
+  const int key = warp * kWarpSize + lane;
+  const int position = tile_first + key;
+  const int offset = position % view.block_size;
+  const int source_lane = lane - min(lane, offset);
+  const int physical_block = __shfl_sync(kFullWarpMask, table_entry, source_lane);
+  if (key < Layout::kTileKeys && position < end)
+    tile.key_rows[key] = static_cast<std::size_t>(physical_block) * view.block_size + offset;
+}
+
+// Copies the tile with `tile_keys` keys whose pool rows are in
+// tile.key_rows into shared memory: thread `thread` takes elements
+// thread + i * kThreadsPerBlock of K (and of V) in row order, 0 past the
+// tile's keys and past head_dim (every element of both tiles is written),
+// and key `thread`'s int8 scales (0 past the tile's keys).
+// kLoadBatch elements are loaded before any of them is stored, so that many
+// loads per thread are in flight at once; a larger batch (all of a thread's
+// share) made ptxas keep every address live and spill (TileLayout::kLoadBatch).
+template <class Layout, KvElement kElement>
+__device__ __forceinline__ void copy_tile(const CachedHead<kElement>& cached, SharedTile<Layout>& tile,
+                                          int tile_keys, int head_dim, int thread) {
+  using Cached = CachedHead<kElement>;
+  constexpr int kLoadBatch = Layout::kLoadBatch;
+  for (int first = 0; first < Layout::kLoadsPerThread; first += kLoadBatch) {
+    typename Cached::Raw keys[kLoadBatch], values[kLoadBatch];
+#pragma unroll
+    for (int b = 0; b < kLoadBatch; ++b) {
+      const int element = thread + (first + b) * kThreadsPerBlock;
+      const int key = element / Layout::kHeadFloats, dim = element % Layout::kHeadFloats;
+      keys[b] = values[b] = typename Cached::Raw{0};
+      if (key < tile_keys && dim < head_dim) {
+        const std::size_t row = tile.key_rows[key];
+        keys[b] = cached.key(row, dim);
+        values[b] = cached.value(row, dim);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kLoadBatch; ++b) {
+      const int element = thread + (first + b) * kThreadsPerBlock;
+      const int key = element / Layout::kHeadFloats, dim = element % Layout::kHeadFloats;
+      tile.keys[key][dim] = Cached::to_float(keys[b]);
+      tile.values[key][dim] = Cached::to_float(values[b]);
+    }
+  }
+  if constexpr (Cached::kScaled) {
+    if (thread < Layout::kTileKeys) {
+      const bool valid = thread < tile_keys;
+      const std::size_t row = valid ? tile.key_rows[thread] : 0;
+      tile.key_scales[thread] = valid ? cached.key_scale(row) : 0.0f;
+      tile.value_scales[thread] = valid ? cached.value_scale(row) : 0.0f;
+    }
+  }
+}
 
 // The body of block (split, KV head x chunk, query) for one element type.
-template <class Lanes, KvElement kElement>
+template <class Layout, KvElement kElement>
 __device__ __forceinline__ void attend_split(const SplitKernelArgs& args, const KvView& view,
-                                             WarpStates<Lanes>& states) {
-  constexpr int kDims = Lanes::kDimsPerLane;
-  constexpr int kHeads = Lanes::kHeadsPerBlock;
-  constexpr int kKeys = Lanes::kKeysPerWarpStep;
+                                             SharedTile<Layout>& tile) {
+  using Cached = CachedHead<kElement>;
+  constexpr int kHeads = Layout::kHeads;
+  constexpr int kHeadFloats = Layout::kHeadFloats;
+  constexpr int kTileKeys = Layout::kTileKeys;
 
   const int split = static_cast<int>(blockIdx.x);
   const int splits = static_cast<int>(gridDim.x);
   const int kv_head = static_cast<int>(blockIdx.y) / args.head_chunks;
   const int chunk = static_cast<int>(blockIdx.y) % args.head_chunks;
   const int query = static_cast<int>(blockIdx.z);
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
+  const int thread = static_cast<int>(threadIdx.x);
+  const int warp = thread / kWarpSize;
+  const int lane = thread % kWarpSize;
   const int head_dim = args.shape.head_dim;
   const int n_heads = args.shape.n_heads;
   const int group = n_heads / args.shape.n_kv_heads;
@@ -275,137 +425,202 @@ __device__ __forceinline__ void attend_split(const SplitKernelArgs& args, const 
   const int batch_row = args.rows != nullptr ? args.rows[query] : query;
   const int begin = split * args.keys_per_split;
   const int end = min(begin + args.keys_per_split, length);  // <= begin: an empty split
+  const int n_tiles = end > begin ? ceil_div(end - begin, kTileKeys) : 0;
+  const Cached cached(view, kv_head, head_dim);
 
-  // This lane's dims of the block's query heads, in log2 units, and the
-  // running state of each: max score, sum of weights, weighted sum of V.
-  float query_dims[kHeads][kDims];
-  float running_max[kHeads], running_sum[kHeads], accumulator[kHeads][kDims];
-#pragma unroll
-  for (int g = 0; g < kHeads; ++g) {
-    // Heads past block_heads (a group smaller than the layout's) stay zero and unused.
-    const int head = first_head + min(g, block_heads - 1);
-    const float* query_head = args.q + (static_cast<std::size_t>(batch_row) * n_heads + head) * head_dim;
-#pragma unroll
-    for (int x = 0; x < kDims; ++x) {
-      const int dim = lane + x * kWarpSize;
-      query_dims[g][x] = g < block_heads && dim < head_dim ? query_head[dim] * args.q_scale_log2 : 0.0f;
-      accumulator[g][x] = 0.0f;
-    }
-    running_max[g] = -INFINITY;
-    running_sum[g] = 0.0f;
+  // --- Setup: the query heads, the running statistics, the first tile's rows.
+  // Heads past block_heads (a group smaller than the layout's) are zero:
+  // their scores are 0 and their outputs are never written.
+  for (int index = thread; index < kHeads * kHeadFloats; index += kThreadsPerBlock) {
+    const int g = index / kHeadFloats, dim = index % kHeadFloats;
+    tile.queries[g][dim] =
+        g < block_heads && dim < head_dim
+            ? args.q[(static_cast<std::size_t>(batch_row) * n_heads + first_head + g) * head_dim + dim] *
+                  args.q_scale_log2
+            : 0.0f;
   }
+  if (thread < kHeads) {  // what an empty split writes: (m = -inf, l = 0)
+    tile.head_max[thread] = -INFINITY;
+    tile.head_sum[thread] = 0.0f;
+  }
+  if (n_tiles > 0 && warp < Layout::kRowWarps)  // block-uniform, warp-uniform
+    publish_key_rows(view, begin, end, warp, lane, read_table_entry<Layout>(view, begin, end, warp, lane), tile);
+  __syncthreads();  // the query heads, the statistics and the first tile's rows are in shared memory
 
-  const CachedHead<kElement> cached(view, kv_head, head_dim);
-  const int block_size = view.block_size;
-  // Walk [begin, end) one cache block at a time: positions first..last-1 of
-  // logical block b are rows physical * B + (p - b * B) of the pool. The next
-  // block's table entry is read before this block's rows are, so the lookup
-  // is in flight with them.
-  int physical_block = begin < end ? view.block_table[begin / block_size] : 0;
-  for (int first = begin; first < end;) {
-    const int logical_block = first / block_size;
-    const int last = min(end, (logical_block + 1) * block_size);
-    const int next_physical_block = last < end ? view.block_table[last / block_size] : 0;
-    const std::size_t block_first_row = static_cast<std::size_t>(physical_block) * block_size;
-    const int block_first_position = logical_block * block_size;
+  // The softmax state of the heads this warp reduces (warp + j * 4), the
+  // same every tile, so it stays in registers (lane-uniform).
+  float running_max[Layout::kSoftmaxHeadsPerWarp], running_sum[Layout::kSoftmaxHeadsPerWarp];
+#pragma unroll
+  for (int j = 0; j < Layout::kSoftmaxHeadsPerWarp; ++j) {
+    running_max[j] = -INFINITY;
+    running_sum[j] = 0.0f;
+  }
+  // The outputs this thread owns (P.V phase), unnormalized.
+  float accumulator[Layout::kOutputHeadsPerThread][Layout::kOutputDimsPerThread];
+#pragma unroll
+  for (int j = 0; j < Layout::kOutputHeadsPerThread; ++j)
+#pragma unroll
+    for (int x = 0; x < Layout::kOutputDimsPerThread; ++x) accumulator[j][x] = 0.0f;
+  const int output_dim_lane = thread % Layout::kOutputDimLanes;
+  const int output_head_lane = thread / Layout::kOutputDimLanes;
 
-    // The block's keys in steps of kKeysPerBlockStep; warp w takes keys
-    // step + w * kKeys .. + kKeys - 1 of each step (its first is < last).
-    for (int warp_first = first + warp * kKeys; warp_first < last; warp_first += Lanes::kKeysPerBlockStep) {
-      // Load the K and V rows of the warp's keys first (all in flight at once).
-      float key_dims[kKeys][kDims], value_dims[kKeys][kDims], key_scale[kKeys], value_scale[kKeys];
+  for (int t = 0; t < n_tiles; ++t) {
+    const int tile_first = begin + t * kTileKeys;
+    const int tile_keys = min(kTileKeys, end - tile_first);  // >= 1: key 0 of every tile is valid
+    const int next_first = tile_first + kTileKeys;
+    const bool has_next = next_first < end;  // block-uniform
+
+    // Barrier 1: every thread is done with the previous tile's K, V,
+    // scales, weights and rescale factors (scores, softmax, P.V phases)
+    // before copy_tile overwrites K, V and the scales (and the scores phase
+    // the weights). Its rows (key_rows) were published before barrier 3 of
+    // the previous iteration, or before the setup barrier.
+    __syncthreads();
+    copy_tile(cached, tile, tile_keys, head_dim, thread);
+    // Barrier 2: the whole tile is in shared memory before any thread
+    // computes a score from it, and every thread is done reading key_rows
+    // before they are overwritten with the next tile's.
+    __syncthreads();
+
+    // The next tile's table entries: read now, used after the scores.
+    int next_table_entry = 0;
+    if (has_next && warp < Layout::kRowWarps)
+      next_table_entry = read_table_entry<Layout>(view, next_first, end, warp, lane);
+
+    // --- Scores: (head, key) pairs; 4 partial sums per head (one per float4
+    // component) keep the FMA chains short.
+    {
+      const int key = thread % kTileKeys;
+      const int head_lane = thread / kTileKeys;
+      float4 dot[Layout::kScoreHeadsPerThread];
 #pragma unroll
-      for (int k = 0; k < kKeys; ++k) {
-        const int position = warp_first + k;
-        if (position < last) {  // the same for every lane: no divergence
-          const std::size_t row = block_first_row + static_cast<std::size_t>(position - block_first_position);
-          cached.template load<kDims>(row, lane, key_dims[k], value_dims[k], key_scale[k], value_scale[k]);
-        } else {
+      for (int j = 0; j < Layout::kScoreHeadsPerThread; ++j) dot[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4* key_row = reinterpret_cast<const float4*>(tile.keys[key]);
+#pragma unroll 8
+      for (int d4 = 0; d4 < kHeadFloats / 4; ++d4) {
+        const float4 k = key_row[d4];
 #pragma unroll
-          for (int x = 0; x < kDims; ++x) key_dims[k][x] = value_dims[k][x] = 0.0f;
-          key_scale[k] = value_scale[k] = 0.0f;
+        for (int j = 0; j < Layout::kScoreHeadsPerThread; ++j) {
+          // A head past kHeads (fewer heads than score lanes) reads the last
+          // head's row and its score is not written.
+          const int g = min(head_lane + j * Layout::kScoreHeadLanes, kHeads - 1);
+          const float4 q = reinterpret_cast<const float4*>(tile.queries[g])[d4];  // one address per warp
+          dot[j].x = fmaf(q.x, k.x, dot[j].x);
+          dot[j].y = fmaf(q.y, k.y, dot[j].y);
+          dot[j].z = fmaf(q.z, k.z, dot[j].z);
+          dot[j].w = fmaf(q.w, k.w, dot[j].w);
         }
       }
-      // ... then use every row for every query head of the block.
+      const float key_scale = Cached::kScaled ? tile.key_scales[key] : 1.0f;
 #pragma unroll
-      for (int g = 0; g < kHeads; ++g) {
-        if (g >= block_heads) continue;  // uniform across the block
-        float scores[kKeys];
-        float step_max = running_max[g];
-#pragma unroll
-        for (int k = 0; k < kKeys; ++k) {
-          float partial = 0.0f;
-#pragma unroll
-          for (int x = 0; x < kDims; ++x) partial = fmaf(query_dims[g][x], key_dims[k][x], partial);
-          // Every lane takes part in the butterfly; a key past `last` then
-          // scores -inf (weight 2^-inf = 0). Key 0 of the step is valid, so
-          // step_max is finite from here on.
-          const float dot = warp_sum(partial) * key_scale[k];
-          scores[k] = warp_first + k < last ? dot : -INFINITY;
-          step_max = fmaxf(step_max, scores[k]);
-        }
-        // Rescale what was accumulated against the old max (by 0 on the
-        // warp's first step, where running_max = -inf), then add the step.
-        const float rescale = exp2f(running_max[g] - step_max);
-        float step_sum = 0.0f;
-#pragma unroll
-        for (int x = 0; x < kDims; ++x) accumulator[g][x] *= rescale;
-#pragma unroll
-        for (int k = 0; k < kKeys; ++k) {
-          const float weight = exp2f(scores[k] - step_max);
-          step_sum += weight;
-          const float value_weight = weight * value_scale[k];
-#pragma unroll
-          for (int x = 0; x < kDims; ++x) accumulator[g][x] = fmaf(value_weight, value_dims[k][x], accumulator[g][x]);
-        }
-        running_sum[g] = running_sum[g] * rescale + step_sum;
-        running_max[g] = step_max;
+      for (int j = 0; j < Layout::kScoreHeadsPerThread; ++j) {
+        const int g = head_lane + j * Layout::kScoreHeadLanes;
+        if (g < kHeads)
+          tile.scores[g][key] =
+              key < tile_keys ? ((dot[j].x + dot[j].y) + (dot[j].z + dot[j].w)) * key_scale : -INFINITY;
       }
     }
-    first = last;
-    physical_block = next_physical_block;
+
+    if (has_next && warp < Layout::kRowWarps)
+      publish_key_rows(view, next_first, end, warp, lane, next_table_entry, tile);
+    // Barrier 3: every score of the tile is in shared memory before a warp
+    // reduces a head's row of them; the next tile's rows are too, before
+    // the next iteration's copy_tile reads them. (Every thread read the
+    // current tile's rows in copy_tile, before barrier 2, so overwriting
+    // them after barrier 2 is safe.)
+    __syncthreads();
+
+    // --- Online softmax: warp w updates heads w, w + 4.
+#pragma unroll
+    for (int j = 0; j < Layout::kSoftmaxHeadsPerWarp; ++j) {
+      const int g = warp + j * kWarpsPerBlock;
+      if (g >= kHeads) continue;  // warp-uniform
+      float score[Layout::kScoresPerLane];
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < Layout::kScoresPerLane; ++c) {
+        const int key = lane + c * kWarpSize;
+        score[c] = key < kTileKeys ? tile.scores[g][key] : -INFINITY;
+        tile_max = fmaxf(tile_max, score[c]);
+      }
+      // Finite: key 0 of the tile is valid. On the first tile running_max
+      // is -inf and the rescale is 2^-inf = 0 (the accumulators are 0 anyway).
+      const float new_max = fmaxf(running_max[j], warp_max(tile_max));
+      const float rescale = exp2f(running_max[j] - new_max);
+      float tile_sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < Layout::kScoresPerLane; ++c) {
+        const int key = lane + c * kWarpSize;
+        const float weight = exp2f(score[c] - new_max);  // 0 for a key past the end (-inf)
+        tile_sum += weight;
+        if (key < kTileKeys) tile.scores[g][key] = Cached::kScaled ? weight * tile.value_scales[key] : weight;
+      }
+      running_sum[j] = running_sum[j] * rescale + warp_sum(tile_sum);
+      running_max[j] = new_max;
+      if (lane == 0) {
+        tile.head_rescale[g] = rescale;
+        tile.head_max[g] = new_max;
+        tile.head_sum[g] = running_sum[j];
+      }
+    }
+    // Barrier 4: every head's weights and rescale factor are in shared
+    // memory before the P.V phase reads them.
+    __syncthreads();
+
+    // --- P.V: acc = acc * rescale + sum over the tile's keys of p * v.
+    float4 weights[Layout::kOutputHeadsPerThread];
+#pragma unroll
+    for (int j = 0; j < Layout::kOutputHeadsPerThread; ++j) {
+      const float rescale = tile.head_rescale[min(output_head_lane + j * Layout::kOutputHeadLanes, kHeads - 1)];
+#pragma unroll
+      for (int x = 0; x < Layout::kOutputDimsPerThread; ++x) accumulator[j][x] *= rescale;
+    }
+#pragma unroll 4
+    for (int k4 = 0; k4 < kTileKeys / 4; ++k4) {
+#pragma unroll
+      for (int j = 0; j < Layout::kOutputHeadsPerThread; ++j) {
+        // A head past kHeads reads the last head's weights; it is never written.
+        const int g = min(output_head_lane + j * Layout::kOutputHeadLanes, kHeads - 1);
+        weights[j] = reinterpret_cast<const float4*>(tile.scores[g])[k4];  // keys 4 k4 .. 4 k4 + 3
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int x = 0; x < Layout::kOutputDimsPerThread; ++x) {
+          const float value = tile.values[4 * k4 + kk][output_dim_lane + x * Layout::kOutputDimLanes];
+#pragma unroll
+          for (int j = 0; j < Layout::kOutputHeadsPerThread; ++j)
+            accumulator[j][x] = fmaf(component(weights[j], kk), value, accumulator[j][x]);
+        }
+      }
+    }
   }
 
-  // Merge the warps' states. A warp that saw no key has (-inf, 0, 0).
+  // --- The result. head_max and head_sum were last written before barrier
+  // 4 of the last tile (or before the setup barrier: an empty split), and
+  // no thread writes them after it: no barrier is needed.
 #pragma unroll
-  for (int g = 0; g < kHeads; ++g) {
-    if (lane == 0) {
-      states.running_max[warp][g] = running_max[g];
-      states.running_sum[warp][g] = running_sum[g];
-    }
-#pragma unroll
-    for (int x = 0; x < kDims; ++x) states.accumulator[warp][g][lane + x * kWarpSize] = accumulator[g][x];
-  }
-  __syncthreads();  // every warp's state is in shared memory (the only barrier of the kernel)
-
-  for (int index = static_cast<int>(threadIdx.x); index < block_heads * head_dim; index += kThreadsPerBlock) {
-    const int g = index / head_dim, dim = index % head_dim;
-    float block_max = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarpsPerBlock; ++w) block_max = fmaxf(block_max, states.running_max[w][g]);
-    // An empty split (no warp saw a key) has block_max = -inf: measure the
-    // weights from 0 instead, so each is 2^-inf = 0 rather than 2^NaN, and
-    // the split's partial is (m = -inf, l = 0, o = 0).
-    const float reference_max = block_max == -INFINITY ? 0.0f : block_max;
-    float sum = 0.0f, value = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarpsPerBlock; ++w) {
-      const float weight = exp2f(states.running_max[w][g] - reference_max);
-      sum += weight * states.running_sum[w][g];
-      value += weight * states.accumulator[w][g][dim];
-    }
+  for (int j = 0; j < Layout::kOutputHeadsPerThread; ++j) {
+    const int g = output_head_lane + j * Layout::kOutputHeadLanes;
+    if (g >= block_heads) continue;
     const int head = first_head + g;
-    if (splits == 1) {
-      // The split is the whole sequence: normalize and write the output (a
-      // query with no key at all, which callers never pass, gets zeros).
-      args.out[(static_cast<std::size_t>(batch_row) * n_heads + head) * head_dim + dim] =
-          sum > 0.0f ? value / sum : 0.0f;
-    } else {
-      const std::size_t slot = (static_cast<std::size_t>(query) * n_heads + head) * splits + split;
-      args.partial_outputs[slot * head_dim + dim] = value;
-      if (dim == 0) {
-        args.partial_stats[slot * 2 + 0] = block_max;
-        args.partial_stats[slot * 2 + 1] = sum;
+    const float sum = tile.head_sum[g];
+#pragma unroll
+    for (int x = 0; x < Layout::kOutputDimsPerThread; ++x) {
+      const int dim = output_dim_lane + x * Layout::kOutputDimLanes;
+      if (dim >= head_dim) continue;
+      if (splits == 1) {
+        // The split is the whole sequence: normalize and write the output (a
+        // query with no key at all, which callers never pass, gets zeros).
+        args.out[(static_cast<std::size_t>(batch_row) * n_heads + head) * head_dim + dim] =
+            sum > 0.0f ? accumulator[j][x] / sum : 0.0f;
+      } else {
+        const std::size_t slot = (static_cast<std::size_t>(query) * n_heads + head) * splits + split;
+        args.partial_outputs[slot * head_dim + dim] = accumulator[j][x];
+        if (dim == 0) {
+          args.partial_stats[slot * 2 + 0] = tile.head_max[g];
+          args.partial_stats[slot * 2 + 1] = sum;
+        }
       }
     }
   }
@@ -414,14 +629,14 @@ __device__ __forceinline__ void attend_split(const SplitKernelArgs& args, const 
 // Kernel 1. Grid (splits, n_kv_heads * head_chunks, n_queries), kThreadsPerBlock threads.
 // The element type is read from the query's view (uniform across a block),
 // so the launch does not depend on the host copies of the views.
-template <class Lanes>
+template <class Layout>
 __global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocksPerSm) split_kernel(SplitKernelArgs args) {
-  __shared__ WarpStates<Lanes> states;
-  const KvView view = args.views[blockIdx.z];  // a register copy: its fields are read for every cache block
+  __shared__ SharedTile<Layout> tile;
+  const KvView view = args.views[blockIdx.z];  // a register copy: its fields are read for every tile
   if (view.element == KvElement::Int8)
-    attend_split<Lanes, KvElement::Int8>(args, view, states);
+    attend_split<Layout, KvElement::Int8>(args, view, tile);
   else
-    attend_split<Lanes, KvElement::Float32>(args, view, states);
+    attend_split<Layout, KvElement::Float32>(args, view, tile);
 }
 
 // Kernel 2. Grid (n_heads, n_queries); one thread per dim of the head
@@ -493,34 +708,28 @@ void check_host_queries(const AttentionShape& shape, const DecodeQueries& querie
   }
 }
 
-constexpr int ceil_div(int numerator, int denominator) { return (numerator + denominator - 1) / denominator; }
-
-// The smallest power of two >= group, at most the layout's heads per block:
-// a group of 3 runs in blocks of 4 heads, 12 (MQA-like) in 2 blocks of 8.
-int heads_per_block(int group, int dims_per_lane) {
-  const int cap = max_heads_per_block(dims_per_lane);
+// The smallest power of two >= group, at most kMaxHeadsPerBlock: a group of
+// 3 runs in blocks of 4 heads, 12 (MQA-like) in 2 blocks of 8.
+int heads_per_block(int group) {
   int heads = 1;
-  while (heads < group && heads < cap) heads *= 2;
+  while (heads < group && heads < kMaxHeadsPerBlock) heads *= 2;
   return heads;
 }
 
-template <int kDims, int kHeads>
+template <int kHeadFloats, int kHeads>
 void launch_split_kernel(const SplitKernelArgs& args, dim3 grid, cudaStream_t stream) {
-  split_kernel<LaneLayout<kDims, kHeads>><<<grid, kThreadsPerBlock, 0, stream>>>(args);
+  split_kernel<TileLayout<kHeadFloats, kHeads>><<<grid, kThreadsPerBlock, 0, stream>>>(args);
   LLM_CUDA_CHECK_LAUNCH();
 }
 
-template <int kDims>
+template <int kHeadFloats>
 void launch_split_kernel_for(int heads, const SplitKernelArgs& args, dim3 grid, cudaStream_t stream) {
   switch (heads) {
-    case 1: launch_split_kernel<kDims, 1>(args, grid, stream); return;
-    case 2: launch_split_kernel<kDims, 2>(args, grid, stream); return;
-    case 4: launch_split_kernel<kDims, 4>(args, grid, stream); return;
-    default:
-      if constexpr (max_heads_per_block(kDims) >= 8) {
-        launch_split_kernel<kDims, 8>(args, grid, stream);
-        return;
-      }
+    case 1: launch_split_kernel<kHeadFloats, 1>(args, grid, stream); return;
+    case 2: launch_split_kernel<kHeadFloats, 2>(args, grid, stream); return;
+    case 4: launch_split_kernel<kHeadFloats, 4>(args, grid, stream); return;
+    case 8: launch_split_kernel<kHeadFloats, 8>(args, grid, stream); return;
+    default: break;
   }
   throw InputError("split_kv_decode_attention: no kernel for " + std::to_string(heads) + " heads per block");
 }
@@ -560,8 +769,9 @@ void split_kv_decode_attention(const AttentionShape& shape, const float* q, cons
   check_host_queries(shape, queries);
 
   const int group = shape.n_heads / shape.n_kv_heads;
-  const int dims_per_lane = shape.head_dim <= 32 ? 1 : shape.head_dim <= 64 ? 2 : shape.head_dim <= 128 ? 4 : 8;
-  const int heads = heads_per_block(group, dims_per_lane);
+  // head_dim rounded up to the layout's width: 32, 64, 128 or 256.
+  const int head_floats = shape.head_dim <= 32 ? 32 : shape.head_dim <= 64 ? 64 : shape.head_dim <= 128 ? 128 : 256;
+  const int heads = heads_per_block(group);
   const int head_chunks = ceil_div(group, heads);
   if (static_cast<long long>(shape.n_kv_heads) * head_chunks > kMaxGridYZ)
     throw InputError("split_kv_decode_attention: more than 65535 (KV head, head chunk) blocks per split");
@@ -589,11 +799,11 @@ void split_kv_decode_attention(const AttentionShape& shape, const float* q, cons
 
   const dim3 grid(static_cast<unsigned>(split.splits), static_cast<unsigned>(shape.n_kv_heads * head_chunks),
                   static_cast<unsigned>(n_queries));
-  switch (dims_per_lane) {
-    case 1: launch_split_kernel_for<1>(heads, args, grid, stream); break;
-    case 2: launch_split_kernel_for<2>(heads, args, grid, stream); break;
-    case 4: launch_split_kernel_for<4>(heads, args, grid, stream); break;
-    default: launch_split_kernel_for<8>(heads, args, grid, stream); break;
+  switch (head_floats) {
+    case 32: launch_split_kernel_for<32>(heads, args, grid, stream); break;
+    case 64: launch_split_kernel_for<64>(heads, args, grid, stream); break;
+    case 128: launch_split_kernel_for<128>(heads, args, grid, stream); break;
+    default: launch_split_kernel_for<256>(heads, args, grid, stream); break;
   }
 
   if (split.splits > 1) {

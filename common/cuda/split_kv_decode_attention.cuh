@@ -52,7 +52,7 @@ std::size_t split_kv_decode_workspace_floats(const AttentionShape& shape, int n_
 // keys: `splits` thread blocks per (query, KV head), each over
 // `keys_per_split` consecutive keys, splits * keys_per_split >= max_length.
 // Piecewise constant: max_length is rounded up to a power of two (at least
-// 128) first, so every max_length of one bucket gets the same split.
+// 64) first, so every max_length of one bucket gets the same split.
 struct DecodeSplit {
   int splits;
   int keys_per_split;
