@@ -10,6 +10,7 @@
 #include <cstddef>
 
 #include "kernels.cuh"
+#include "split_kv_decode_attention.cuh"
 #include "llm/attention.hpp"
 #include "llm/kv_cache.hpp"
 
@@ -30,18 +31,36 @@ struct CudaAttentionKernels {
                             float* out, float* workspace, cudaStream_t stream);
   using DecodeWorkspaceFn = std::size_t (*)(const AttentionShape& shape, int n_queries, int max_length);  // floats
 
+  // Prefill: the naive kernel (step 02 plugs in FlashAttention). Decode: the
+  // split-KV, group-aware kernel (split_kv_decode_attention.cuh), which
+  // combines the decode lessons of steps 02, 03 and 05; the naive
+  // kernels::decode_attention is the one it replaced (its time per token grew
+  // with the context).
   PrefillFn prefill = kernels::prefill_attention;
   PrefillWorkspaceFn prefill_workspace = kernels::prefill_scores_floats;
-  DecodeFn decode = kernels::decode_attention;
-  DecodeWorkspaceFn decode_workspace = kernels::decode_scores_floats;
+  DecodeFn decode = kernels::split_kv_decode_attention;
+  DecodeWorkspaceFn decode_workspace = kernels::split_kv_decode_workspace_floats;
 
-  // Whether these kernels read a cache of `element`: the baseline kernels read
+  // Whether these kernels read a cache of `element`: the common kernels read
   // every element type (int8 rows times their per-head scales); any other
   // kernel is taken to read fp32 rows, so the model refuses to pair it with an
   // int8 cache.
   bool reads(KvElement element) const {
-    return element == KvElement::Float32 ||
-           (prefill == kernels::prefill_attention && decode == kernels::decode_attention);
+    const bool common_decode = decode == kernels::decode_attention || decode == kernels::split_kv_decode_attention;
+    return element == KvElement::Float32 || (prefill == kernels::prefill_attention && common_decode);
+  }
+
+  // CUDA graphs (cuda_model.hpp) replay a decode forward's launches with the
+  // arguments they were captured with. That is only right for a decode kernel
+  // whose launches are the same for every max_length of a bucket, reading
+  // lengths, views and rows from device memory. Returns that bucket for
+  // max_length, or -1 where the kernel gives no such promise (the naive
+  // kernel's workspace stride is max_length itself; a step's kernel launched
+  // per query from the host copies): those forwards run without a graph.
+  int graph_bucket(int max_length) const {
+    if (decode != kernels::split_kv_decode_attention) return -1;
+    const kernels::DecodeSplit split = kernels::split_kv_decode_split(max_length);
+    return split.splits * (1 << 20) + split.keys_per_split;  // both halves of the launch, in one int
   }
 };
 

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
+#include "half_linear.hpp"
 #include "kernels.cuh"
 #include "llm/cpu_ops.hpp"
 #include "llm/cuda/cuda_check.hpp"
@@ -43,14 +45,25 @@ DeviceBuffer<float> to_device(const std::vector<float>& host) {
   return DeviceBuffer<float>(std::span<const float>(host));
 }
 
+// The rows of several [*, in] matrices, one after another: the matrix of a
+// fused product whose output row is their outputs side by side.
+std::vector<float> stacked_rows(std::initializer_list<const std::vector<float>*> matrices) {
+  std::vector<float> stacked;
+  for (const std::vector<float>* matrix : matrices) stacked.insert(stacked.end(), matrix->begin(), matrix->end());
+  return stacked;
+}
+
 }  // namespace
 
 CudaModel::CudaModel(const ModelWeights& w, CudaModelOptions options)
     : config_(checked_config(w)),
       shape_{config_.n_heads, config_.n_kv_heads, config_.head_dim()},
       attention_(options.attention),
-      final_norm_(to_device(w.final_norm)) {
+      fusions_(options.fusions),
+      final_norm_(to_device(w.final_norm)),
+      graphs_enabled_(options.graphs) {
   const ModelConfig& c = config_;
+  cublas_.bind_to_stream(stream_.get());  // every product runs on stream_, with no allocation inside cuBLAS
   const int q_width = c.n_heads * c.head_dim();
   const auto& make = options.linear_factory;
   const cublasHandle_t cublas = cublas_.get();
@@ -58,14 +71,25 @@ CudaModel::CudaModel(const ModelWeights& w, CudaModelOptions options)
     const LayerWeights& lw = w.layers[static_cast<std::size_t>(l)];
     Layer layer;
     layer.attention_norm = to_device(lw.attention_norm);
-    layer.wq = make(lw.wq, q_width, c.dim, {l, LinearRole::Query}, cublas);
-    layer.wk = make(lw.wk, c.kv_dim(), c.dim, {l, LinearRole::Key}, cublas);
-    layer.wv = make(lw.wv, c.kv_dim(), c.dim, {l, LinearRole::Value}, cublas);
+    if (fusions_.qkv_product) {
+      // Sited as the query: the factories that build fused layers ignore the
+      // role (dense, half); step 06's role-keyed factories run unfused.
+      layer.wqkv = make(stacked_rows({&lw.wq, &lw.wk, &lw.wv}), q_width + 2 * c.kv_dim(), c.dim,
+                        {l, LinearRole::Query}, cublas);
+    } else {
+      layer.wq = make(lw.wq, q_width, c.dim, {l, LinearRole::Query}, cublas);
+      layer.wk = make(lw.wk, c.kv_dim(), c.dim, {l, LinearRole::Key}, cublas);
+      layer.wv = make(lw.wv, c.kv_dim(), c.dim, {l, LinearRole::Value}, cublas);
+    }
     layer.wo = make(lw.wo, c.dim, q_width, {l, LinearRole::Output}, cublas);
     layer.ffn_norm = to_device(lw.ffn_norm);
-    layer.w1 = make(lw.w1, c.hidden_dim, c.dim, {l, LinearRole::Gate}, cublas);
+    if (fusions_.gate_up_product) {
+      layer.w13 = make(stacked_rows({&lw.w1, &lw.w3}), 2 * c.hidden_dim, c.dim, {l, LinearRole::Gate}, cublas);
+    } else {
+      layer.w1 = make(lw.w1, c.hidden_dim, c.dim, {l, LinearRole::Gate}, cublas);
+      layer.w3 = make(lw.w3, c.hidden_dim, c.dim, {l, LinearRole::Up}, cublas);
+    }
     layer.w2 = make(lw.w2, c.dim, c.hidden_dim, {l, LinearRole::Down}, cublas);
-    layer.w3 = make(lw.w3, c.hidden_dim, c.dim, {l, LinearRole::Up}, cublas);
     layers_.push_back(std::move(layer));
   }
   classifier_ = make(w.classifier_matrix(), c.vocab_size, c.dim, {-1, LinearRole::Classifier}, cublas);
@@ -90,11 +114,17 @@ std::unique_ptr<KvCache> CudaModel::make_cache(int num_sequences, int capacity) 
   return std::make_unique<CudaKvCache>(config_, num_sequences, capacity);
 }
 
+std::vector<CudaLinear*> CudaModel::Layer::linears() const {
+  std::vector<CudaLinear*> all;
+  for (const auto* linear : {&wq, &wk, &wv, &wqkv, &wo, &w1, &w3, &w13, &w2})
+    if (*linear) all.push_back(linear->get());
+  return all;
+}
+
 std::size_t CudaModel::weight_bytes() const {
   std::size_t bytes = classifier_->weight_bytes();
-  for (const Layer& l : layers_)
-    bytes += l.wq->weight_bytes() + l.wk->weight_bytes() + l.wv->weight_bytes() + l.wo->weight_bytes() +
-             l.w1->weight_bytes() + l.w2->weight_bytes() + l.w3->weight_bytes();
+  for (const Layer& layer : layers_)
+    for (const CudaLinear* linear : layer.linears()) bytes += linear->weight_bytes();
   return bytes;
 }
 
@@ -142,19 +172,18 @@ void CudaModel::plan(const TokenBatch& batch, const KvCache& cache, LogitsFor wh
 }
 
 void CudaModel::ensure_scratch(int rows, std::size_t workspace_floats) {
-  workspace_.ensure(workspace_floats);
+  if (workspace_floats > workspace_.size()) {
+    graphs_.clear();  // they point at the workspace about to be freed
+    workspace_.ensure(workspace_floats);
+  }
   if (rows <= scratch_rows_) return;
+  graphs_.clear();  // every buffer below moves
   const ModelConfig& c = config_;
   const auto r = static_cast<std::size_t>(rows);
   const std::size_t q_width = static_cast<std::size_t>(c.n_heads) * c.head_dim();
-  const auto layers = static_cast<std::size_t>(c.n_layers);
-  tokens_.ensure(r);
-  positions_.ensure(r);
-  row_views_.ensure(layers * r);
-  decode_rows_.ensure(r);
-  decode_lengths_.ensure(r);
-  decode_views_.ensure(layers * r);
-  logit_rows_.ensure(r);
+  for (const Layer& layer : layers_)
+    for (CudaLinear* linear : layer.linears()) linear->reserve_rows(rows);
+  classifier_->reserve_rows(rows);
   x_.ensure(r * c.dim);
   xb_.ensure(r * c.dim);
   q_.ensure(r * q_width);
@@ -163,11 +192,77 @@ void CudaModel::ensure_scratch(int rows, std::size_t workspace_floats) {
   attn_out_.ensure(r * q_width);
   proj_.ensure(r * c.dim);
   gate_.ensure(r * c.hidden_dim);
-  up_.ensure(r * c.hidden_dim);
+  if (!fusions_.gate_up_product) up_.ensure(r * c.hidden_dim);
+  if (fusions_.qkv_product) qkv_.ensure(r * (q_width + 2 * static_cast<std::size_t>(c.kv_dim())));
+  if (fusions_.gate_up_product) gate_up_.ensure(r * 2 * static_cast<std::size_t>(c.hidden_dim));
   final_rows_.ensure(r * c.dim);
   final_normed_.ensure(r * c.dim);
   logits_.ensure(r * c.vocab_size);
   scratch_rows_ = rows;
+}
+
+namespace {
+
+// Rounds `offset` up to a multiple of `alignment` (a power of two).
+std::size_t align_up(std::size_t offset, std::size_t alignment) { return (offset + alignment - 1) & ~(alignment - 1); }
+
+}  // namespace
+
+void CudaModel::upload_plan(const TokenBatch& batch) {
+  const auto rows = static_cast<std::size_t>(batch.size());
+  const std::size_t n_decode = decode_rows_host_.size(), n_out = logit_rows_host_.size();
+  const auto layers = static_cast<std::size_t>(config_.n_layers);
+  // The views hold pointers: they go first, at offset 0 (cudaMalloc and
+  // cudaMallocHost memory is aligned for anything); each array after them
+  // starts on a 16-byte boundary.
+  PlanLayout layout;
+  std::size_t offset = 0;
+  auto place = [&offset](std::size_t bytes) {
+    const std::size_t at = offset;
+    offset = align_up(offset + bytes, 16);
+    return at;
+  };
+  layout.row_views = place(layers * rows * sizeof(KvView));
+  layout.decode_views = place(layers * n_decode * sizeof(KvView));
+  layout.tokens = place(rows * sizeof(int));
+  layout.positions = place(rows * sizeof(int));
+  layout.decode_rows = place(n_decode * sizeof(int));
+  layout.decode_lengths = place(n_decode * sizeof(int));
+  layout.logit_rows = place(n_out * sizeof(int));
+  layout.bytes = offset;
+
+  plan_host_.ensure(layout.bytes);
+  if (layout.bytes > plan_device_.size()) {
+    graphs_.clear();  // they read the blob about to be freed
+    plan_device_.ensure(layout.bytes);
+  }
+  std::byte* host = plan_host_.data();
+  auto copy_in = [host](std::size_t at, const auto* values, std::size_t count) {
+    if (count > 0) std::memcpy(host + at, values, count * sizeof(*values));
+  };
+  copy_in(layout.row_views, row_views_host_.data(), row_views_host_.size());
+  copy_in(layout.decode_views, decode_views_host_.data(), decode_views_host_.size());
+  copy_in(layout.tokens, batch.tokens.data(), rows);
+  copy_in(layout.positions, batch.positions.data(), rows);
+  copy_in(layout.decode_rows, decode_rows_host_.data(), n_decode);
+  copy_in(layout.decode_lengths, decode_lengths_host_.data(), n_decode);
+  copy_in(layout.logit_rows, logit_rows_host_.data(), n_out);
+
+  // The kernels' typed pointers into the device blob. For a decode batch of a
+  // given size they are the same every token, which is what lets a captured
+  // graph read this token's plan.
+  std::byte* device = plan_device_.data();
+  row_views_ = reinterpret_cast<const KvView*>(device + layout.row_views);
+  decode_views_ = reinterpret_cast<const KvView*>(device + layout.decode_views);
+  tokens_ = reinterpret_cast<const int*>(device + layout.tokens);
+  positions_ = reinterpret_cast<const int*>(device + layout.positions);
+  decode_rows_ = reinterpret_cast<const int*>(device + layout.decode_rows);
+  decode_lengths_ = reinterpret_cast<const int*>(device + layout.decode_lengths);
+  logit_rows_ = reinterpret_cast<const int*>(device + layout.logit_rows);
+  plan_layout_ = layout;
+  // One copy for the whole plan, from pinned memory: truly asynchronous, and
+  // queued before the kernels that read it.
+  LLM_CUDA_CHECK(cudaMemcpyAsync(device, host, layout.bytes, cudaMemcpyHostToDevice, stream_.get()));
 }
 
 // Attention sub-block of one layer: project, rotate, append K/V to the cache,
@@ -178,18 +273,36 @@ void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows)
   const std::size_t q_width = static_cast<std::size_t>(c.n_heads) * c.head_dim();
   cudaStream_t stream = stream_.get();
 
-  layer.wq->forward(xb_.data(), rows, q_.data(), stream);  // q_ [rows, n_heads*head_dim]
-  layer.wk->forward(xb_.data(), rows, k_.data(), stream);  // k_ [rows, kv_dim]
-  layer.wv->forward(xb_.data(), rows, v_.data(), stream);  // v_ [rows, kv_dim]
-  kernels::rope(q_.data(), rows, c.n_heads, c.head_dim(), positions_.data(), rope_cos_.data(), rope_sin_.data(),
-                stream);
-  kernels::rope(k_.data(), rows, c.n_kv_heads, c.head_dim(), positions_.data(), rope_cos_.data(),
-                rope_sin_.data(), stream);
-  // Append every row's K and V to its sequence's cache before any attention
-  // runs: a prefill run's queries attend to the run's own keys.
-  // The cache's element type decides how (fp32 copy, int8 quantization).
-  kernels::write_kv_rows(k_.data(), v_.data(), row_views_.data() + static_cast<std::size_t>(layer_index) * rows,
-                         positions_.data(), rows, c.kv_dim(), c.head_dim(), cache.element(), stream);
+  // Q, K, V of every row, rotated, and K/V appended to each row's sequence
+  // before any attention runs: a prefill run's queries attend to the run's
+  // own keys. The cache's element type decides how K/V are stored (fp32
+  // copy, int8 quantization).
+  if (fusions_.qkv_product || fusions_.rope_kv_write) {
+    kernels::QkvRows in{};
+    if (fusions_.qkv_product) {
+      layer.wqkv->forward(xb_.data(), rows, qkv_.data(), stream);  // qkv_ [rows, q_width + 2*kv_dim]
+      const int stride = static_cast<int>(q_width) + 2 * c.kv_dim();
+      in = {qkv_.data(), qkv_.data() + q_width, qkv_.data() + q_width + c.kv_dim(), stride, stride, stride};
+    } else {
+      layer.wq->forward(xb_.data(), rows, q_.data(), stream);
+      layer.wk->forward(xb_.data(), rows, k_.data(), stream);
+      layer.wv->forward(xb_.data(), rows, v_.data(), stream);
+      in = {q_.data(), k_.data(), v_.data(), static_cast<int>(q_width), c.kv_dim(), c.kv_dim()};
+    }
+    kernels::rope_and_write_kv(in, q_.data(), k_.data(), v_.data(),
+                               row_views_ + static_cast<std::size_t>(layer_index) * rows, positions_, rows, c.n_heads,
+                               c.n_kv_heads, c.head_dim(), rope_cos_.data(), rope_sin_.data(), cache.element(),
+                               stream);
+  } else {
+    layer.wq->forward(xb_.data(), rows, q_.data(), stream);  // q_ [rows, n_heads*head_dim]
+    layer.wk->forward(xb_.data(), rows, k_.data(), stream);  // k_ [rows, kv_dim]
+    layer.wv->forward(xb_.data(), rows, v_.data(), stream);  // v_ [rows, kv_dim]
+    kernels::rope(q_.data(), rows, c.n_heads, c.head_dim(), positions_, rope_cos_.data(), rope_sin_.data(), stream);
+    kernels::rope(k_.data(), rows, c.n_kv_heads, c.head_dim(), positions_, rope_cos_.data(), rope_sin_.data(),
+                  stream);
+    kernels::write_kv_rows(k_.data(), v_.data(), row_views_ + static_cast<std::size_t>(layer_index) * rows,
+                           positions_, rows, c.kv_dim(), c.head_dim(), cache.element(), stream);
+  }
 
   // Prefill runs one launch each; the launches run in order on the stream, so
   // they share the workspace.
@@ -203,9 +316,9 @@ void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows)
   if (n_decode > 0) {
     const std::size_t layer_offset = static_cast<std::size_t>(layer_index) * n_decode;
     kernels::DecodeQueries queries;
-    queries.views = decode_views_.data() + layer_offset;
-    queries.lengths = decode_lengths_.data();
-    queries.rows = decode_rows_.data();
+    queries.views = decode_views_ + layer_offset;
+    queries.lengths = decode_lengths_;
+    queries.rows = decode_rows_;
     queries.views_host = decode_views_host_.data() + layer_offset;
     queries.lengths_host = decode_lengths_host_.data();
     queries.rows_host = decode_rows_host_.data();
@@ -215,6 +328,88 @@ void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows)
   }
 }
 
+// Every kernel of the forward after the plan's upload, up to the logits in
+// device memory. Eager forwards call it directly; a decode graph is a
+// recording of one call.
+void CudaModel::enqueue_layers(const KvCache& cache, int rows) {
+  const ModelConfig& c = config_;
+  const std::size_t dim = c.dim;
+  cudaStream_t stream = stream_.get();
+
+  // x [rows, dim] = embedding rows of the tokens.
+  kernels::gather_rows(x_.data(), embedding_rows_, tokens_, rows, c.dim, stream);
+
+  // x += delta, then xb = rmsnorm(x) with `next_norm` (none: the add alone).
+  auto residual_then_norm = [&](const float* delta, const DeviceBuffer<float>* next_norm) {
+    if (next_norm != nullptr && fusions_.residual_norm) {
+      kernels::add_rmsnorm(x_.data(), delta, next_norm->data(), xb_.data(), rows, c.dim, c.norm_eps, stream);
+      return;
+    }
+    kernels::add_inplace(x_.data(), delta, rows * dim, stream);
+    if (next_norm != nullptr)
+      kernels::rmsnorm(xb_.data(), x_.data(), next_norm->data(), rows, c.dim, c.norm_eps, stream);
+  };
+
+  // The first layer's norm; every later norm comes with the residual add
+  // before it.
+  kernels::rmsnorm(xb_.data(), x_.data(), layers_.front().attention_norm.data(), rows, c.dim, c.norm_eps, stream);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const Layer& layer = layers_[static_cast<std::size_t>(l)];
+    // --- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb), then xb = rmsnorm(x)
+    attention_block(l, cache, rows);
+    layer.wo->forward(attn_out_.data(), rows, proj_.data(), stream);  // proj_ [rows, dim]
+    residual_then_norm(proj_.data(), &layer.ffn_norm);
+
+    // --- feed-forward: x += w2 . (silu(w1 xb) * w3 xb), then xb = the next layer's rmsnorm(x)
+    if (fusions_.gate_up_product) {
+      layer.w13->forward(xb_.data(), rows, gate_up_.data(), stream);  // gate_up_ [rows, 2*hidden_dim]
+      kernels::swiglu_from_fused(gate_.data(), gate_up_.data(), rows, c.hidden_dim, stream);
+    } else {
+      layer.w1->forward(xb_.data(), rows, gate_.data(), stream);  // gate_ [rows, hidden_dim]
+      layer.w3->forward(xb_.data(), rows, up_.data(), stream);    // up_   [rows, hidden_dim]
+      kernels::swiglu(gate_.data(), up_.data(), static_cast<std::size_t>(rows) * c.hidden_dim, stream);
+    }
+    layer.w2->forward(gate_.data(), rows, proj_.data(), stream);  // proj_ [rows, dim]
+    const bool last = l + 1 == c.n_layers;
+    residual_then_norm(proj_.data(), last ? nullptr : &layers_[static_cast<std::size_t>(l) + 1].attention_norm);
+  }
+
+  // Final norm and classifier, only for the rows whose logits are wanted.
+  const auto n_out = static_cast<int>(logit_rows_host_.size());
+  kernels::gather_rows(final_rows_.data(), x_.data(), logit_rows_, n_out, c.dim, stream);  // [n_out, dim]
+  kernels::rmsnorm(final_normed_.data(), final_rows_.data(), final_norm_.data(), n_out, c.dim, c.norm_eps, stream);
+  classifier_->forward(final_normed_.data(), n_out, logits_.data(), stream);  // logits_ [n_out, vocab]
+}
+
+CudaModel::DecodeGraph::~DecodeGraph() {
+  if (exec_ != nullptr) static_cast<void>(cudaGraphExecDestroy(exec_));
+}
+
+void CudaModel::DecodeGraph::launch(cudaStream_t stream) const { LLM_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+
+const CudaModel::DecodeGraph& CudaModel::decode_graph(const GraphKey& key, const KvCache& cache, int rows) {
+  if (const auto found = graphs_.find(key); found != graphs_.end()) return *found->second;
+  cudaStream_t stream = stream_.get();
+  // Capture: the launches below are recorded into `graph`, not run. Thread-
+  // local mode: only this thread's calls are checked for what capture forbids
+  // (a cudaMalloc, a synchronous copy), so another thread's model is free.
+  LLM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  try {
+    enqueue_layers(cache, rows);
+  } catch (...) {
+    static_cast<void>(cudaStreamEndCapture(stream, &graph));  // leave the stream usable, then rethrow
+    if (graph != nullptr) static_cast<void>(cudaGraphDestroy(graph));
+    throw;
+  }
+  LLM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  static_cast<void>(cudaGraphDestroy(graph));  // the executable graph is a copy
+  LLM_CUDA_CHECK(instantiated);
+  return *graphs_.emplace(key, std::make_unique<DecodeGraph>(exec)).first->second;
+}
+
 std::span<const float> CudaModel::forward(const TokenBatch& batch, KvCache& cache, LogitsFor which) {
   check_cache(config_, device_name(), cache, attention_.reads(cache.element()));
   validate_batch(config_, batch, cache);
@@ -222,7 +417,6 @@ std::span<const float> CudaModel::forward(const TokenBatch& batch, KvCache& cach
 
   const ModelConfig& c = config_;
   const int rows = batch.size();
-  const std::size_t dim = c.dim;
   cudaStream_t stream = stream_.get();
 
   plan(batch, cache, which);
@@ -233,55 +427,49 @@ std::span<const float> CudaModel::forward(const TokenBatch& batch, KvCache& cach
   for (const PrefillRun& run : prefill_runs_)
     workspace_floats = std::max(workspace_floats, attention_.prefill_workspace(shape_, run.n_past, run.n_rows));
   ensure_scratch(rows, workspace_floats);
+  upload_plan(batch);
 
-  // The plan goes to the GPU (small copies, queued before the kernels that
-  // read them; the host vectors stay untouched until the next forward, after
-  // this one has synchronized).
-  tokens_.upload_async(batch.tokens, stream);
-  positions_.upload_async(batch.positions, stream);
-  row_views_.upload_async(row_views_host_, stream);
-  decode_rows_.upload_async(decode_rows_host_, stream);
-  decode_lengths_.upload_async(decode_lengths_host_, stream);
-  decode_views_.upload_async(decode_views_host_, stream);
-  logit_rows_.upload_async(logit_rows_host_, stream);
-
-  // x [rows, dim] = embedding rows of the tokens.
-  kernels::gather_rows(x_.data(), embedding_rows_, tokens_.data(), rows, c.dim, stream);
-
-  for (int l = 0; l < c.n_layers; ++l) {
-    const Layer& layer = layers_[static_cast<std::size_t>(l)];
-    // --- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb), xb = rmsnorm(x)
-    kernels::rmsnorm(xb_.data(), x_.data(), layer.attention_norm.data(), rows, c.dim, c.norm_eps, stream);
-    attention_block(l, cache, rows);
-    layer.wo->forward(attn_out_.data(), rows, proj_.data(), stream);  // proj_ [rows, dim]
-    kernels::add_inplace(x_.data(), proj_.data(), rows * dim, stream);
-
-    // --- feed-forward: x += w2 . (silu(w1 xb) * w3 xb), xb = rmsnorm(x)
-    kernels::rmsnorm(xb_.data(), x_.data(), layer.ffn_norm.data(), rows, c.dim, c.norm_eps, stream);
-    layer.w1->forward(xb_.data(), rows, gate_.data(), stream);  // gate_ [rows, hidden_dim]
-    layer.w3->forward(xb_.data(), rows, up_.data(), stream);    // up_   [rows, hidden_dim]
-    kernels::swiglu(gate_.data(), up_.data(), static_cast<std::size_t>(rows) * c.hidden_dim, stream);
-    layer.w2->forward(gate_.data(), rows, proj_.data(), stream);  // proj_ [rows, dim]
-    kernels::add_inplace(x_.data(), proj_.data(), rows * dim, stream);
+  // A decode batch (every row its own sequence's next token) replays its
+  // graph; anything with a prefill run, or a decode kernel without stable
+  // launches, is launched kernel by kernel.
+  const int bucket = attention_.graph_bucket(decode_max_length_);
+  const GraphKey key{rows, bucket, cache.element()};
+  if (graphs_enabled_ && prefill_runs_.empty() && bucket >= 0 && ran_eagerly_.contains(key)) {
+    decode_graph(key, cache, rows).launch(stream);
+  } else {
+    // The first forward of a key runs eagerly: it loads every kernel it uses
+    // (CUDA loads modules lazily, on first launch) and lets cuBLAS pick and
+    // set up its kernels, none of which may happen during a capture.
+    enqueue_layers(cache, rows);
+    if (prefill_runs_.empty() && bucket >= 0) ran_eagerly_.insert(key);
   }
   for (int r = 0; r < rows; ++r) cache.mark_written(batch.sequences[r], batch.positions[r]);
 
-  // Final norm and classifier, only for the rows whose logits are wanted.
-  const auto n_out = static_cast<int>(logit_rows_host_.size());
-  kernels::gather_rows(final_rows_.data(), x_.data(), logit_rows_.data(), n_out, c.dim, stream);  // [n_out, dim]
-  kernels::rmsnorm(final_normed_.data(), final_rows_.data(), final_norm_.data(), n_out, c.dim, c.norm_eps, stream);
-  classifier_->forward(final_normed_.data(), n_out, logits_.data(), stream);  // logits_ [n_out, vocab]
-
-  logits_host_.resize(static_cast<std::size_t>(n_out) * c.vocab_size);
-  logits_.download_async(logits_host_, stream);
+  const std::size_t n_logits = logit_rows_host_.size() * static_cast<std::size_t>(c.vocab_size);
+  logits_pinned_.ensure(n_logits);
+  LLM_CUDA_CHECK(cudaMemcpyAsync(logits_pinned_.data(), logits_.data(), n_logits * sizeof(float),
+                                 cudaMemcpyDeviceToHost, stream));
   stream_.synchronize();  // the one wait of the forward: the logits are on the host
-  return logits_host_;
+  return {logits_pinned_.data(), n_logits};
 }
 
-std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights) {
+CudaLinearFactory cuda_linear_factory(WeightDtype dtype) {
+  switch (dtype) {
+    case WeightDtype::Float32: return dense_cuda_linear_factory();
+    case WeightDtype::Float16: return half_cuda_linear_factory(HalfType::Float16);
+    case WeightDtype::BFloat16: return half_cuda_linear_factory(HalfType::BFloat16);
+  }
+  throw InputError("unknown weight dtype");
+}
+
+std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRunOptions& run) {
   const DeviceStatus status = device_status();
   if (!status.usable) throw DeviceError("cannot run the CUDA model: " + status.reason);
-  return std::make_unique<CudaModel>(weights);
+  CudaModelOptions options;
+  options.linear_factory = cuda_linear_factory(run.dtype);
+  options.graphs = run.graphs;
+  options.fusions = run.fusions ? CudaFusions::all() : CudaFusions::none();
+  return std::make_unique<CudaModel>(weights, options);
 }
 
 }  // namespace llm::cuda

@@ -1,11 +1,24 @@
 #pragma once
-// CudaModel: the fp32 baseline transformer on the GPU. The same forward as
-// CpuModel (common/src/cpu/cpu_model.cpp), line for line: own kernels for the
-// embedding, RMSNorm, RoPE, attention and SwiGLU (kernels.cuh), cuBLAS behind
-// the CudaLinear hook for the products. Weights are uploaded once; a forward
-// queues everything on one stream and waits once, for the logits.
+// CudaModel: the transformer on the GPU. The same forward as CpuModel
+// (common/src/cpu/cpu_model.cpp), line for line: own kernels for the
+// embedding, RMSNorm, RoPE, attention and SwiGLU (kernels.cuh,
+// split_kv_decode_attention.cuh), the CudaLinear hook for the products
+// (cuBLAS SGEMM for fp32 weights, half_linear.hpp for fp16/bf16). Weights are
+// uploaded once. A forward uploads its plan with one copy, queues everything
+// on one stream and waits once, for the logits.
+//
+// Decode is where fixed costs hurt: a token of a 22-layer model is ~350
+// kernel launches of a few microseconds of host work each, more than the GPU
+// needs to read a small model's weights. So a decode forward (every row its
+// own sequence) is captured once into a CUDA graph per (rows, context bucket,
+// K/V element type) and replayed: one launch per token instead of hundreds.
+// Replay runs the captured kernels with the captured arguments, so everything
+// that changes from token to token (positions, lengths, cache views, token
+// ids) lives in device memory the kernels read: the plan blob.
 #include <cstddef>
+#include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -15,16 +28,50 @@
 #include "cuda_linear.hpp"
 #include "cuda_stream.hpp"
 #include "llm/attention.hpp"
+#include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/cuda/device_buffer.hpp"
 #include "llm/model.hpp"
 #include "llm/weights.hpp"
 
 namespace llm::cuda {
 
+// Fewer launches where a launch is all a kernel costs (decode at batch 1
+// moves a few KiB through each of these). Each switch is its own variant:
+// the model computes the same thing either way (fp32 sums of the products
+// may change order; add+norm is bit-identical).
+struct CudaFusions {
+  // wq, wk, wv as one [n_heads*head_dim + 2*kv_dim, dim] product; its rows
+  // are read in place by the fused RoPE + K/V append below (so this switch
+  // brings that kernel along).
+  bool qkv_product = false;
+  // w1, w3 as one [2*hidden_dim, dim] product; SwiGLU reads both halves.
+  bool gate_up_product = false;
+  // The residual add and the RMSNorm after it in one kernel.
+  bool residual_norm = false;
+  // RoPE of Q and K and the K/V append in one kernel (separate products).
+  bool rope_kv_write = false;
+
+  static CudaFusions all() { return {true, true, true, true}; }
+  static CudaFusions none() { return {}; }
+};
+
 struct CudaModelOptions {
   CudaLinearFactory linear_factory = dense_cuda_linear_factory();
   CudaAttentionKernels attention;
+  // Off by default: a step that hands in its own linear factory (step 06)
+  // keys its layers by role and gets the seven products it expects. The
+  // command-line model (make_cuda_model) turns them all on (--no-fusions:
+  // off).
+  CudaFusions fusions;
+  // Replay CUDA graphs for decode forwards (false: every kernel launched from
+  // the host, the before row). Graphs are only used where the decode kernel
+  // says its launches are stable (CudaAttentionKernels::graph_bucket).
+  bool graphs = true;
 };
+
+// The linear factory of a weight element type: DenseCudaLinear (fp32) or
+// HalfCudaLinear (fp16, bf16).
+CudaLinearFactory cuda_linear_factory(WeightDtype dtype);
 
 class CudaModel final : public Model {
  public:
@@ -45,16 +92,29 @@ class CudaModel final : public Model {
 
   // Bytes of weights one forward row reads (what decode streams per token).
   std::size_t weight_bytes() const;
-  void set_attention(CudaAttentionKernels kernels) { attention_ = kernels; }
+  void set_attention(CudaAttentionKernels kernels) {
+    attention_ = kernels;
+    graphs_.clear();  // captured with the old kernels
+    ran_eagerly_.clear();
+  }
+  void set_graphs(bool enabled) { graphs_enabled_ = enabled; }
+  // Decode graphs captured so far (one per key; for tests and reports).
+  std::size_t graphs_captured() const { return graphs_.size(); }
   // The stream every forward runs on (for timing or for queuing more work).
   cudaStream_t stream() const { return stream_.get(); }
 
  private:
   struct Layer {
     DeviceBuffer<float> attention_norm;  // [dim]
-    std::unique_ptr<CudaLinear> wq, wk, wv, wo;
+    std::unique_ptr<CudaLinear> wq, wk, wv;  // unless fusions_.qkv_product
+    std::unique_ptr<CudaLinear> wqkv;        // [q_width + 2*kv_dim, dim] rows of wq, wk, wv (fused)
+    std::unique_ptr<CudaLinear> wo;
     DeviceBuffer<float> ffn_norm;        // [dim]
-    std::unique_ptr<CudaLinear> w1, w2, w3;
+    std::unique_ptr<CudaLinear> w1, w3;  // unless fusions_.gate_up_product
+    std::unique_ptr<CudaLinear> w13;     // [2*hidden_dim, dim] rows of w1 then w3 (fused)
+    std::unique_ptr<CudaLinear> w2;
+    // Every product of the layer, whichever are fused.
+    std::vector<CudaLinear*> linears() const;
   };
   // A run of several rows of one sequence: prefill attention.
   struct PrefillRun {
@@ -64,13 +124,48 @@ class CudaModel final : public Model {
     int n_past;     // position of the first row = cached positions before it
   };
 
+  // Where each array of the plan sits in the plan blob (byte offsets).
+  struct PlanLayout {
+    std::size_t row_views = 0, decode_views = 0;  // KvView arrays first (pointer-aligned)
+    std::size_t tokens = 0, positions = 0, decode_rows = 0, decode_lengths = 0, logit_rows = 0;
+    std::size_t bytes = 0;
+  };
+  // What makes two decode forwards replay the same graph: the same launches
+  // with the same arguments.
+  struct GraphKey {
+    int rows;
+    int decode_bucket;  // CudaAttentionKernels::graph_bucket of the longest context
+    KvElement element;  // write_kv_rows and the attention read it
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  // An instantiated graph that destroys itself.
+  class DecodeGraph {
+   public:
+    explicit DecodeGraph(cudaGraphExec_t exec) : exec_(exec) {}
+    ~DecodeGraph();
+    DecodeGraph(const DecodeGraph&) = delete;
+    DecodeGraph& operator=(const DecodeGraph&) = delete;
+    void launch(cudaStream_t stream) const;
+
+   private:
+    cudaGraphExec_t exec_;
+  };
+
   void plan(const TokenBatch& batch, const KvCache& cache, LogitsFor which);
   void ensure_scratch(int rows, std::size_t workspace_floats);
+  // Copies the plan into the pinned blob and queues its one upload.
+  void upload_plan(const TokenBatch& batch);
+  // Every kernel of a forward after the upload, up to the logits on the
+  // device: what a graph captures.
+  void enqueue_layers(const KvCache& cache, int rows);
   void attention_block(int layer, const KvCache& cache, int rows);
+  // The decode graph of `key`, captured now if it is not there yet.
+  const DecodeGraph& decode_graph(const GraphKey& key, const KvCache& cache, int rows);
 
   ModelConfig config_;
   AttentionShape shape_;
   CudaAttentionKernels attention_;
+  CudaFusions fusions_;
   // Declared first, destroyed last: everything below may still have work
   // queued on the stream or use the handle.
   CudaStream stream_;
@@ -92,17 +187,32 @@ class CudaModel final : public Model {
   std::vector<KvView> decode_views_host_;    // [n_layers, n_decode]
   std::vector<int> logit_rows_host_;         // [n_out] batch rows that get logits
   int decode_max_length_ = 0;                // max of decode_lengths_host_
-  std::vector<float> logits_host_;           // [n_out, vocab_size] what forward returns
+
+  // The plan as the kernels read it: one blob, laid out by plan_layout_,
+  // written on the host into pinned memory and uploaded with one copy.
+  //   row_views [n_layers, rows] KvView, decode_views [n_layers, n_decode]
+  //   KvView, tokens [rows], positions [rows], decode_rows [n_decode],
+  //   decode_lengths [n_decode], logit_rows [n_out] ints
+  PlanLayout plan_layout_;
+  PinnedBuffer<std::byte> plan_host_;   // [plan_layout_.bytes]
+  DeviceBuffer<std::byte> plan_device_; // [plan_layout_.bytes]; the typed views below point into it
+  const int* tokens_ = nullptr;
+  const int* positions_ = nullptr;
+  const KvView* row_views_ = nullptr;
+  const int* decode_rows_ = nullptr;
+  const int* decode_lengths_ = nullptr;
+  const KvView* decode_views_ = nullptr;
+  const int* logit_rows_ = nullptr;
+  PinnedBuffer<float> logits_pinned_;   // [n_out, vocab_size] what forward returns
+
+  bool graphs_enabled_ = true;
+  std::map<GraphKey, std::unique_ptr<DecodeGraph>> graphs_;
+  std::set<GraphKey> ran_eagerly_;  // keys whose first forward ran without a graph
 
   // Device scratch, grown on demand, reused across calls. "rows" = batch rows.
+  // Growing any of it frees the old memory, which captured graphs point at:
+  // ensure_scratch drops the graphs when it grows.
   int scratch_rows_ = 0;
-  DeviceBuffer<int> tokens_;            // [rows]
-  DeviceBuffer<int> positions_;         // [rows]
-  DeviceBuffer<KvView> row_views_;      // [n_layers, rows]
-  DeviceBuffer<int> decode_rows_;       // [n_decode]
-  DeviceBuffer<int> decode_lengths_;    // [n_decode]
-  DeviceBuffer<KvView> decode_views_;   // [n_layers, n_decode]
-  DeviceBuffer<int> logit_rows_;        // [n_out]
   DeviceBuffer<float> x_;               // [rows, dim]        residual stream
   DeviceBuffer<float> xb_;              // [rows, dim]        normalized input of a block
   DeviceBuffer<float> q_;               // [rows, n_heads*head_dim]
@@ -112,6 +222,8 @@ class CudaModel final : public Model {
   DeviceBuffer<float> proj_;            // [rows, dim]        output of wo / w2
   DeviceBuffer<float> gate_;            // [rows, hidden_dim] w1 x, then silu(w1 x) * w3 x
   DeviceBuffer<float> up_;              // [rows, hidden_dim] w3 x
+  DeviceBuffer<float> qkv_;             // [rows, q_width + 2*kv_dim] fused QKV product
+  DeviceBuffer<float> gate_up_;         // [rows, 2*hidden_dim]       fused gate/up product
   DeviceBuffer<float> final_rows_;      // [rows with logits, dim] rows picked for the classifier
   DeviceBuffer<float> final_normed_;    // [rows with logits, dim] after the final RMSNorm
   DeviceBuffer<float> logits_;          // [rows with logits, vocab_size]

@@ -299,6 +299,96 @@ __global__ void decode_attention_kernel(AttentionShape shape, const float* __res
                                         out + offset, q_shared, reduce_scratch);
 }
 
+// ---------------------------------------------------------------------------
+// Fusions.
+
+// Block r: x[r] += delta[r], then the norm of the new x[r], exactly as
+// add_inplace_kernel then rmsnorm_kernel compute it. Each thread adds the
+// elements it will square: no barrier is needed between the add and the
+// sum of squares; the reduction's barriers order the rest.
+__global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ delta,
+                                   const float* __restrict__ weight, float* __restrict__ out, int dim, float eps) {
+  __shared__ float reduce_scratch[kWarpSize];
+  const std::size_t row_offset = static_cast<std::size_t>(blockIdx.x) * dim;
+  float* x_row = x + row_offset;
+  const float* delta_row = delta + row_offset;
+  float* out_row = out + row_offset;
+
+  float partial = 0.0f;
+  for (int i = static_cast<int>(threadIdx.x); i < dim; i += static_cast<int>(blockDim.x)) {
+    const float sum = x_row[i] + delta_row[i];
+    x_row[i] = sum;
+    partial += sum * sum;
+  }
+  const float sum_of_squares = block_reduce(partial, SumOp{}, reduce_scratch);
+  const float inv_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(dim) + eps);
+  for (int i = static_cast<int>(threadIdx.x); i < dim; i += static_cast<int>(blockDim.x))
+    out_row[i] = weight[i] * (inv_rms * x_row[i]);
+}
+
+// One thread per rotation pair of every query and KV head of every row:
+// n = rows * (n_heads + n_kv_heads) * head_dim/2. Heads 0..n_heads-1 of a row
+// are its query heads, the rest its KV heads (K rotated, V copied).
+template <bool kWriteCache>
+// q_out, k_out and v_out may be their inputs (in place): not __restrict__.
+__global__ void rope_and_write_kv_kernel(QkvRows in, float* q_out, float* k_out, float* v_out,
+                                         const KvView* __restrict__ views,
+                                         const int* __restrict__ positions, int n_heads, int n_kv_heads,
+                                         int head_dim, const float* __restrict__ cos_table,
+                                         const float* __restrict__ sin_table, std::size_t n) {
+  const int half = head_dim / 2;
+  const int heads_per_row = n_heads + n_kv_heads;
+  const int kv_dim = n_kv_heads * head_dim;
+  for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += std::size_t{gridDim.x} * blockDim.x) {
+    const int pair = static_cast<int>(idx % half);
+    const std::size_t row_head = idx / half;
+    const auto row = static_cast<int>(row_head / heads_per_row);
+    const int head = static_cast<int>(row_head % heads_per_row);
+    const int pos = positions[row];
+    const std::size_t table_index = static_cast<std::size_t>(pos) * half + pair;
+    const float c = cos_table[table_index], s = sin_table[table_index];
+    if (head < n_heads) {  // a query head: rotated into q_out (maybe in place)
+      const float* from = in.q + static_cast<std::size_t>(row) * in.q_stride + head * head_dim + 2 * pair;
+      const float x0 = from[0], x1 = from[1];
+      float* to = q_out + (static_cast<std::size_t>(row) * n_heads + head) * head_dim + 2 * pair;
+      to[0] = x0 * c - x1 * s;
+      to[1] = x0 * s + x1 * c;
+    } else {  // a KV head: K rotated, V as is, into the cache row (or k_out / v_out)
+      const int column = (head - n_heads) * head_dim + 2 * pair;  // within the kv_dim-wide row
+      const float* k_from = in.k + static_cast<std::size_t>(row) * in.k_stride + column;
+      const float* v_from = in.v + static_cast<std::size_t>(row) * in.v_stride + column;
+      const float k0 = k_from[0], k1 = k_from[1];
+      float* k_to;
+      float* v_to;
+      if constexpr (kWriteCache) {
+        const KvView& view = views[row];
+        k_to = view.key_row(pos) + column;
+        v_to = view.value_row(pos) + column;
+      } else {
+        k_to = k_out + static_cast<std::size_t>(row) * kv_dim + column;
+        v_to = v_out + static_cast<std::size_t>(row) * kv_dim + column;
+      }
+      k_to[0] = k0 * c - k1 * s;
+      k_to[1] = k0 * s + k1 * c;
+      v_to[0] = v_from[0];
+      v_to[1] = v_from[1];
+    }
+  }
+}
+
+// n = rows * hidden: element (r, j) of the SwiGLU output.
+__global__ void swiglu_from_fused_kernel(float* __restrict__ gate, const float* __restrict__ gate_up, int hidden,
+                                         std::size_t n) {
+  for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += std::size_t{gridDim.x} * blockDim.x) {
+    const std::size_t row = idx / hidden, j = idx % hidden;
+    const float* fused_row = gate_up + row * 2 * hidden;
+    const float g = fused_row[j];
+    gate[idx] = g * (1.0f / (1.0f + expf(-g))) * fused_row[hidden + j];  // swiglu_kernel's expression
+  }
+}
+
 void check_attention_shape(const AttentionShape& shape) {
   if (shape.head_dim <= 0 || shape.head_dim > kMaxHeadDim)
     throw InputError("the CUDA attention kernels support head_dim 1.." + std::to_string(kMaxHeadDim) + " (got " +
@@ -361,6 +451,37 @@ void write_kv_rows(const float* k, const float* v, const KvView* views, const in
     write_kv_rows_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(k, v, views, positions, kv_dim,
                                                                                      n);
   }
+  LLM_CUDA_CHECK_LAUNCH();
+}
+
+void add_rmsnorm(float* x, const float* delta, const float* weight, float* out, int rows, int dim, float eps,
+                 cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0) return;
+  add_rmsnorm_kernel<<<rows, kRmsnormThreads, 0, stream>>>(x, delta, weight, out, dim, eps);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+
+void rope_and_write_kv(const QkvRows& in, float* q_out, float* k_out, float* v_out, const KvView* views,
+                       const int* positions, int rows, int n_heads, int n_kv_heads, int head_dim,
+                       const float* cos_table, const float* sin_table, KvElement element, cudaStream_t stream) {
+  const std::size_t n = static_cast<std::size_t>(rows) * (n_heads + n_kv_heads) * (head_dim / 2);
+  if (n == 0) return;
+  if (element == KvElement::Float32) {
+    rope_and_write_kv_kernel<true><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(
+        in, q_out, k_out, v_out, views, positions, n_heads, n_kv_heads, head_dim, cos_table, sin_table, n);
+    LLM_CUDA_CHECK_LAUNCH();
+  } else {
+    rope_and_write_kv_kernel<false><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(
+        in, q_out, k_out, v_out, views, positions, n_heads, n_kv_heads, head_dim, cos_table, sin_table, n);
+    LLM_CUDA_CHECK_LAUNCH();
+    write_kv_rows(k_out, v_out, views, positions, rows, n_kv_heads * head_dim, head_dim, element, stream);
+  }
+}
+
+void swiglu_from_fused(float* gate, const float* gate_up, int rows, int hidden, cudaStream_t stream) {
+  const std::size_t n = static_cast<std::size_t>(rows) * hidden;
+  if (n == 0) return;
+  swiglu_from_fused_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(gate, gate_up, hidden, n);
   LLM_CUDA_CHECK_LAUNCH();
 }
 

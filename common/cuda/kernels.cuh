@@ -56,6 +56,44 @@ void add_inplace(float* x, const float* delta, std::size_t n, cudaStream_t strea
 void write_kv_rows(const float* k, const float* v, const KvView* views, const int* positions, int rows, int kv_dim,
                    int head_dim, KvElement element, cudaStream_t stream);
 
+// --- Fusions: one launch where the unfused forward has two or three, each
+// switched on by CudaModelOptions::Fusions. At decode a launch costs more
+// than the bytes these kernels move, so fewer launches is the whole gain.
+
+// x += delta, then out = RMSNorm(x) * weight, row by row, in one launch: the
+// residual connection of one sub-block and the norm that opens the next.
+// Bit-identical to add_inplace followed by rmsnorm (the same operations in
+// the same order, only without the round trip of x through a second kernel).
+// x [rows, dim] (updated in place), delta [rows, dim], weight [dim], out [rows, dim]
+void add_rmsnorm(float* x, const float* delta, const float* weight, float* out, int rows, int dim, float eps,
+                 cudaStream_t stream);
+
+// RoPE on the query and key heads of every row and the K/V append, in one
+// launch (fp32 caches): q_out[r] = rope(q_in[r]); the cache row positions[r]
+// of views[r] gets rope(k_in[r]) and v_in[r]. The inputs may be three
+// buffers or three column ranges of the fused QKV product (`*_stride`:
+// floats from one row to the next). Int8 caches: rotated K and plain V go to
+// k_out / v_out [rows, kv_dim] instead, and write_kv_rows quantizes them
+// (an int8 head's scale needs the whole head first). q_out may equal q_in
+// (in place, stride n_heads * head_dim).
+// q_in [rows, q_stride], k_in [rows, k_stride], v_in [rows, v_stride],
+// q_out [rows, n_heads * head_dim], views [rows], positions [rows],
+// cos_table, sin_table [max_positions, head_dim/2]
+struct QkvRows {
+  const float* q;
+  const float* k;
+  const float* v;
+  int q_stride, k_stride, v_stride;
+};
+void rope_and_write_kv(const QkvRows& in, float* q_out, float* k_out, float* v_out, const KvView* views,
+                       const int* positions, int rows, int n_heads, int n_kv_heads, int head_dim,
+                       const float* cos_table, const float* sin_table, KvElement element, cudaStream_t stream);
+
+// gate[r, j] = silu(gate_up[r, j]) * gate_up[r, hidden + j]: SwiGLU reading
+// the fused gate/up product, whose row is [w1 x | w3 x].
+// gate_up [rows, 2 * hidden], gate [rows, hidden]
+void swiglu_from_fused(float* gate, const float* gate_up, int rows, int hidden, cudaStream_t stream);
+
 // Naive attention, prefill: n_new queries of one sequence at positions
 // n_past..n_past+n_new-1; query i sees keys 0..n_past+i (causal, bottom-right).
 // One thread block per (query, head): scores of all visible keys go to the

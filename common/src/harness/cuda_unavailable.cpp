@@ -24,7 +24,7 @@ double measure_copy_bandwidth_gbps(std::size_t) {
   throw DeviceError("this build has no CUDA support (configure with a CUDA toolkit installed)");
 }
 
-std::unique_ptr<Model> make_cuda_model(const ModelWeights&) {
+std::unique_ptr<Model> make_cuda_model(const ModelWeights&, const CudaRunOptions&) {
   throw DeviceError("this build has no CUDA support (configure with a CUDA toolkit installed)");
 }
 

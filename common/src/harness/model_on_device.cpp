@@ -13,10 +13,38 @@ std::vector<std::string> selected_device_names(const DeviceSelection& devices) {
   return names;
 }
 
-std::unique_ptr<Model> make_model_on(const std::string& device, const ModelWeights& weights) {
+std::unique_ptr<Model> make_model_on(const std::string& device, const ModelWeights& weights,
+                                     const cuda::CudaRunOptions& cuda) {
   if (device == "cpu") return std::make_unique<CpuModel>(weights);
-  if (device == "cuda") return cuda::make_cuda_model(weights);
+  if (device == "cuda") return cuda::make_cuda_model(weights, cuda);
   throw InputError("no model for device '" + device + "' (cpu or cuda)");
 }
+
+cuda::CudaRunOptions cuda_run_options(const CommonOptions& options) {
+  cuda::CudaRunOptions run;
+  run.dtype = cuda::parse_weight_dtype(options.dtype);
+  run.graphs = !options.no_graphs;
+  run.fusions = !options.no_fusions;
+  return run;
+}
+
+namespace cuda {
+
+std::string to_string(WeightDtype dtype) {
+  switch (dtype) {
+    case WeightDtype::Float32: return "fp32";
+    case WeightDtype::Float16: return "fp16";
+    case WeightDtype::BFloat16: return "bf16";
+  }
+  return "unknown";
+}
+
+WeightDtype parse_weight_dtype(const std::string& name) {
+  for (WeightDtype dtype : {WeightDtype::Float32, WeightDtype::Float16, WeightDtype::BFloat16})
+    if (name == to_string(dtype)) return dtype;
+  throw InputError("unknown weight dtype '" + name + "' (fp32, fp16 or bf16)");
+}
+
+}  // namespace cuda
 
 }  // namespace llm

@@ -87,9 +87,28 @@ int compute_capability();
 // no device is usable.
 double measure_copy_bandwidth_gbps(std::size_t bytes = std::size_t{1} << 30);
 
-// The fp32 baseline transformer on the GPU: own kernels for embedding,
-// RMSNorm, RoPE, softmax/attention and SwiGLU, cuBLAS for the products.
-// Throws DeviceError when CUDA is not built or no device is usable.
-std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights);
+// The element type of the CUDA model's weight matrices (--dtype). fp32 is
+// the reference; fp16 and bf16 halve the bytes every decode token reads.
+enum class WeightDtype { Float32, Float16, BFloat16 };
+std::string to_string(WeightDtype dtype);  // "fp32", "fp16", "bf16"
+// "fp32" | "fp16" | "bf16"; throws InputError for anything else.
+WeightDtype parse_weight_dtype(const std::string& name);
+
+// How the CUDA model runs (every step's --dtype and --no-graphs).
+struct CudaRunOptions {
+  WeightDtype dtype = WeightDtype::Float32;
+  // Replay a captured CUDA graph for decode forwards (one per batch-size and
+  // context bucket) instead of launching every kernel from the host.
+  bool graphs = true;
+  // Fused launches (cuda_model.hpp's CudaFusions, all of them): one QKV
+  // product, one gate/up product, residual add + RMSNorm, RoPE + K/V append.
+  bool fusions = true;
+};
+
+// The transformer on the GPU: own kernels for embedding, RMSNorm, RoPE,
+// attention and SwiGLU, cuBLAS (fp32) or a half-precision GEMV/GEMM (fp16,
+// bf16) for the products. Throws DeviceError when CUDA is not built or no
+// device is usable.
+std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRunOptions& options = {});
 
 }  // namespace llm::cuda

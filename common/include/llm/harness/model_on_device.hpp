@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/harness/cli.hpp"
 #include "llm/model.hpp"
 #include "llm/weights.hpp"
@@ -16,6 +17,12 @@ std::vector<std::string> selected_device_names(const DeviceSelection& devices);
 
 // The baseline model of `device` ("cpu": CpuModel; "cuda": the CUDA model,
 // DeviceError when CUDA is not built or no device is usable).
-std::unique_ptr<Model> make_model_on(const std::string& device, const ModelWeights& weights);
+// `cuda` says how the CUDA model runs (--dtype, --no-graphs); the CPU model
+// ignores it.
+std::unique_ptr<Model> make_model_on(const std::string& device, const ModelWeights& weights,
+                                     const cuda::CudaRunOptions& cuda = {});
+
+// The CUDA run options a step's command line asked for.
+cuda::CudaRunOptions cuda_run_options(const CommonOptions& options);
 
 }  // namespace llm
