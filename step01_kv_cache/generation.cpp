@@ -101,11 +101,12 @@ const std::vector<llm::Variant<GenerateFn>>& variants() {
   return table;
 }
 
-std::size_t decode_bytes_per_token(const llm::ModelConfig& config, long long context) {
+std::size_t decode_bytes_per_token(const llm::ModelConfig& config, long long context, int weight_value_bytes) {
   std::size_t weights = config.parameter_count();
   if (!config.shared_classifier)
     weights -= static_cast<std::size_t>(config.vocab_size - 1) * static_cast<std::size_t>(config.dim);
-  return weights * sizeof(float) + static_cast<std::size_t>(context) * config.kv_bytes_per_token(sizeof(float));
+  return weights * static_cast<std::size_t>(weight_value_bytes) +
+         static_cast<std::size_t>(context) * config.kv_bytes_per_token(sizeof(float));
 }
 
 std::size_t kv_cache_bytes(int n_layers, int n_kv_heads, int head_dim, long long positions, int bytes_per_value) {

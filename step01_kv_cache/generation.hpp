@@ -46,11 +46,13 @@ const std::vector<llm::Variant<GenerateFn>>& variants();
 // positions x bytes per value.
 std::size_t kv_cache_bytes(int n_layers, int n_kv_heads, int head_dim, long long positions, int bytes_per_value);
 
-// The fewest bytes one cached decode step must read from memory (fp32): every
-// weight once (the embedding table only for its one row, unless it is also
-// the classifier) plus K and V of the `context` positions the new token
-// attends to. Time per token can be no shorter than this over the memory
-// bandwidth: decode at batch 1 is memory-bound.
-std::size_t decode_bytes_per_token(const llm::ModelConfig& config, long long context);
+// The fewest bytes one cached decode step must read from memory: every
+// weight once at `weight_value_bytes` each (4: fp32; 2: fp16/bf16; the
+// norms' few fp32 weights are counted the same, a rounding error), the
+// embedding table only for its one row unless it is also the classifier,
+// plus K and V (fp32) of the `context` positions the new token attends to.
+// Time per token can be no shorter than this over the memory bandwidth:
+// decode at batch 1 is memory-bound.
+std::size_t decode_bytes_per_token(const llm::ModelConfig& config, long long context, int weight_value_bytes = 4);
 
 }  // namespace step01

@@ -66,9 +66,15 @@ std::optional<int> parse_options(int argc, char** argv, Step01Options& options) 
   return exit_status;
 }
 
+// The compare.hpp element type of a --dtype name.
+llm::DType logits_dtype(const std::string& dtype) {
+  return dtype == "fp16" ? llm::DType::F16 : dtype == "bf16" ? llm::DType::BF16 : llm::DType::F32;
+}
+
 // One variant's generations on one device.
 struct Measured {
   std::string device;
+  llm::DType weights = llm::DType::F32;    // the model's weight element type (--dtype on CUDA)
   const llm::Variant<step01::GenerateFn>* variant;
   step01::GenerationResult first;          // tokens and logits of the first timed run
   llm::TimingStats total;                  // whole generation, over the repeats
@@ -79,7 +85,8 @@ struct Measured {
 
 Measured measure(const std::string& device, llm::Model& model, const llm::Variant<step01::GenerateFn>& variant,
                  std::span<const int> prompt, int positions, const llm::CommonOptions& options, int repeats) {
-  Measured m{device, &variant, {}, {}, {}};
+  Measured m{device, llm::DType::F32, &variant, {}, {}, {}};
+  if (device == "cuda") m.weights = logits_dtype(options.dtype);
   // Warm-up: touches every weight and scratch buffer (and, on CUDA, loads the
   // kernels) so the timed runs measure steady state.
   {
@@ -119,7 +126,7 @@ std::vector<Measured> measure_all(const llm::ModelWeights& weights, const std::v
                                   const Step01Options& options, llm::RunProgress& progress) {
   std::vector<Measured> runs;
   for (const std::string& device : llm::selected_device_names(devices)) {
-    auto model = llm::make_model_on(device, weights);
+    auto model = llm::make_model_on(device, weights, llm::cuda_run_options(options.common));
     for (const auto& variant : step01::variants())
       if (llm::is_selected(selected, variant.id)) {
         progress.start(fmt::format("{} {}: {} positions, {} timed generations", device, variant.name, positions,
@@ -132,6 +139,12 @@ std::vector<Measured> measure_all(const llm::ModelWeights& weights, const std::v
 
 // Tokens identical, and logits within fp32 model tolerance up to (and at) the
 // first differing token: after that the two runs condition on different text.
+// Against the reference (fp32): fp32 rows must give its tokens and its logits
+// to fp32 tolerance. Half-precision weights round every product, so a greedy
+// token may flip where two logits are closer than that rounding: their logits
+// are checked to the dtype's tolerance up to and including the first
+// differing token (a flip passes only as a near-tie), and the tokens after
+// it are not compared.
 llm::CompareResult check(const Measured& got, const Measured& ref, int vocab) {
   const auto token_check = llm::compare_tokens(got.first.tokens, ref.first.tokens);
   const std::size_t same_prefix =
@@ -139,8 +152,8 @@ llm::CompareResult check(const Measured& got, const Measured& ref, int vocab) {
                 token_check.over_tolerance ? token_check.worst_index + 1 : got.first.tokens.size()});
   const std::size_t n = same_prefix * static_cast<std::size_t>(vocab);
   auto logit_check = llm::compare(std::span(got.first.logits).first(n), std::span(ref.first.logits).first(n),
-                                  llm::model_logits_tolerance(llm::DType::F32));
-  logit_check.ok = logit_check.ok && token_check.ok;
+                                  llm::model_logits_tolerance(got.weights));
+  logit_check.ok = logit_check.ok && (token_check.ok || got.weights != llm::DType::F32);
   logit_check.size_mismatch = token_check.size_mismatch;
   return logit_check;
 }
@@ -179,7 +192,8 @@ std::vector<DecodeBandwidth> decode_bandwidth(const Measured& m, const llm::Mode
   if (m.variant->id != 1) return out;
   for (std::size_t checkpoint : {checkpoints.front(), checkpoints.back()}) {
     const std::size_t context = checkpoint + static_cast<std::size_t>(m.first.prompt_length);
-    const double bytes = static_cast<double>(step01::decode_bytes_per_token(config, static_cast<long long>(context)));
+    const double bytes = static_cast<double>(
+        step01::decode_bytes_per_token(config, static_cast<long long>(context), m.weights == llm::DType::F32 ? 4 : 2));
     const double ms = window_median(m.median_token_ms, checkpoint);
     out.push_back({context, bytes, ms, bytes / (ms * 1e-3) / 1e9});
   }

@@ -145,10 +145,10 @@ std::unique_ptr<llm::Model> make_cuda_model(const llm::ModelWeights& weights, Cu
     // O(N^2) score buffer of the default is never allocated.
     options.attention.prefill = &cuda::flash1_prefill;
     options.attention.prefill_workspace = &cuda::flash1_prefill_workspace_floats;
-    // decode / decode_workspace stay llm::cuda::kernels::decode_attention and
-    // decode_scores_floats: the split-KV kernel (variant 6) reads one KvView
-    // and one length, the decode hook hands over every decode query at once
-    // (kernels::DecodeQueries); plugging it in is the chapter's exercise 8.
+    // decode / decode_workspace stay the model's default,
+    // llm::cuda::kernels::split_kv_decode_attention: variant 6's idea grown up
+    // (every decode query of the batch in one launch, one block per KV head
+    // for its query heads, fp32 and int8 rows).
   }
   const llm::cuda::DeviceStatus status = llm::cuda::device_status();
   if (!status.usable) throw llm::DeviceError("cannot run the CUDA model: " + status.reason);

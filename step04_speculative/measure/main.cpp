@@ -439,8 +439,12 @@ SweepRow measure_configuration(llm::Results& results, const std::string& device,
 // plain tokens are the reference of the others' (and its text is printed).
 std::vector<SweepRow> run_on_device(llm::Results& results, const std::string& device, const SweepInputs& in,
                                     std::vector<int>& cpu_reference_tokens) {
-  auto target = llm::make_model_on(device, in.loaded.weights);
-  const step04::ModelFactory factory = [device](const llm::ModelWeights& w) { return llm::make_model_on(device, w); };
+  // --dtype and --no-graphs apply to the target and to the model drafters alike.
+  const llm::cuda::CudaRunOptions cuda = llm::cuda_run_options(in.options.common);
+  auto target = llm::make_model_on(device, in.loaded.weights, cuda);
+  const step04::ModelFactory factory = [device, cuda](const llm::ModelWeights& w) {
+    return llm::make_model_on(device, w, cuda);
+  };
 
   // Baseline: plain decoding, one target pass per token.
   in.progress->start(fmt::format("{}: plain decoding and the target's pass costs", device));

@@ -104,7 +104,8 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
       },
       [] { llm::print_variant_list(step06::weight_formats(), 12); },
       {{{"--temperature", "--top-p"},
-        "its decode is greedy, and its calibration and held-out text is sampled at temperature 1 without top-p"}});
+        "its decode is greedy, and its calibration and held-out text is sampled at temperature 1 without top-p"},
+       {{"--dtype", "--no-graphs", "--no-fusions"}, "its weight formats are its own variants, measured against fp32 (steps 01 and 04 take them)"}});
 }
 
 const RunSizeSettings& run_size_settings(const llm::CommonOptions& common) {

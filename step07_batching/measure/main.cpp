@@ -166,7 +166,8 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
       [] { llm::print_variant_list(step07::policies(), 20); },
       {{{"--prompt", "--steps"}, "its requests' prompts and lengths come from its seeded trace"},
        {{"--temperature", "--top-p"},
-        "every request decodes greedily, to be checked against the same request run alone"}});
+        "every request decodes greedily, to be checked against the same request run alone"},
+       {{"--dtype", "--no-graphs", "--no-fusions"}, "its engine runs step 05's fp32 paged CUDA model (steps 01 and 04 take them)"}});
 }
 
 // The run size's values for the flags not given. --quick: seconds on a slow

@@ -96,6 +96,14 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
           ""))
       ->capture_default_str();
   app.add_option("--device", o.device, "where to run")->check(CLI::IsMember({"cpu", "cuda", "all"}))->capture_default_str();
+  app.add_option("--dtype", o.dtype, "element type of the CUDA model's weights (the CPU model is fp32)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->capture_default_str();
+  app.add_flag("--no-graphs", o.no_graphs,
+               "launch every kernel of a CUDA decode forward from the host instead of replaying a CUDA graph");
+  app.add_flag("--no-fusions", o.no_fusions,
+               "the CUDA model without fused launches (Q/K/V and gate/up as separate products, residual add, "
+               "RMSNorm, RoPE and the K/V append as separate kernels)");
   app.add_option("--variant", o.variant, "variant ids to run (comma-separated) or 'all'")->capture_default_str();
   app.add_flag("--list", o.list_variants, "list the variants and exit");
   app.add_option("--json", o.json_path, "also write the results as JSON to this file");
@@ -183,6 +191,10 @@ void set_sampling_config(Results& results, const CommonOptions& options) {
   else
     results.set_config("seed", std::to_string(options.seed));
   results.set_config("prompt", options.prompt);
+  // How the CUDA model ran (where a step takes --dtype and --no-graphs).
+  results.set_config("cuda_dtype", options.dtype);
+  results.set_config("cuda_graphs", !options.no_graphs);
+  results.set_config("cuda_fusions", !options.no_fusions);
 }
 
 int finish_run(const Results& results, const CommonOptions& options, const DeviceSelection& devices,

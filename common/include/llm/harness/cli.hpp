@@ -27,6 +27,9 @@ struct CommonOptions {
   float top_p = 0.9f;            // --top-p
   std::uint64_t seed = 42;       // --seed (weights of presets and the sampler)
   std::string device = "all";    // --device cpu|cuda|all
+  std::string dtype = "fp32";    // --dtype fp32|fp16|bf16: the CUDA model's weights
+  bool no_graphs = false;        // --no-graphs: CUDA decode launches every kernel (the before row of graphs)
+  bool no_fusions = false;       // --no-fusions: the CUDA model's seven products and separate small kernels
   std::string variant = "all";   // --variant N[,M]|all
   bool list_variants = false;    // --list
   std::string json_path;         // --json FILE
