@@ -19,7 +19,11 @@ Tolerance model_logits_tolerance(DType dtype) {
   switch (dtype) {
     case DType::F32: return {1e-4, 1e-4};
     case DType::F16: return {2e-2, 2e-2};
-    case DType::BF16: return {5e-2, 5e-2};
+    // bf16's rounding step (2^-8) is 8x fp16's: a whole model with bf16
+    // weights moved random-weight presets' logits past 5e-2 on the GPU (the
+    // CUDA model's half-precision test measures it against the same model
+    // with the weights rounded on the host, which is tight).
+    case DType::BF16: return {1e-1, 1e-1};
   }
   return {0.0, 0.0};
 }

@@ -25,7 +25,8 @@ struct Tolerance {
 };
 Tolerance tolerance_for(DType dtype);
 // End-to-end logits of a whole model (every layer's rounding compounds, and
-// logits are O(1..10)): fp32 within 1e-4 absolute + 1e-4 relative.
+// logits are O(1..10)): fp32 within 1e-4 absolute + 1e-4 relative; fp16 and
+// bf16 weights within 2e-2 and 1e-1 (absolute and relative).
 Tolerance model_logits_tolerance(DType dtype);
 const char* dtype_name(DType dtype);
 
