@@ -2,12 +2,17 @@
 # The GPU proof of the course in one command: on a machine with an NVIDIA GPU,
 # runs everything GPU the course has and writes a report folder.
 #
-#   scripts/gpu_check.sh                       # build/ -> gpu-report/
+#   scripts/gpu_check.sh                       # build/ -> gpu-report/, minutes
+#   scripts/gpu_check.sh --full                # the complete sweeps the chapters quote
 #   scripts/gpu_check.sh --build-dir build-gpu --out report
 #   scripts/gpu_check.sh --stages tests,steps  # a subset (see --help)
 #   scripts/gpu_check.sh --dry-run             # finds the binaries, runs nothing
 #   scripts/gpu_check.sh --only step05         # the binaries whose names match (a
 #                                              # regex), e.g. to rerun one after a fix
+#
+# The default form is sized to finish in a few minutes on an H100 (a GPU is
+# often lent for minutes, not hours); --full runs the long sweeps. Each stage
+# and each command in it prints a progress line on stderr as it starts.
 #
 # Stages, in order (each writes <stage>_*.log / .json / .txt into the report):
 #   info       nvidia-smi's view of the GPU (model, SMs, clocks, driver)
@@ -15,17 +20,21 @@
 #              skip fails instead: tests/test_support.hpp); a test that skips
 #              is a failure here too (a GPU is visible, so a skip means a path
 #              did not run)
-#   memcheck   compute-sanitizer memcheck over every gpu test binary
-#   racecheck  compute-sanitizer racecheck and synccheck over the attention,
-#              GQA and paged attention kernel tests (step02, step03, step05)
-#   steps      every step executable with --device all --full (the complete
-#              sweeps the chapters quote, not the shorter default runs)
-#   presets    the steps on real models' dims (TinyLlama-1.1B, Llama-2-7B
-#              where the GPU has the memory), CUDA only, each with --full: the
-#              CPU reference of a 1B-7B model takes minutes per generation on
-#              one core
-#   sdpa       step02's sdpa_compare.py on the preset shapes, where PyTorch is
-#              importable
+#   memcheck   compute-sanitizer memcheck: the common kernels' and the CUDA
+#              model's tests (--full: every gpu test binary)
+#   racecheck  compute-sanitizer racecheck and synccheck over the decode
+#              attention kernel tests (common, step05's paged kernels; --full:
+#              step02's and step03's kernel tests too)
+#   steps      every step executable with --device all, the default run
+#              (--full: with --full, the complete sweeps the chapters quote)
+#   presets    the model on real models' dims, CUDA only: step 01's decode on
+#              TinyLlama-1.1B's dims in fp32 without and with graphs and
+#              fusions, fp16 and bf16, and the tiny preset; steps 04-07 on
+#              TinyLlama's dims, sized to fit (--full: longer generations,
+#              Llama-2-7B in fp16 where the GPU has the memory, step 02's and
+#              03's kernel tables on real attention shapes)
+#   sdpa       (--full only) step02's sdpa_compare.py on the preset shapes,
+#              where PyTorch is importable
 # Every stage's result is one line of summary.txt; the exit status is 0 only
 # when every stage passed, 2 when no GPU is visible, 1 otherwise.
 #
@@ -44,6 +53,7 @@ build_dir=build
 out_dir=gpu-report
 stages="info,tests,memcheck,racecheck,steps,presets,sdpa"
 dry_run=0
+full=0
 only=.
 
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -53,6 +63,7 @@ while (($#)); do
     --out) out_dir=$2; shift 2 ;;
     --stages) stages=$2; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
+    --full) full=1; shift ;;
     --only) only=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 1 ;;
@@ -141,6 +152,8 @@ record() {  # record <stage> <PASS|FAIL> <what>
   printf '%-10s %-4s %s\n' "$1" "$2" "$3" | tee -a "$summary"
   [[ $2 == PASS ]] || failures=$((failures + 1))
 }
+# Progress on stderr: where the check is and how long it has run.
+progress() { printf '[gpu_check %4d s] %s\n' "$SECONDS" "$*" >&2; }
 # Free GPU memory in GiB, for the presets that need a lot.
 gpu_memory_gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print int($1/1024)}')
 
@@ -157,6 +170,7 @@ fi
 # Runs one gtest binary; passes when it exits 0 and nothing was skipped.
 run_gtest() {  # run_gtest <stage> <log> <binary> [args...]
   local stage=$1 log=$2; shift 2
+  progress "$stage: $(basename "$1")"
   timeout "$command_timeout" "$@" >"$log" 2>&1
   local rc=$?
   local ran skipped
@@ -186,6 +200,7 @@ sanitize() {  # sanitize <tool> <binary> [gtest args...]
     record "$tool" FAIL "compute-sanitizer not found (set COMPUTE_SANITIZER)"
     return
   fi
+  progress "$tool: $name $*"
   # --error-exitcode: any sanitizer finding fails the run even when the tests pass.
   timeout "$command_timeout" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 "$bin/$name" "$@" >"$log" 2>&1
   local rc=$?
@@ -201,9 +216,25 @@ sanitize() {  # sanitize <tool> <binary> [gtest args...]
 # paths, only sanitizer time.
 no_timing='-*Timing*:*Timer*'
 if want memcheck; then
-  for name in "${gpu_tests[@]}"; do sanitize memcheck "$name" --gtest_filter="$no_timing"; done
+  if ((full)); then
+    for name in "${gpu_tests[@]}"; do sanitize memcheck "$name" --gtest_filter="$no_timing"; done
+  else
+    # The kernels every step's CUDA model runs: decode attention, the half
+    # GEMV/GEMM, the fused kernels and the graphs (the model tests replay
+    # graphs and run every fusion on awkward configs).
+    sanitize memcheck common_split_kv_decode_gpu_test --gtest_filter="$no_timing"
+    sanitize memcheck common_half_linear_gpu_test --gtest_filter="$no_timing"
+    sanitize memcheck common_cuda_model_gpu_test --gtest_filter="*Fusions*:*Graphs*:CudaModel.*$no_timing"
+  fi
 fi
 if want racecheck; then
+  # The model's decode attention (shared-memory tiles between the warps of a
+  # block): the short lengths cross every tile and split boundary; the long
+  # ones add only more of the same tiles, at minutes each under racecheck.
+  sanitize racecheck common_split_kv_decode_gpu_test --gtest_filter="*Short*:*Graph*:*Split.*"
+  sanitize synccheck common_split_kv_decode_gpu_test --gtest_filter="*Short*:*Graph*:*Split.*"
+fi
+if want racecheck && ((full)); then
   for name in step02_flash_attention_gpu_test step03_gqa_gpu_test; do
     # The kernel tests only (model tests add no new kernels).
     # Shapes up to 129 rows (tails, GQA, empty rows, every kernel and head dim);
@@ -211,6 +242,8 @@ if want racecheck; then
     sanitize racecheck "$name" --gtest_filter="*Variant*:*Decode*$no_timing:*len1000*:*k1000*:*k5000*:*k4097*"
     sanitize synccheck "$name" --gtest_filter="*Variant*:*Decode*$no_timing:*len1000*:*k1000*:*k5000*:*k4097*"
   done
+fi
+if want racecheck; then
   # Step 05's paged kernels: the decode cases (every block size, GQA ratio,
   # head_dim, mixed lengths that leave partitions empty) and prefill; the
   # 33000-key case adds only more partitions of the same kind.
@@ -224,6 +257,7 @@ run_step() {  # run_step <stage> <label> <step> [args...]
   selected "$step" || return 0
   local base=$out_dir/${step}_$label
   local start=$SECONDS
+  progress "$stage: $step $label $*"
   timeout "$command_timeout" "$bin/$step" "$@" --json "$base.json" >"$base.txt" 2>"$base.err"
   local rc=$?
   cat "$base.err" >>"$base.txt"
@@ -235,9 +269,42 @@ run_step() {  # run_step <stage> <label> <step> [args...]
   fi
 }
 if want steps; then
-  for step in "${steps[@]}"; do run_step steps full "$step" --device all --full; done
+  if ((full)); then
+    for step in "${steps[@]}"; do run_step steps full "$step" --device all --full; done
+  else
+    for step in "${steps[@]}"; do run_step steps default "$step" --device all; done
+  fi
 fi
-if want presets; then
+# Step 01's cached decode (variant 1) on the CUDA model: the overhead lesson.
+# Before: fp32, every kernel launched from the host, no fused launches; then
+# graphs and fusions; then half-precision weights. Bytes per token over time
+# per token, against the copy bandwidth measured in the same run, by position.
+decode_rows() {  # decode_rows <steps> <repeats>
+  local steps=$1 repeats=$2 dtype
+  run_step presets tinyllama-1.1b_fp32_eager step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
+    --steps "$steps" --repeats "$repeats" --dtype fp32 --no-graphs --no-fusions
+  for dtype in fp32 fp16 bf16; do
+    run_step presets "tinyllama-1.1b_$dtype" step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
+      --steps "$steps" --repeats "$repeats" --dtype "$dtype"
+  done
+  run_step presets tiny_fp32_eager step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
+    --repeats 5 --no-graphs --no-fusions
+  run_step presets tiny_fp32 step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 --repeats 5
+}
+if want presets && ! ((full)); then
+  decode_rows 1024 3
+  run_step presets tinyllama-1.1b_fp16 step04_speculative --device cuda --preset tinyllama-1.1b --dtype fp16 \
+    --steps 64 --k 4 --repeats 1
+  run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 64
+  run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 32
+  run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 16 --repeats 1
+fi
+if want presets && ((full)); then
+  decode_rows 2048 5
+  if ((gpu_memory_gib >= 40)); then
+    run_step presets llama2-7b_fp16 step01_kv_cache --device cuda --preset llama2-7b --variant 1 --dtype fp16 \
+      --steps 256 --repeats 3
+  fi
   # Kernel tables on real models' attention shapes; the models on real dims.
   # --full everywhere: the complete sweeps, whatever the flags below leave to
   # the step (e.g. step 02's 2048-token model prefill, step 05's contexts).
@@ -270,7 +337,7 @@ if want presets; then
 fi
 
 # --- PyTorch SDPA, same shapes --------------------------------------------------------
-if want sdpa && selected step02_flash_attention; then
+if want sdpa && ((full)) && selected step02_flash_attention; then
   python=${PYTHON:-python3}
   if "$python" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
     for mode in causal noncausal; do
