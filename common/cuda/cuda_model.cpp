@@ -147,9 +147,20 @@ void CudaModel::plan(const TokenBatch& batch, const KvCache& cache, LogitsFor wh
   for (int r0 = 0; r0 < rows;) {
     int r1 = r0 + 1;
     while (r1 < rows && batch.sequences[r1] == batch.sequences[r0]) ++r1;
-    if (r1 - r0 == 1) {
-      decode_rows_host_.push_back(r0);
-      decode_lengths_host_.push_back(batch.positions[r0] + 1);  // the query sees itself and everything before
+    // A run of a few rows (a speculative verification, a small chunk) is
+    // attended as that many decode queries, query r seeing the keys up to its
+    // own position (causal): its K/V rows are appended before any attention
+    // runs, so each query finds the run's earlier rows in the cache. That
+    // keeps the forward a decode batch, replayed from a graph, and spares the
+    // naive prefill kernel's score round trip. Only where the prefill kernel
+    // is that naive one: a step that plugs in its own (step 02's
+    // FlashAttention) gets every run of several rows.
+    const bool short_run = r1 - r0 <= kShortRunRows && attention_.prefill == kernels::prefill_attention;
+    if (r1 - r0 == 1 || short_run) {
+      for (int r = r0; r < r1; ++r) {
+        decode_rows_host_.push_back(r);
+        decode_lengths_host_.push_back(batch.positions[r] + 1);  // the query sees itself and everything before
+      }
     } else {
       prefill_runs_.push_back({r0, r1 - r0, batch.sequences[r0], batch.positions[r0]});
     }
@@ -429,11 +440,11 @@ std::span<const float> CudaModel::forward(const TokenBatch& batch, KvCache& cach
   ensure_scratch(rows, workspace_floats);
   upload_plan(batch);
 
-  // A decode batch (every row its own sequence's next token) replays its
+  // A batch of decode queries only (single rows and short runs) replays its
   // graph; anything with a prefill run, or a decode kernel without stable
   // launches, is launched kernel by kernel.
   const int bucket = attention_.graph_bucket(decode_max_length_);
-  const GraphKey key{rows, bucket, cache.element()};
+  const GraphKey key{rows, static_cast<int>(logit_rows_host_.size()), bucket, cache.element()};
   if (graphs_enabled_ && prefill_runs_.empty() && bucket >= 0 && ran_eagerly_.contains(key)) {
     decode_graph(key, cache, rows).launch(stream);
   } else {

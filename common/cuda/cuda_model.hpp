@@ -14,7 +14,9 @@
 // K/V element type) and replayed: one launch per token instead of hundreds.
 // Replay runs the captured kernels with the captured arguments, so everything
 // that changes from token to token (positions, lengths, cache views, token
-// ids) lives in device memory the kernels read: the plan blob.
+// ids) lives in device memory the kernels read: the plan blob. A short run
+// of rows of one sequence (speculative decoding's verification) counts as
+// decode queries, so it is replayed too.
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -116,7 +118,11 @@ class CudaModel final : public Model {
     // Every product of the layer, whichever are fused.
     std::vector<CudaLinear*> linears() const;
   };
-  // A run of several rows of one sequence: prefill attention.
+  // Runs of up to this many rows of one sequence are attended as decode
+  // queries (plan() says why); 16 is the GEMV's row limit (half_linear.hpp),
+  // past which a forward is a prefill in every sense.
+  static constexpr int kShortRunRows = 16;
+  // A run of more rows of one sequence: prefill attention.
   struct PrefillRun {
     int first_row;  // its first row in the batch
     int n_rows;
@@ -134,6 +140,7 @@ class CudaModel final : public Model {
   // with the same arguments.
   struct GraphKey {
     int rows;
+    int logit_rows;     // rows that get logits (the classifier's launch)
     int decode_bucket;  // CudaAttentionKernels::graph_bucket of the longest context
     KvElement element;  // write_kv_rows and the attention read it
     auto operator<=>(const GraphKey&) const = default;
