@@ -26,16 +26,15 @@ struct CudaAttentionKernels {
   // Decode: the batch's single-row queries (kernels::DecodeQueries: device
   // arrays for a kernel that takes them all at once, host copies for one that
   // is launched per query, as step 02's split-KV and step 03's group-aware
-  // kernels are). See kernels::decode_attention.
+  // kernels are). See split_kv_decode_attention.cuh.
   using DecodeFn = void (*)(const AttentionShape& shape, const float* q, const kernels::DecodeQueries& queries,
                             float* out, float* workspace, cudaStream_t stream);
   using DecodeWorkspaceFn = std::size_t (*)(const AttentionShape& shape, int n_queries, int max_length);  // floats
 
   // Prefill: the naive kernel (step 02 plugs in FlashAttention). Decode: the
   // split-KV, group-aware kernel (split_kv_decode_attention.cuh), which
-  // combines the decode lessons of steps 02, 03 and 05; the naive
-  // kernels::decode_attention is the one it replaced (its time per token grew
-  // with the context).
+  // combines the decode lessons of steps 02, 03 and 05 (it replaced a naive
+  // decode kernel whose time per token grew with the context).
   PrefillFn prefill = kernels::prefill_attention;
   PrefillWorkspaceFn prefill_workspace = kernels::prefill_scores_floats;
   DecodeFn decode = kernels::split_kv_decode_attention;
@@ -46,17 +45,17 @@ struct CudaAttentionKernels {
   // kernel is taken to read fp32 rows, so the model refuses to pair it with an
   // int8 cache.
   bool reads(KvElement element) const {
-    const bool common_decode = decode == kernels::decode_attention || decode == kernels::split_kv_decode_attention;
-    return element == KvElement::Float32 || (prefill == kernels::prefill_attention && common_decode);
+    return element == KvElement::Float32 ||
+           (prefill == kernels::prefill_attention && decode == kernels::split_kv_decode_attention);
   }
 
   // CUDA graphs (cuda_model.hpp) replay a decode forward's launches with the
   // arguments they were captured with. That is only right for a decode kernel
   // whose launches are the same for every max_length of a bucket, reading
   // lengths, views and rows from device memory. Returns that bucket for
-  // max_length, or -1 where the kernel gives no such promise (the naive
-  // kernel's workspace stride is max_length itself; a step's kernel launched
-  // per query from the host copies): those forwards run without a graph.
+  // max_length, or -1 where the kernel gives no such promise (a step's
+  // kernel, launched per query from the host copies or sized by max_length
+  // itself): those forwards run without a graph.
   int graph_bucket(int max_length) const {
     if (decode != kernels::split_kv_decode_attention) return -1;
     const kernels::DecodeSplit split = kernels::split_kv_decode_split(max_length);

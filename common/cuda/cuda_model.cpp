@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "half_linear.hpp"
 #include "kernels.cuh"
 #include "llm/cpu_ops.hpp"
 #include "llm/cuda/cuda_check.hpp"
@@ -270,7 +269,6 @@ void CudaModel::upload_plan(const TokenBatch& batch) {
   decode_rows_ = reinterpret_cast<const int*>(device + layout.decode_rows);
   decode_lengths_ = reinterpret_cast<const int*>(device + layout.decode_lengths);
   logit_rows_ = reinterpret_cast<const int*>(device + layout.logit_rows);
-  plan_layout_ = layout;
   // One copy for the whole plan, from pinned memory: truly asynchronous, and
   // queued before the kernels that read it.
   LLM_CUDA_CHECK(cudaMemcpyAsync(device, host, layout.bytes, cudaMemcpyHostToDevice, stream_.get()));
@@ -288,31 +286,30 @@ void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows)
   // before any attention runs: a prefill run's queries attend to the run's
   // own keys. The cache's element type decides how K/V are stored (fp32
   // copy, int8 quantization).
-  if (fusions_.qkv_product || fusions_.rope_kv_write) {
-    kernels::QkvRows in{};
-    if (fusions_.qkv_product) {
-      layer.wqkv->forward(xb_.data(), rows, qkv_.data(), stream);  // qkv_ [rows, q_width + 2*kv_dim]
-      const int stride = static_cast<int>(q_width) + 2 * c.kv_dim();
-      in = {qkv_.data(), qkv_.data() + q_width, qkv_.data() + q_width + c.kv_dim(), stride, stride, stride};
-    } else {
-      layer.wq->forward(xb_.data(), rows, q_.data(), stream);
-      layer.wk->forward(xb_.data(), rows, k_.data(), stream);
-      layer.wv->forward(xb_.data(), rows, v_.data(), stream);
-      in = {q_.data(), k_.data(), v_.data(), static_cast<int>(q_width), c.kv_dim(), c.kv_dim()};
-    }
-    kernels::rope_and_write_kv(in, q_.data(), k_.data(), v_.data(),
-                               row_views_ + static_cast<std::size_t>(layer_index) * rows, positions_, rows, c.n_heads,
-                               c.n_kv_heads, c.head_dim(), rope_cos_.data(), rope_sin_.data(), cache.element(),
-                               stream);
+  const KvView* layer_views = row_views_ + static_cast<std::size_t>(layer_index) * rows;  // [rows]
+  kernels::QkvRows in{};
+  if (fusions_.qkv_product) {
+    layer.wqkv->forward(xb_.data(), rows, qkv_.data(), stream);  // qkv_ [rows, q_width + 2*kv_dim]
+    const int stride = static_cast<int>(q_width) + 2 * c.kv_dim();
+    in = {qkv_.data(), qkv_.data() + q_width, qkv_.data() + q_width + c.kv_dim(), stride, stride, stride};
   } else {
     layer.wq->forward(xb_.data(), rows, q_.data(), stream);  // q_ [rows, n_heads*head_dim]
     layer.wk->forward(xb_.data(), rows, k_.data(), stream);  // k_ [rows, kv_dim]
     layer.wv->forward(xb_.data(), rows, v_.data(), stream);  // v_ [rows, kv_dim]
+    in = {q_.data(), k_.data(), v_.data(), static_cast<int>(q_width), c.kv_dim(), c.kv_dim()};
+  }
+  // The fused QKV product's rows are read in place by the fused kernel (its
+  // strides), so that product brings the kernel along.
+  if (fusions_.qkv_product || fusions_.rope_kv_write) {
+    kernels::rope_and_write_kv(in, q_.data(), k_.data(), v_.data(), layer_views, positions_, rows, c.n_heads,
+                               c.n_kv_heads, c.head_dim(), rope_cos_.data(), rope_sin_.data(), cache.element(),
+                               stream);
+  } else {
     kernels::rope(q_.data(), rows, c.n_heads, c.head_dim(), positions_, rope_cos_.data(), rope_sin_.data(), stream);
     kernels::rope(k_.data(), rows, c.n_kv_heads, c.head_dim(), positions_, rope_cos_.data(), rope_sin_.data(),
                   stream);
-    kernels::write_kv_rows(k_.data(), v_.data(), row_views_ + static_cast<std::size_t>(layer_index) * rows,
-                           positions_, rows, c.kv_dim(), c.head_dim(), cache.element(), stream);
+    kernels::write_kv_rows(k_.data(), v_.data(), layer_views, positions_, rows, c.kv_dim(), c.head_dim(),
+                           cache.element(), stream);
   }
 
   // Prefill runs one launch each; the launches run in order on the stream, so

@@ -29,6 +29,7 @@
 #include "cuda_kv_cache.hpp"
 #include "cuda_linear.hpp"
 #include "cuda_stream.hpp"
+#include "half_linear.hpp"  // kMaxGemvRows
 #include "llm/attention.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/cuda/device_buffer.hpp"
@@ -119,9 +120,9 @@ class CudaModel final : public Model {
     std::vector<CudaLinear*> linears() const;
   };
   // Runs of up to this many rows of one sequence are attended as decode
-  // queries (plan() says why); 16 is the GEMV's row limit (half_linear.hpp),
-  // past which a forward is a prefill in every sense.
-  static constexpr int kShortRunRows = 16;
+  // queries (plan() says why): the half GEMV's row limit, past which a
+  // forward is a prefill in every sense.
+  static constexpr int kShortRunRows = kMaxGemvRows;
   // A run of more rows of one sequence: prefill attention.
   struct PrefillRun {
     int first_row;  // its first row in the batch
@@ -195,14 +196,13 @@ class CudaModel final : public Model {
   std::vector<int> logit_rows_host_;         // [n_out] batch rows that get logits
   int decode_max_length_ = 0;                // max of decode_lengths_host_
 
-  // The plan as the kernels read it: one blob, laid out by plan_layout_,
+  // The plan as the kernels read it: one blob, laid out by upload_plan,
   // written on the host into pinned memory and uploaded with one copy.
   //   row_views [n_layers, rows] KvView, decode_views [n_layers, n_decode]
   //   KvView, tokens [rows], positions [rows], decode_rows [n_decode],
   //   decode_lengths [n_decode], logit_rows [n_out] ints
-  PlanLayout plan_layout_;
-  PinnedBuffer<std::byte> plan_host_;   // [plan_layout_.bytes]
-  DeviceBuffer<std::byte> plan_device_; // [plan_layout_.bytes]; the typed views below point into it
+  PinnedBuffer<std::byte> plan_host_;   // [PlanLayout::bytes]
+  DeviceBuffer<std::byte> plan_device_; // [PlanLayout::bytes]; the typed views below point into it
   const int* tokens_ = nullptr;
   const int* positions_ = nullptr;
   const KvView* row_views_ = nullptr;

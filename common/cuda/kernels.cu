@@ -89,6 +89,20 @@ __device__ float block_reduce(float value, Op op, float* shared /* [32] */) {
 }
 
 // ---------------------------------------------------------------------------
+// The formulas the element-wise and fused kernels share.
+
+// (x0, x1) as a complex number times e^{i angle}, as in cpu::rope; `to` may
+// be `from` (in place).
+__device__ __forceinline__ void rotate_pair(const float* from, float* to, float c, float s) {
+  const float x0 = from[0], x1 = from[1];
+  to[0] = x0 * c - x1 * s;
+  to[1] = x0 * s + x1 * c;
+}
+
+// silu(gate) * up, silu(g) = g / (1 + exp(-g)): cpu::swiglu's expression.
+__device__ __forceinline__ float swiglu_value(float gate, float up) { return gate * (1.0f / (1.0f + expf(-gate))) * up; }
+
+// ---------------------------------------------------------------------------
 // Element-wise kernels (grid-stride loops over n elements).
 
 __global__ void gather_rows_kernel(float* __restrict__ out, const float* __restrict__ table,
@@ -113,18 +127,14 @@ __global__ void rope_kernel(float* __restrict__ vec, int n_heads, int head_dim, 
     const std::size_t table_index = static_cast<std::size_t>(positions[row]) * half + i;
     const float c = cos_table[table_index], s = sin_table[table_index];
     float* pair = vec + head * head_dim + 2 * i;                        // vec[row, h, 2i]
-    // (x0, x1) as a complex number times e^{i angle}, as in cpu::rope.
-    const float x0 = pair[0], x1 = pair[1];
-    pair[0] = x0 * c - x1 * s;
-    pair[1] = x0 * s + x1 * c;
+    rotate_pair(pair, pair, c, s);
   }
 }
 
 __global__ void swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, std::size_t n) {
   for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
        idx += std::size_t{gridDim.x} * blockDim.x) {
-    const float g = gate[idx];
-    gate[idx] = g * (1.0f / (1.0f + expf(-g))) * up[idx];  // cpu::swiglu's expression
+    gate[idx] = swiglu_value(gate[idx], up[idx]);
   }
 }
 
@@ -166,6 +176,18 @@ __global__ void write_kv_rows_int8_kernel(const float* __restrict__ k, const flo
 // ---------------------------------------------------------------------------
 // RMSNorm: block r normalizes row r.
 
+// The second half of RMSNorm, once the block knows the row's sum of squares:
+// out[i] = weight[i] * (x[i] / sqrt(mean of squares + eps)), the same
+// expression as cpu::rmsnorm (IEEE division and sqrt: the build does not use
+// --use_fast_math). Each thread writes the elements it summed.
+__device__ __forceinline__ void write_normalized_row(float* __restrict__ out_row, const float* x_row,
+                                                     const float* __restrict__ weight, int dim, float eps,
+                                                     float sum_of_squares) {
+  const float inv_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(dim) + eps);
+  for (int i = static_cast<int>(threadIdx.x); i < dim; i += static_cast<int>(blockDim.x))
+    out_row[i] = weight[i] * (inv_rms * x_row[i]);
+}
+
 __global__ void rmsnorm_kernel(float* __restrict__ out, const float* __restrict__ x,
                                const float* __restrict__ weight, int dim, float eps) {
   __shared__ float reduce_scratch[kWarpSize];
@@ -176,12 +198,7 @@ __global__ void rmsnorm_kernel(float* __restrict__ out, const float* __restrict_
   float partial = 0.0f;
   for (int i = static_cast<int>(threadIdx.x); i < dim; i += static_cast<int>(blockDim.x))
     partial += x_row[i] * x_row[i];
-  const float sum_of_squares = block_reduce(partial, SumOp{}, reduce_scratch);
-  // The same expression as cpu::rmsnorm (IEEE division and sqrt: the build
-  // does not use --use_fast_math).
-  const float inv_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(dim) + eps);
-  for (int i = static_cast<int>(threadIdx.x); i < dim; i += static_cast<int>(blockDim.x))
-    out_row[i] = weight[i] * (inv_rms * x_row[i]);
+  write_normalized_row(out_row, x_row, weight, dim, eps, block_reduce(partial, SumOp{}, reduce_scratch));
 }
 
 // ---------------------------------------------------------------------------
@@ -277,28 +294,6 @@ __global__ void prefill_attention_kernel(AttentionShape shape, const float* __re
                                         out + offset, q_shared, reduce_scratch);
 }
 
-// Grid (n_queries, n_heads): block (i, h) is sequence i's query, head h.
-__global__ void decode_attention_kernel(AttentionShape shape, const float* __restrict__ q,
-                                        const KvView* __restrict__ views, const int* __restrict__ lengths,
-                                        const int* __restrict__ rows, int max_length, float* __restrict__ out,
-                                        float* __restrict__ scores) {
-  __shared__ float q_shared[kMaxHeadDim];
-  __shared__ float reduce_scratch[kWarpSize];
-  const int i = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y);
-  const int group = shape.n_heads / shape.n_kv_heads;
-  const int row = rows != nullptr ? rows[i] : i;
-  const std::size_t q_width = static_cast<std::size_t>(shape.n_heads) * shape.head_dim;
-  const std::size_t offset = static_cast<std::size_t>(row) * q_width + static_cast<std::size_t>(h) * shape.head_dim;
-  float* my_scores = scores + (static_cast<std::size_t>(i) * shape.n_heads + h) * max_length;
-  const KvView kv = views[i];  // a register copy: key_row() reads its fields for every key
-  if (kv.element == KvElement::Int8)
-    attend_one_head<KvElement::Int8>(shape.head_dim, q + offset, kv, h / group, lengths[i], my_scores, out + offset,
-                                     q_shared, reduce_scratch);
-  else
-    attend_one_head<KvElement::Float32>(shape.head_dim, q + offset, kv, h / group, lengths[i], my_scores,
-                                        out + offset, q_shared, reduce_scratch);
-}
-
 // ---------------------------------------------------------------------------
 // Fusions.
 
@@ -320,17 +315,14 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restric
     x_row[i] = sum;
     partial += sum * sum;
   }
-  const float sum_of_squares = block_reduce(partial, SumOp{}, reduce_scratch);
-  const float inv_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(dim) + eps);
-  for (int i = static_cast<int>(threadIdx.x); i < dim; i += static_cast<int>(blockDim.x))
-    out_row[i] = weight[i] * (inv_rms * x_row[i]);
+  write_normalized_row(out_row, x_row, weight, dim, eps, block_reduce(partial, SumOp{}, reduce_scratch));
 }
 
 // One thread per rotation pair of every query and KV head of every row:
 // n = rows * (n_heads + n_kv_heads) * head_dim/2. Heads 0..n_heads-1 of a row
-// are its query heads, the rest its KV heads (K rotated, V copied).
+// are its query heads, the rest its KV heads (K rotated, V copied). q_out,
+// k_out and v_out may be their inputs (in place): not __restrict__.
 template <bool kWriteCache>
-// q_out, k_out and v_out may be their inputs (in place): not __restrict__.
 __global__ void rope_and_write_kv_kernel(QkvRows in, float* q_out, float* k_out, float* v_out,
                                          const KvView* __restrict__ views,
                                          const int* __restrict__ positions, int n_heads, int n_kv_heads,
@@ -350,15 +342,11 @@ __global__ void rope_and_write_kv_kernel(QkvRows in, float* q_out, float* k_out,
     const float c = cos_table[table_index], s = sin_table[table_index];
     if (head < n_heads) {  // a query head: rotated into q_out (maybe in place)
       const float* from = in.q + static_cast<std::size_t>(row) * in.q_stride + head * head_dim + 2 * pair;
-      const float x0 = from[0], x1 = from[1];
-      float* to = q_out + (static_cast<std::size_t>(row) * n_heads + head) * head_dim + 2 * pair;
-      to[0] = x0 * c - x1 * s;
-      to[1] = x0 * s + x1 * c;
+      rotate_pair(from, q_out + (static_cast<std::size_t>(row) * n_heads + head) * head_dim + 2 * pair, c, s);
     } else {  // a KV head: K rotated, V as is, into the cache row (or k_out / v_out)
       const int column = (head - n_heads) * head_dim + 2 * pair;  // within the kv_dim-wide row
       const float* k_from = in.k + static_cast<std::size_t>(row) * in.k_stride + column;
       const float* v_from = in.v + static_cast<std::size_t>(row) * in.v_stride + column;
-      const float k0 = k_from[0], k1 = k_from[1];
       float* k_to;
       float* v_to;
       if constexpr (kWriteCache) {
@@ -369,8 +357,7 @@ __global__ void rope_and_write_kv_kernel(QkvRows in, float* q_out, float* k_out,
         k_to = k_out + static_cast<std::size_t>(row) * kv_dim + column;
         v_to = v_out + static_cast<std::size_t>(row) * kv_dim + column;
       }
-      k_to[0] = k0 * c - k1 * s;
-      k_to[1] = k0 * s + k1 * c;
+      rotate_pair(k_from, k_to, c, s);
       v_to[0] = v_from[0];
       v_to[1] = v_from[1];
     }
@@ -384,8 +371,7 @@ __global__ void swiglu_from_fused_kernel(float* __restrict__ gate, const float* 
        idx += std::size_t{gridDim.x} * blockDim.x) {
     const std::size_t row = idx / hidden, j = idx % hidden;
     const float* fused_row = gate_up + row * 2 * hidden;
-    const float g = fused_row[j];
-    gate[idx] = g * (1.0f / (1.0f + expf(-g))) * fused_row[hidden + j];  // swiglu_kernel's expression
+    gate[idx] = swiglu_value(fused_row[j], fused_row[hidden + j]);
   }
 }
 
@@ -495,20 +481,6 @@ void prefill_attention(const AttentionShape& shape, const float* q, const KvView
   if (n_new <= 0) return;
   const dim3 grid(static_cast<unsigned>(n_new), static_cast<unsigned>(shape.n_heads));
   prefill_attention_kernel<<<grid, kAttentionThreads, 0, stream>>>(shape, q, kv, n_past, n_new, out, scores);
-  LLM_CUDA_CHECK_LAUNCH();
-}
-
-std::size_t decode_scores_floats(const AttentionShape& shape, int n_queries, int max_length) {
-  return static_cast<std::size_t>(n_queries) * shape.n_heads * static_cast<std::size_t>(max_length);
-}
-
-void decode_attention(const AttentionShape& shape, const float* q, const DecodeQueries& queries, float* out,
-                      float* scores, cudaStream_t stream) {
-  check_attention_shape(shape);
-  if (queries.n_queries <= 0) return;
-  const dim3 grid(static_cast<unsigned>(queries.n_queries), static_cast<unsigned>(shape.n_heads));
-  decode_attention_kernel<<<grid, kAttentionThreads, 0, stream>>>(shape, q, queries.views, queries.lengths,
-                                                                   queries.rows, queries.max_length, out, scores);
   LLM_CUDA_CHECK_LAUNCH();
 }
 

@@ -57,7 +57,7 @@ void write_kv_rows(const float* k, const float* v, const KvView* views, const in
                    int head_dim, KvElement element, cudaStream_t stream);
 
 // --- Fusions: one launch where the unfused forward has two or three, each
-// switched on by CudaModelOptions::Fusions. At decode a launch costs more
+// switched on by CudaFusions (cuda_model.hpp). At decode a launch costs more
 // than the bytes these kernels move, so fewer launches is the whole gain.
 
 // x += delta, then out = RMSNorm(x) * weight, row by row, in one launch: the
@@ -105,7 +105,8 @@ void prefill_attention(const AttentionShape& shape, const float* q, const KvView
                        float* out, float* scores, cudaStream_t stream);
 std::size_t prefill_scores_floats(const AttentionShape& shape, int n_past, int n_new);
 
-// The single-row (decode) queries of a batch, one per sequence: query i sees
+// The decode queries of a batch (a sequence's single row, or each row of a
+// short run: CudaModel::kShortRunRows): query i sees
 // keys 0..lengths[i]-1 of views[i] and reads and writes row rows[i] of q and
 // out (rows == nullptr: row i), so a mixed batch needs no gather/scatter.
 struct DecodeQueries {
@@ -119,16 +120,9 @@ struct DecodeQueries {
   const int* lengths_host = nullptr;
   const int* rows_host = nullptr;
   int n_queries = 0;
-  int max_length = 0;  // >= every length (the workspace row stride)
+  int max_length = 0;  // >= every length
 };
-
-// Naive attention, decode: one thread block per (query, head), scores in the
-// global workspace, as prefill_attention.
-// q, out   [batch rows, n_heads, head_dim]
-// scores   workspace of decode_scores_floats(shape, n_queries, max_length) floats
-void decode_attention(const AttentionShape& shape, const float* q, const DecodeQueries& queries, float* out,
-                      float* scores, cudaStream_t stream);
-std::size_t decode_scores_floats(const AttentionShape& shape, int n_queries, int max_length);
+// The model's decode attention, split_kv_decode_attention.cuh, takes these.
 
 // Asks the runtime for the attributes of one of this file's kernels: fails
 // (cudaErrorNoKernelImageForDevice, ...) when the binary holds no code this

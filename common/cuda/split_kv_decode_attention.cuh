@@ -3,7 +3,7 @@
 // one block-table lookup per cache block, for fp32 and int8 caches
 // (split_kv_decode_attention.cu explains how the three ideas combine).
 //
-// It replaces kernels::decode_attention behind the same hook
+// It replaced a naive decode kernel behind the same hook
 // (CudaAttentionKernels::DecodeFn / DecodeWorkspaceFn, cuda_attention.hpp):
 // the same DecodeQueries, the same q and out rows, the same result to fp32
 // rounding, but no [queries, heads, length] score matrix in global memory,
