@@ -669,6 +669,9 @@ TEST(CudaFusions, EachFusionMatchesTheCpu) {
     cuda::CudaFusions fusions;
   };
   std::vector<Switch> switches = {{"none", cuda::CudaFusions::none()}, {"all", cuda::CudaFusions::all()}};
+  // (norm_in_product needs products that fold: with these fp32 layers it
+  // changes nothing. CudaFusions.NormInProductGivesTheUnfoldedBits runs it
+  // on half weights.)
   for (int which = 0; which < 4; ++which) {
     cuda::CudaFusions one = cuda::CudaFusions::none();
     bool* flags[] = {&one.qkv_product, &one.gate_up_product, &one.residual_norm, &one.rope_kv_write};
@@ -710,6 +713,77 @@ TEST(CudaFusions, EachFusionMatchesTheCpu) {
                                           run(cpu, all, cpu_int8, LogitsFor::AllRows), model_logits_tolerance(DType::F16));
       EXPECT_TRUE(check.ok) << "int8 rows: max_rel " << check.max_rel_err << ", " << check.over_tolerance
                             << " over the fp16 tolerance";
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// norm_in_product folds every RMSNorm, residual add and (with the fused
+// gate/up product) SwiGLU into the half GEMV's launches. The GEMV computes
+// them with the kernels' own formulas and order of additions, so the model
+// must give the same bits with and without the fold, on every path a
+// forward takes: a short run (folded), a long prefill (too many rows for the
+// GEMV: unfolded), decode steps replayed from graphs, and a batch of three
+// sequences. With fewer products fused (separate Q/K/V and gate/up) too. And
+// the folded model still matches the CPU model at the dtype's tolerance.
+TEST(CudaFusions, NormInProductGivesTheUnfoldedBits) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  for (const ConfigCase& config_case : config_cases()) {
+    const ModelConfig& config = config_case.config;
+    const ModelWeights weights = random_weights(config, 9001);
+    CpuModel cpu(weights);
+    for (const cuda::WeightDtype dtype : {cuda::WeightDtype::Float16, cuda::WeightDtype::BFloat16}) {
+      for (const bool products_fused : {true, false}) {
+        SCOPED_TRACE(config_case.name + ", " + cuda::to_string(dtype) + (products_fused ? "" : ", separate products"));
+        cuda::CudaModelOptions unfolded_options;
+        unfolded_options.linear_factory = cuda::cuda_linear_factory(dtype);
+        unfolded_options.fusions = cuda::CudaFusions::all();
+        unfolded_options.fusions.qkv_product = unfolded_options.fusions.gate_up_product = products_fused;
+        unfolded_options.fusions.norm_in_product = false;
+        cuda::CudaModelOptions folded_options = unfolded_options;
+        folded_options.linear_factory = cuda::cuda_linear_factory(dtype);
+        folded_options.fusions.norm_in_product = true;
+        cuda::CudaModel unfolded(weights, unfolded_options), folded(weights, folded_options);
+        constexpr int kSequences = 3;
+        const auto unfolded_cache = unfolded.make_cache(kSequences, config.seq_len);
+        const auto folded_cache = folded.make_cache(kSequences, config.seq_len);
+        const auto cpu_cache = cpu.make_cache(kSequences, config.seq_len);
+        const auto expect_same = [&](const TokenBatch& batch, LogitsFor which, const std::string& what) {
+          const std::vector<float> want = run(unfolded, batch, *unfolded_cache, which);
+          const std::vector<float> got = run(folded, batch, *folded_cache, which);
+          EXPECT_TRUE(want.size() == got.size() &&
+                      std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
+              << what << ": the folded model's logits are not the unfolded model's bits";
+          const CompareResult check = compare(got, run(cpu, batch, *cpu_cache, which),
+                                              model_logits_tolerance(dtype == cuda::WeightDtype::Float16
+                                                                         ? DType::F16 : DType::BF16));
+          EXPECT_TRUE(check.ok) << what << " vs the CPU: max_abs " << check.max_abs_err << ", "
+                                << check.over_tolerance << " over, " << check.nan_or_inf << " NaN/Inf";
+          return got;
+        };
+        const std::vector<int> prompt = random_tokens(35, config.vocab_size, 12);
+        // A 15-row run (folded), then a 20-row chunk (a prefill: unfolded).
+        expect_same(TokenBatch::prefill(std::span<const int>(prompt).first(15), 0, 0), LogitsFor::AllRows,
+                    "15-row run");
+        std::vector<float> last = expect_same(TokenBatch::prefill(std::span<const int>(prompt).subspan(15), 15, 0),
+                                              LogitsFor::AllRows, "20-row chunk");
+        int token = last_argmax(last, config.vocab_size);
+        for (int pos = 35; pos < 45; ++pos) {  // the first step of a key runs eagerly, the rest replay graphs
+          last = expect_same(TokenBatch::single(token, pos, 0), LogitsFor::LastRowOfEachSequence,
+                             "decode at " + std::to_string(pos));
+          token = last_argmax(last, config.vocab_size);
+        }
+        // Three sequences decoding together (after their prompts).
+        for (int s = 1; s < kSequences; ++s)
+          expect_same(TokenBatch::prefill(random_tokens(4 + s, config.vocab_size, 20 + s), 0, s),
+                      LogitsFor::LastRowOfEachSequence, "prompt of sequence " + std::to_string(s));
+        for (int step = 0; step < 4; ++step) {
+          TokenBatch batch;
+          for (int s = 0; s < kSequences; ++s)
+            batch.add((token + s * 7 + step) % config.vocab_size, s == 0 ? 45 + step : 4 + s + step, s);
+          expect_same(batch, LogitsFor::LastRowOfEachSequence, "batch of 3, step " + std::to_string(step));
+        }
+      }
     }
   }
 }

@@ -41,6 +41,7 @@
 
 #include "cuda_linear.hpp"
 #include "half_linear.hpp"
+#include "kernels.cuh"  // rmsnorm, swiglu_from_fused, add_inplace: what forward_fused folds in
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/device_buffer.hpp"
 #include "llm/linear.hpp"
@@ -303,6 +304,117 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HalfGemvRowOrder,
                          ::testing::Values(HalfCase{false, 256, 2048}, HalfCase{true, 256, 2048},
                                            HalfCase{false, 72, 512}, HalfCase{true, 20000, 100}),
                          case_name);
+
+class HalfGemvFusions : public ::testing::TestWithParam<HalfCase> {};
+
+// forward_fused folds into the GEMV's launch what the model otherwise runs as
+// kernels of its own: the RMSNorm before a product, SwiGLU before w2 and the
+// residual add after. Each must give the bits of those kernels around a plain
+// forward (half_linear.cu reuses their formulas and, for the norm, their
+// order of additions), for every row bucket and for split and unsplit
+// columns; rows past `rows` stay untouched.
+TEST_P(HalfGemvFusions, FoldedNormSwigluAndAddGiveTheBitsOfTheKernels) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  const HalfCase c = GetParam();
+  constexpr int kRows = cuda::kMaxGemvRows;
+  constexpr float kEps = 1e-5f;
+  const std::uint64_t seed = 500u + static_cast<std::uint64_t>(c.out) * 13u + static_cast<std::uint64_t>(c.in);
+  const std::vector<float> weight = random_vector(static_cast<std::size_t>(c.out) * c.in, seed, 0.5f);
+  // x rows of very different scales (the norm divides them out again).
+  std::vector<float> x = random_vector(static_cast<std::size_t>(kRows) * c.in, seed + 1, 1.0f);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] *= std::ldexp(1.0f, static_cast<int>(i / c.in % 9) - 4);
+  const std::vector<float> norm = random_vector(static_cast<std::size_t>(c.in), seed + 2, 2.0f);
+  const std::vector<float> gate_up = random_vector(static_cast<std::size_t>(kRows) * 2 * c.in, seed + 3, 3.0f);
+  const std::vector<float> residual = random_vector(static_cast<std::size_t>(kRows) * c.out, seed + 4, 1.0f);
+
+  cuda::CublasHandle cublas;
+  HalfCudaLinear layer(weight, c.out, c.in, half_type(c.bf16), std::make_shared<HalfActivationScratch>(),
+                       cublas.get());
+  layer.reserve_rows(kRows);
+  const DeviceBuffer<float> x_dev{std::span<const float>(x)}, norm_dev{std::span<const float>(norm)},
+      gate_up_dev{std::span<const float>(gate_up)};
+  DeviceBuffer<float> input(static_cast<std::size_t>(kRows) * c.in);  // what the kernels hand the plain product
+  DeviceBuffer<float> want(static_cast<std::size_t>(kRows) * c.out), got(want.size());
+  const auto download = [](const DeviceBuffer<float>& buffer) {
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> host(buffer.size());
+    buffer.download(host);
+    return host;
+  };
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  // y starts as NaN (a plain product) or as the residual rows (an add); the
+  // rows past `rows` keep what they started with either way.
+  const auto start = [&](DeviceBuffer<float>& y, bool accumulate) {
+    if (accumulate)
+      y.upload(residual);
+    else
+      LLM_CUDA_CHECK(cudaMemset(y.data(), 0xff, y.bytes()));
+  };
+  EXPECT_TRUE(layer.fuses(1));
+  EXPECT_TRUE(layer.fuses(kRows));
+  EXPECT_FALSE(layer.fuses(kRows + 1));
+  EXPECT_FALSE(layer.fuses(0));
+  for (const int rows : {1, 3, 9, 16}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows, " + std::to_string(layer.gemv_k_splits()) + " column slices");
+    for (const bool accumulate : {false, true}) {
+      // The RMSNorm folded in: rmsnorm then forward (then add_inplace).
+      cuda::kernels::rmsnorm(input.data(), x_dev.data(), norm_dev.data(), rows, c.in, kEps, nullptr);
+      start(want, accumulate);
+      if (accumulate) {
+        DeviceBuffer<float> product(want.size());
+        layer.forward(input.data(), rows, product.data(), nullptr);
+        cuda::kernels::add_inplace(want.data(), product.data(), static_cast<std::size_t>(rows) * c.out, nullptr);
+      } else {
+        layer.forward(input.data(), rows, want.data(), nullptr);
+      }
+      start(got, accumulate);
+      layer.forward_fused(x_dev.data(), rows, got.data(),
+                          cuda::ProductFusion{.input_norm = norm_dev.data(), .norm_eps = kEps, .accumulate = accumulate},
+                          nullptr);
+      EXPECT_TRUE(same_bits(download(got), download(want))) << "norm folded, accumulate " << accumulate;
+    }
+    // SwiGLU folded in, with the residual add (w2 in the model).
+    cuda::kernels::swiglu_from_fused(input.data(), gate_up_dev.data(), rows, c.in, nullptr);
+    DeviceBuffer<float> product(want.size());
+    layer.forward(input.data(), rows, product.data(), nullptr);
+    start(want, true);
+    cuda::kernels::add_inplace(want.data(), product.data(), static_cast<std::size_t>(rows) * c.out, nullptr);
+    start(got, true);
+    layer.forward_fused(gate_up_dev.data(), rows, got.data(),
+                        cuda::ProductFusion{.swiglu_of_gate_up = true, .accumulate = true}, nullptr);
+    EXPECT_TRUE(same_bits(download(got), download(want))) << "SwiGLU folded";
+  }
+  // What the GEMV cannot fold: too many rows, or two inputs at once.
+  DeviceBuffer<float> big_x(static_cast<std::size_t>(kRows + 1) * c.in);
+  EXPECT_THROW(layer.forward_fused(big_x.data(), kRows + 1, got.data(), cuda::ProductFusion{.accumulate = true}, nullptr),
+               std::logic_error);
+  EXPECT_THROW(layer.forward_fused(x_dev.data(), 1, got.data(),
+                                   cuda::ProductFusion{.input_norm = norm_dev.data(), .swiglu_of_gate_up = true},
+                                   nullptr),
+               std::logic_error);
+  LLM_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, HalfGemvFusions, ::testing::ValuesIn(half_cases()), case_name);
+
+// The fp32 layer folds nothing: the model runs the kernels around it.
+TEST(DenseCudaLinear, FoldsNothing) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  cuda::CublasHandle cublas;
+  const std::vector<float> weight = random_vector(8 * 16, 3, 1.0f);
+  const cuda::DenseCudaLinear layer(weight, 8, 16, cublas.get());
+  EXPECT_FALSE(layer.fuses(1));
+  const DeviceBuffer<float> x(16);
+  DeviceBuffer<float> y(8);
+  EXPECT_THROW(layer.forward_fused(x.data(), 1, y.data(), cuda::ProductFusion{}, nullptr),
+               std::logic_error);
+#endif
+}
 
 // forward never allocates: past what reserve_rows prepared it throws.
 TEST(HalfCudaLinear, ForwardPastTheReservedRowsThrows) {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <stdexcept>
+
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/errors.hpp"
 
@@ -36,6 +38,12 @@ void set_cublas_stream(cublasHandle_t cublas, cudaStream_t stream) {
 
 CublasHandle::~CublasHandle() {
   if (handle_ != nullptr) static_cast<void>(cublasDestroy(handle_));
+}
+
+void CudaLinear::forward_fused(const float*, int rows, float*, const ProductFusion&, cudaStream_t) const {
+  throw std::logic_error(fmt::format("a [{}, {}] product of this kind folds nothing into its launch ({} rows): the "
+                                     "model calls forward_fused only where fuses(rows)",
+                                     out_features(), in_features(), rows));
 }
 
 DenseCudaLinear::DenseCudaLinear(std::span<const float> weight, int out_features, int in_features,

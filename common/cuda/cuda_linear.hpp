@@ -44,6 +44,24 @@ class CublasHandle {
 // resets the workspace to cuBLAS's own pool, which would undo bind_to_stream.
 void set_cublas_stream(cublasHandle_t cublas, cudaStream_t stream);
 
+// What a product can take into its own launch at decode, where the kernels
+// around it move a few KiB each and cost a launch apiece (see
+// CudaFusions::norm_in_product): the RMSNorm or the SwiGLU before it and the
+// residual add after it.
+struct ProductFusion {
+  // Non-null: the product multiplies rmsnorm(x) = input_norm * (x / rms(x))
+  // (input_norm [in_features] in device memory, eps its epsilon), row by
+  // row, instead of x.
+  const float* input_norm = nullptr;
+  float norm_eps = 0.0f;
+  // x is the fused gate/up product's output [rows, 2 * in_features] (gate
+  // columns, then up columns): the product multiplies silu(gate) * up.
+  // Not together with input_norm.
+  bool swiglu_of_gate_up = false;
+  // y += x . W^T (the residual add) instead of y = x . W^T.
+  bool accumulate = false;
+};
+
 class CudaLinear {
  public:
   virtual ~CudaLinear() = default;
@@ -58,6 +76,12 @@ class CudaLinear {
   // it here, so forward never allocates (it may be captured into a CUDA
   // graph, where cudaMalloc is not allowed).
   virtual void reserve_rows(int /*rows*/) {}
+  // Whether forward_fused takes `rows` rows (false: the model runs the norm
+  // and the add as kernels of their own around forward).
+  virtual bool fuses(int /*rows*/) const { return false; }
+  // forward with `fusion` folded in; only where fuses(rows).
+  virtual void forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
+                             cudaStream_t stream) const;
   // The fp32 weights [out_features, in_features] in device memory when the
   // layer keeps them that way (DenseCudaLinear), else nullptr: a tied
   // classifier's weights are the embedding table (see Linear::dense_weight).

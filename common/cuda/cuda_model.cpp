@@ -275,8 +275,9 @@ void CudaModel::upload_plan(const TokenBatch& batch) {
 }
 
 // Attention sub-block of one layer: project, rotate, append K/V to the cache,
-// attend. Reads xb_ [rows, dim], writes attn_out_ [rows, n_heads*head_dim].
-void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows) {
+// attend. Reads the normed input [rows, dim], writes attn_out_ [rows,
+// n_heads*head_dim].
+void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows, const NormedInput& input) {
   const ModelConfig& c = config_;
   const Layer& layer = layers_[static_cast<std::size_t>(layer_index)];
   const std::size_t q_width = static_cast<std::size_t>(c.n_heads) * c.head_dim();
@@ -287,15 +288,16 @@ void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows)
   // own keys. The cache's element type decides how K/V are stored (fp32
   // copy, int8 quantization).
   const KvView* layer_views = row_views_ + static_cast<std::size_t>(layer_index) * rows;  // [rows]
+  const auto project = [&](const CudaLinear& linear, float* out) { multiply(linear, input, rows, out); };
   kernels::QkvRows in{};
   if (fusions_.qkv_product) {
-    layer.wqkv->forward(xb_.data(), rows, qkv_.data(), stream);  // qkv_ [rows, q_width + 2*kv_dim]
+    project(*layer.wqkv, qkv_.data());  // qkv_ [rows, q_width + 2*kv_dim]
     const int stride = static_cast<int>(q_width) + 2 * c.kv_dim();
     in = {qkv_.data(), qkv_.data() + q_width, qkv_.data() + q_width + c.kv_dim(), stride, stride, stride};
   } else {
-    layer.wq->forward(xb_.data(), rows, q_.data(), stream);  // q_ [rows, n_heads*head_dim]
-    layer.wk->forward(xb_.data(), rows, k_.data(), stream);  // k_ [rows, kv_dim]
-    layer.wv->forward(xb_.data(), rows, v_.data(), stream);  // v_ [rows, kv_dim]
+    project(*layer.wq, q_.data());  // q_ [rows, n_heads*head_dim]
+    project(*layer.wk, k_.data());  // k_ [rows, kv_dim]
+    project(*layer.wv, v_.data());  // v_ [rows, kv_dim]
     in = {q_.data(), k_.data(), v_.data(), static_cast<int>(q_width), c.kv_dim(), c.kv_dim()};
   }
   // The fused QKV product's rows are read in place by the fused kernel (its
@@ -336,6 +338,22 @@ void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows)
   }
 }
 
+bool CudaModel::folds_norms(int rows, int logit_rows) const {
+  if (!fusions_.norm_in_product) return false;
+  for (const Layer& layer : layers_)
+    for (const CudaLinear* linear : layer.linears())
+      if (!linear->fuses(rows)) return false;
+  return classifier_->fuses(logit_rows);
+}
+
+// y = W input: the plain product, or the one with the norm folded in.
+void CudaModel::multiply(const CudaLinear& linear, const NormedInput& input, int rows, float* y) const {
+  if (input.fusion.input_norm != nullptr)
+    linear.forward_fused(input.rows, rows, y, input.fusion, stream_.get());
+  else
+    linear.forward(input.rows, rows, y, stream_.get());
+}
+
 // Every kernel of the forward after the plan's upload, up to the logits in
 // device memory. Eager forwards call it directly; a decode graph is a
 // recording of one call.
@@ -343,50 +361,78 @@ void CudaModel::enqueue_layers(const KvCache& cache, int rows) {
   const ModelConfig& c = config_;
   const std::size_t dim = c.dim;
   cudaStream_t stream = stream_.get();
+  const auto n_out = static_cast<int>(logit_rows_host_.size());
+  const bool fold = folds_norms(rows, n_out);
 
   // x [rows, dim] = embedding rows of the tokens.
   kernels::gather_rows(x_.data(), embedding_rows_, tokens_, rows, c.dim, stream);
 
-  // x += delta, then xb = rmsnorm(x) with `next_norm` (none: the add alone).
-  auto residual_then_norm = [&](const float* delta, const DeviceBuffer<float>* next_norm) {
-    if (next_norm != nullptr && fusions_.residual_norm) {
-      kernels::add_rmsnorm(x_.data(), delta, next_norm->data(), xb_.data(), rows, c.dim, c.norm_eps, stream);
+  // What the products after `norm` read: x_ with the norm folded in, or xb_,
+  // where the norm's kernel (below) has put rmsnorm(x).
+  const auto normed = [&](const DeviceBuffer<float>& norm) {
+    return fold ? NormedInput{x_.data(), ProductFusion{.input_norm = norm.data(), .norm_eps = c.norm_eps}}
+                : NormedInput{xb_.data(), {}};
+  };
+  // x += W input, then xb = rmsnorm(x) with `next_norm` (none: the add
+  // alone). Folded: the product adds itself to x, and the norm waits in the
+  // next products.
+  const auto add_to_residual = [&](const CudaLinear& linear, const float* input,
+                                   const DeviceBuffer<float>* next_norm) {
+    if (fold) {
+      linear.forward_fused(input, rows, x_.data(), ProductFusion{.accumulate = true}, stream);
       return;
     }
-    kernels::add_inplace(x_.data(), delta, rows * dim, stream);
+    linear.forward(input, rows, proj_.data(), stream);  // proj_ [rows, dim]
+    if (next_norm != nullptr && fusions_.residual_norm) {
+      kernels::add_rmsnorm(x_.data(), proj_.data(), next_norm->data(), xb_.data(), rows, c.dim, c.norm_eps, stream);
+      return;
+    }
+    kernels::add_inplace(x_.data(), proj_.data(), rows * dim, stream);
     if (next_norm != nullptr)
       kernels::rmsnorm(xb_.data(), x_.data(), next_norm->data(), rows, c.dim, c.norm_eps, stream);
   };
 
   // The first layer's norm; every later norm comes with the residual add
   // before it.
-  kernels::rmsnorm(xb_.data(), x_.data(), layers_.front().attention_norm.data(), rows, c.dim, c.norm_eps, stream);
+  if (!fold)
+    kernels::rmsnorm(xb_.data(), x_.data(), layers_.front().attention_norm.data(), rows, c.dim, c.norm_eps, stream);
   for (int l = 0; l < c.n_layers; ++l) {
     const Layer& layer = layers_[static_cast<std::size_t>(l)];
     // --- attention: x += wo . attention(rope(wq xb), rope(wk xb), wv xb), then xb = rmsnorm(x)
-    attention_block(l, cache, rows);
-    layer.wo->forward(attn_out_.data(), rows, proj_.data(), stream);  // proj_ [rows, dim]
-    residual_then_norm(proj_.data(), &layer.ffn_norm);
+    attention_block(l, cache, rows, normed(layer.attention_norm));
+    add_to_residual(*layer.wo, attn_out_.data(), &layer.ffn_norm);
 
     // --- feed-forward: x += w2 . (silu(w1 xb) * w3 xb), then xb = the next layer's rmsnorm(x)
-    if (fusions_.gate_up_product) {
-      layer.w13->forward(xb_.data(), rows, gate_up_.data(), stream);  // gate_up_ [rows, 2*hidden_dim]
-      kernels::swiglu_from_fused(gate_.data(), gate_up_.data(), rows, c.hidden_dim, stream);
-    } else {
-      layer.w1->forward(xb_.data(), rows, gate_.data(), stream);  // gate_ [rows, hidden_dim]
-      layer.w3->forward(xb_.data(), rows, up_.data(), stream);    // up_   [rows, hidden_dim]
-      kernels::swiglu(gate_.data(), up_.data(), static_cast<std::size_t>(rows) * c.hidden_dim, stream);
-    }
-    layer.w2->forward(gate_.data(), rows, proj_.data(), stream);  // proj_ [rows, dim]
+    const NormedInput ffn_input = normed(layer.ffn_norm);
     const bool last = l + 1 == c.n_layers;
-    residual_then_norm(proj_.data(), last ? nullptr : &layers_[static_cast<std::size_t>(l) + 1].attention_norm);
+    const DeviceBuffer<float>* next_norm = last ? nullptr : &layers_[static_cast<std::size_t>(l) + 1].attention_norm;
+    if (fusions_.gate_up_product && fold) {
+      // SwiGLU folded into w2 as well: w2 reads both halves of the gate/up rows.
+      multiply(*layer.w13, ffn_input, rows, gate_up_.data());  // gate_up_ [rows, 2*hidden_dim]
+      layer.w2->forward_fused(gate_up_.data(), rows, x_.data(),
+                              ProductFusion{.swiglu_of_gate_up = true, .accumulate = true}, stream);
+    } else {
+      if (fusions_.gate_up_product) {
+        multiply(*layer.w13, ffn_input, rows, gate_up_.data());  // gate_up_ [rows, 2*hidden_dim]
+        kernels::swiglu_from_fused(gate_.data(), gate_up_.data(), rows, c.hidden_dim, stream);
+      } else {
+        multiply(*layer.w1, ffn_input, rows, gate_.data());  // gate_ [rows, hidden_dim]
+        multiply(*layer.w3, ffn_input, rows, up_.data());    // up_   [rows, hidden_dim]
+        kernels::swiglu(gate_.data(), up_.data(), static_cast<std::size_t>(rows) * c.hidden_dim, stream);
+      }
+      add_to_residual(*layer.w2, gate_.data(), next_norm);
+    }
   }
 
   // Final norm and classifier, only for the rows whose logits are wanted.
-  const auto n_out = static_cast<int>(logit_rows_host_.size());
   kernels::gather_rows(final_rows_.data(), x_.data(), logit_rows_, n_out, c.dim, stream);  // [n_out, dim]
-  kernels::rmsnorm(final_normed_.data(), final_rows_.data(), final_norm_.data(), n_out, c.dim, c.norm_eps, stream);
-  classifier_->forward(final_normed_.data(), n_out, logits_.data(), stream);  // logits_ [n_out, vocab]
+  if (fold) {
+    classifier_->forward_fused(final_rows_.data(), n_out, logits_.data(),
+                               ProductFusion{.input_norm = final_norm_.data(), .norm_eps = c.norm_eps}, stream);
+  } else {
+    kernels::rmsnorm(final_normed_.data(), final_rows_.data(), final_norm_.data(), n_out, c.dim, c.norm_eps, stream);
+    classifier_->forward(final_normed_.data(), n_out, logits_.data(), stream);  // logits_ [n_out, vocab]
+  }
 }
 
 CudaModel::DecodeGraph::~DecodeGraph() {
@@ -477,6 +523,7 @@ std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRu
   options.linear_factory = cuda_linear_factory(run.dtype);
   options.graphs = run.graphs;
   options.fusions = run.fusions ? CudaFusions::all() : CudaFusions::none();
+  if (!run.fold_norms) options.fusions.norm_in_product = false;
   return std::make_unique<CudaModel>(weights, options);
 }
 

@@ -53,8 +53,17 @@ struct CudaFusions {
   bool residual_norm = false;
   // RoPE of Q and K and the K/V append in one kernel (separate products).
   bool rope_kv_write = false;
+  // Each RMSNorm folded into the products that read its output, each
+  // residual add into the product before it, and (with gate_up_product)
+  // SwiGLU into w2 (CudaLinear::forward_fused): no norm, add or SwiGLU
+  // kernel is left between the products. Used where every
+  // product of the forward fuses that many rows (the half GEMV: decode and
+  // short runs); elsewhere the model falls back to the kernels above. Each
+  // product's block recomputes its rows' sum of squares (a few KiB from L2)
+  // rather than wait for a kernel of its own; the results are the same bits.
+  bool norm_in_product = false;
 
-  static CudaFusions all() { return {true, true, true, true}; }
+  static CudaFusions all() { return {true, true, true, true, true}; }
   static CudaFusions none() { return {}; }
 };
 
@@ -166,7 +175,18 @@ class CudaModel final : public Model {
   // Every kernel of a forward after the upload, up to the logits on the
   // device: what a graph captures.
   void enqueue_layers(const KvCache& cache, int rows);
-  void attention_block(int layer, const KvCache& cache, int rows);
+  // The input of the products after an RMSNorm: xb_ (the norm ran as a
+  // kernel), or the residual stream x_ with the norm folded into each product.
+  struct NormedInput {
+    const float* rows;    // [rows, dim]
+    ProductFusion fusion;  // input_norm set when folded
+  };
+  void attention_block(int layer, const KvCache& cache, int rows, const NormedInput& input);
+  // Whether this forward folds the norms and adds into its products
+  // (CudaFusions::norm_in_product and every product fuses `rows`).
+  bool folds_norms(int rows, int logit_rows) const;
+  // y [rows, out] = W input, queued on the model's stream.
+  void multiply(const CudaLinear& linear, const NormedInput& input, int rows, float* y) const;
   // The decode graph of `key`, captured now if it is not there yet.
   const DecodeGraph& decode_graph(const GraphKey& key, const KvCache& cache, int rows);
 

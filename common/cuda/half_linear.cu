@@ -81,6 +81,7 @@
 #include <string>
 #include <utility>
 
+#include "device_formulas.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
@@ -111,6 +112,9 @@ constexpr int kWantedBlocksPerSm = 2;
 constexpr int kElementwiseThreads = 256;
 constexpr std::size_t kMaxElementwiseBlocks = 65535;
 static_assert(kGemvThreads % kWarpSize == 0 && kWarpSize % kLanesPerWeightRow == 0);
+// A folded RMSNorm sums its squares as the RMSNorm kernel's blocks do, with
+// blocks of the same size (device_formulas.cuh): the same bits.
+static_assert(kGemvThreads == device::kNormBlockThreads && kWarpSize == device::kWarpSize);
 static_assert(kStagedXFloats % (kMaxGemvRows * kBatchElements) == 0,
               "every row bucket's chunk must hold whole batches");
 
@@ -188,7 +192,53 @@ struct GemvArguments {
   int padded_in = 0;
   int steps_per_split = 0;                  // 64-column steps per slice
   int k_splits = 1;                         // gridDim.y
+  // ProductFusion: the RMSNorm folded in (input_norm [in], or null) and the
+  // residual add (y += product).
+  const float* input_norm = nullptr;
+  float norm_eps = 0.0f;
+  // x is [rows, 2 * in] gate/up rows: the staged value is silu(gate) * up.
+  bool swiglu_input = false;
+  bool accumulate = false;
 };
+
+// The folded RMSNorm's first half: inverse_rms[r] for the block's x rows r <
+// rows, each row's sum of squares taken exactly as the RMSNorm kernel takes it
+// (device::thread_sum_of_squares, then device::block_reduce), but for all
+// rows at once: the loads of every row are in flight together, and the rows
+// share two barriers instead of three each. Stage 1 is the same per-warp
+// butterfly; in stage 2 warp r % 8 reduces row r's 8 warp results padded
+// with zeros to 32 lanes, as warp 0 does in block_reduce. Every block of the
+// launch computes the same values (its x rows are a few KiB from L2).
+// Ends with a barrier: inverse_rms is then visible to the whole block.
+template <int kRows>
+__device__ void rows_inverse_rms(const float* __restrict__ x, int rows, int in, float eps,
+                                 float* inverse_rms /* [kRows] shared */,
+                                 float (*warp_sums)[kGemvWarps] /* [kRows][kGemvWarps] shared */) {
+  const int thread = static_cast<int>(threadIdx.x);
+  const int lane = thread % kWarpSize;
+  const int warp = thread / kWarpSize;
+  float partial[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) partial[r] = 0.0f;
+  for (int i = thread; i < in; i += kGemvThreads)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (r < rows) {
+        const float value = x[static_cast<std::size_t>(r) * in + i];
+        partial[r] += value * value;
+      }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const float warp_sum = device::warp_reduce(partial[r], device::SumOp{});
+    if (lane == 0) warp_sums[r][warp] = warp_sum;
+  }
+  __syncthreads();
+  for (int r = warp; r < rows; r += kGemvWarps) {
+    const float sum = device::warp_reduce(lane < kGemvWarps ? warp_sums[r][lane] : 0.0f, device::SumOp{});
+    if (lane == 0) inverse_rms[r] = device::inverse_rms(sum, in, eps);
+  }
+  __syncthreads();
+}
 
 // Where column c (0 .. chunk length) of a staged x row lives in shared
 // memory. Within each 64-column step, the 8 columns of lane group member
@@ -217,6 +267,9 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
   // (staged_column); rows >= args.rows and columns past the slice are zero.
   __shared__ __align__(16) float staged_x[kStagedXFloats];
   __shared__ bool is_last_block;
+  // The folded RMSNorm (args.input_norm): each x row's 1 / rms.
+  __shared__ float inverse_rms[kRows];
+  __shared__ float warp_sums[kRows][kGemvWarps];
 
   const int thread = static_cast<int>(threadIdx.x);
   const int lane = thread % kWarpSize;
@@ -243,6 +296,10 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
     weight_row[o] = reinterpret_cast<const uint4*>(args.weight + row * static_cast<std::size_t>(args.padded_in));
   }
 
+  // A uniform branch: every thread of every block takes it or none does.
+  const bool normalize_x = args.input_norm != nullptr;
+  if (normalize_x) rows_inverse_rms<kRows>(args.x, args.rows, args.in, args.norm_eps, inverse_rms, warp_sums);
+
   float sums[kOutputsPerLane][kRows];
 #pragma unroll
   for (int o = 0; o < kOutputsPerLane; ++o)
@@ -257,8 +314,20 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
     for (int r = 0; r < kRows; ++r)
       for (int column = thread; column < staged_length; column += kGemvThreads) {
         const int k = chunk_k + column;
-        staged_x[r * kChunkElements + staged_column(column)] =
-            r < args.rows && k < x_end ? args.x[static_cast<std::size_t>(r) * args.in + k] : 0.0f;
+        float value = 0.0f;
+        if (r < args.rows && k < x_end) {
+          if (args.swiglu_input) {
+            // The SwiGLU kernel's output element, bit for bit, from the gate
+            // and up halves of a [2 * in] row.
+            const float* gate_up_row = args.x + static_cast<std::size_t>(r) * 2 * args.in;
+            value = device::swiglu_value(gate_up_row[k], gate_up_row[args.in + k]);
+          } else {
+            value = args.x[static_cast<std::size_t>(r) * args.in + k];
+            // The RMSNorm kernel's output element, bit for bit.
+            if (normalize_x) value = device::normalized(args.input_norm[k], inverse_rms[r], value);
+          }
+        }
+        staged_x[r * kChunkElements + staged_column(column)] = value;
       }
     __syncthreads();
 
@@ -314,8 +383,10 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
       for (int o = 0; o < kOutputsPerLane; ++o)
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
-          if (output_valid[o] && r < args.rows)
-            args.y[static_cast<std::size_t>(r) * args.out + first_output + o] = sums[o][r];
+          if (output_valid[o] && r < args.rows) {
+            float& y = args.y[static_cast<std::size_t>(r) * args.out + first_output + o];
+            y = args.accumulate ? y + sums[o][r] : sums[o][r];  // the residual add: x + delta, as add_inplace
+          }
     }
     return;  // the whole block returns: no barrier follows
   }
@@ -354,7 +425,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
     // __ldcg: from L2, where the other blocks' stores went (never a stale L1 line).
     for (int s = 0; s < args.k_splits; ++s)
       sum += __ldcg(args.partial_sums + (static_cast<std::size_t>(s) * args.rows + r) * args.out + output);
-    args.y[static_cast<std::size_t>(r) * args.out + output] = sum;
+    float& y = args.y[static_cast<std::size_t>(r) * args.out + output];
+    y = args.accumulate ? y + sum : sum;
   }
 }
 
@@ -472,13 +544,31 @@ void HalfCudaLinear::reserve_rows(int rows) {
 void HalfCudaLinear::forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
   if (rows <= 0) return;
   if (rows <= kMaxGemvRows)
-    forward_gemv(x_dev, rows, y_dev, stream);
+    forward_gemv(x_dev, rows, y_dev, ProductFusion{}, stream);
   else
     forward_gemm(x_dev, rows, y_dev, stream);
 }
 
-void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
+bool HalfCudaLinear::fuses(int rows) const { return rows >= 1 && rows <= kMaxGemvRows; }
+
+void HalfCudaLinear::forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
+                                   cudaStream_t stream) const {
+  if (!fuses(rows))
+    throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": the GEMV folds a norm or an add into " +
+                           "1.." + std::to_string(kMaxGemvRows) + " rows, not " + std::to_string(rows));
+  if (fusion.input_norm != nullptr && fusion.swiglu_of_gate_up)
+    throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": x is either a norm's input or SwiGLU's, "
+                           "not both");
+  forward_gemv(x_dev, rows, y_dev, fusion, stream);
+}
+
+void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
+                                  cudaStream_t stream) const {
   GemvArguments args;
+  args.input_norm = fusion.input_norm;
+  args.norm_eps = fusion.norm_eps;
+  args.swiglu_input = fusion.swiglu_of_gate_up;
+  args.accumulate = fusion.accumulate;
   args.weight = weight_.data();
   args.x = x_dev;
   args.y = y_dev;

@@ -69,6 +69,12 @@ class HalfCudaLinear final : public CudaLinear {
   // forward and any stream capture (it allocates, and zeroes the split
   // counters synchronously).
   void reserve_rows(int rows) override;
+  // The GEMV folds the RMSNorm before the product and the residual add after
+  // it into its own launch, for 1..kMaxGemvRows rows; the results are the
+  // bits of the norm kernel, then forward, then the add kernel.
+  bool fuses(int rows) const override;
+  void forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
+                     cudaStream_t stream) const override;
 
   int in_features() const override { return in_; }
   int out_features() const override { return out_; }
@@ -89,7 +95,8 @@ class HalfCudaLinear final : public CudaLinear {
   const std::uint16_t* weight_bits() const { return weight_.data(); }
 
  private:
-  void forward_gemv(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const;
+  void forward_gemv(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
+                    cudaStream_t stream) const;
   void forward_gemm(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const;
 
   DeviceBuffer<std::uint16_t> weight_;  // [out_, padded_in_] half bit patterns, columns >= in_ zero

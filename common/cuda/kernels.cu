@@ -11,6 +11,7 @@
 #include <cmath>
 #include <string>
 
+#include "device_formulas.cuh"
 #include "kernels.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/errors.hpp"
@@ -28,7 +29,9 @@ constexpr int kElementwiseThreads = 256;
 constexpr std::size_t kMaxElementwiseBlocks = 65535;
 // RMSNorm: one block of 256 threads per row; each thread sums dim/256
 // squares, then the block reduces 256 partial sums. Rows of 64..8192 floats.
-constexpr int kRmsnormThreads = 256;
+// The half GEMV that folds the norm into its launch sums with blocks of the
+// same size (device_formulas.cuh), which keeps the two bit-identical.
+constexpr int kRmsnormThreads = device::kNormBlockThreads;
 // Attention: one block of 128 threads (4 warps) per (query, head). Threads
 // split the keys while computing scores (contexts run to thousands of keys)
 // and split the head_dim output columns for the weighted sum of V (64..256),
@@ -44,49 +47,11 @@ int elementwise_blocks(std::size_t n) {
   return static_cast<int>(std::min((n + kElementwiseThreads - 1) / kElementwiseThreads, kMaxElementwiseBlocks));
 }
 
-// ---------------------------------------------------------------------------
-// Block-wide reductions. Each warp reduces its 32 values with shuffles (no
-// shared memory, no __syncthreads), lane 0 of each warp parks the warp's
-// result in `shared` [32], and warp 0 reduces those. Every thread of the
-// block gets the result. All threads of the block must call it (it contains
-// __syncthreads), and blockDim.x must be a multiple of 32.
-
-struct SumOp {
-  __device__ float operator()(float a, float b) const { return a + b; }
-  __device__ static float identity() { return 0.0f; }
-};
-struct MaxOp {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-  __device__ static float identity() { return -INFINITY; }
-};
-
-template <class Op>
-__device__ float warp_reduce(float value, Op op) {
-  // Butterfly: after the step with offset o every lane holds the reduction of
-  // 2o lanes; after offset 1 every lane holds the whole warp's result.
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
-    value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  return value;
-}
-
-template <class Op>
-__device__ float block_reduce(float value, Op op, float* shared /* [32] */) {
-  const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
-  const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
-  const int n_warps = static_cast<int>(blockDim.x) / kWarpSize;
-  value = warp_reduce(value, op);
-  if (lane == 0) shared[warp] = value;
-  __syncthreads();
-  if (warp == 0) {
-    value = lane < n_warps ? shared[lane] : Op::identity();
-    value = warp_reduce(value, op);
-    if (lane == 0) shared[0] = value;
-  }
-  __syncthreads();
-  const float result = shared[0];
-  __syncthreads();  // everyone has read shared[0] before a next call overwrites it
-  return result;
-}
+// Block-wide reductions (device_formulas.cuh): every thread of the block gets
+// the result; all threads must call them.
+using device::block_reduce;
+using device::MaxOp;
+using device::SumOp;
 
 // ---------------------------------------------------------------------------
 // The formulas the element-wise and fused kernels share.
@@ -99,8 +64,8 @@ __device__ __forceinline__ void rotate_pair(const float* from, float* to, float 
   to[1] = x0 * s + x1 * c;
 }
 
-// silu(gate) * up, silu(g) = g / (1 + exp(-g)): cpu::swiglu's expression.
-__device__ __forceinline__ float swiglu_value(float gate, float up) { return gate * (1.0f / (1.0f + expf(-gate))) * up; }
+// silu(gate) * up (device_formulas.cuh).
+using device::swiglu_value;
 
 // ---------------------------------------------------------------------------
 // Element-wise kernels (grid-stride loops over n elements).
@@ -178,14 +143,14 @@ __global__ void write_kv_rows_int8_kernel(const float* __restrict__ k, const flo
 
 // The second half of RMSNorm, once the block knows the row's sum of squares:
 // out[i] = weight[i] * (x[i] / sqrt(mean of squares + eps)), the same
-// expression as cpu::rmsnorm (IEEE division and sqrt: the build does not use
-// --use_fast_math). Each thread writes the elements it summed.
+// expression as cpu::rmsnorm (device_formulas.cuh). Each thread writes the
+// elements it summed.
 __device__ __forceinline__ void write_normalized_row(float* __restrict__ out_row, const float* x_row,
                                                      const float* __restrict__ weight, int dim, float eps,
                                                      float sum_of_squares) {
-  const float inv_rms = 1.0f / sqrtf(sum_of_squares / static_cast<float>(dim) + eps);
+  const float inv_rms = device::inverse_rms(sum_of_squares, dim, eps);
   for (int i = static_cast<int>(threadIdx.x); i < dim; i += static_cast<int>(blockDim.x))
-    out_row[i] = weight[i] * (inv_rms * x_row[i]);
+    out_row[i] = device::normalized(weight[i], inv_rms, x_row[i]);
 }
 
 __global__ void rmsnorm_kernel(float* __restrict__ out, const float* __restrict__ x,
@@ -195,9 +160,7 @@ __global__ void rmsnorm_kernel(float* __restrict__ out, const float* __restrict_
   const float* x_row = x + row_offset;
   float* out_row = out + row_offset;
 
-  float partial = 0.0f;
-  for (int i = static_cast<int>(threadIdx.x); i < dim; i += static_cast<int>(blockDim.x))
-    partial += x_row[i] * x_row[i];
+  const float partial = device::thread_sum_of_squares(x_row, dim);
   write_normalized_row(out_row, x_row, weight, dim, eps, block_reduce(partial, SumOp{}, reduce_scratch));
 }
 

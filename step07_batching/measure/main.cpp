@@ -167,7 +167,7 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
       {{{"--prompt", "--steps"}, "its requests' prompts and lengths come from its seeded trace"},
        {{"--temperature", "--top-p"},
         "every request decodes greedily, to be checked against the same request run alone"},
-       {{"--dtype", "--no-graphs", "--no-fusions"}, "its engine runs step 05's fp32 paged CUDA model (steps 01 and 04 take them)"}});
+       {{"--dtype", "--no-graphs", "--no-fusions", "--no-norm-folding"}, "its engine runs step 05's fp32 paged CUDA model (steps 01 and 04 take them)"}});
 }
 
 // The run size's values for the flags not given. --quick: seconds on a slow

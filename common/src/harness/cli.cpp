@@ -104,6 +104,9 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_flag("--no-fusions", o.no_fusions,
                "the CUDA model without fused launches (Q/K/V and gate/up as separate products, residual add, "
                "RMSNorm, RoPE and the K/V append as separate kernels)");
+  app.add_flag("--no-norm-folding", o.no_norm_folding,
+               "keep the CUDA model's RMSNorm, SwiGLU and residual add as kernels of their own instead of folding "
+               "them into the half-precision products (the before row of that fusion; --no-fusions implies it)");
   app.add_option("--variant", o.variant, "variant ids to run (comma-separated) or 'all'")->capture_default_str();
   app.add_flag("--list", o.list_variants, "list the variants and exit");
   app.add_option("--json", o.json_path, "also write the results as JSON to this file");
@@ -195,6 +198,7 @@ void set_sampling_config(Results& results, const CommonOptions& options) {
   results.set_config("cuda_dtype", options.dtype);
   results.set_config("cuda_graphs", !options.no_graphs);
   results.set_config("cuda_fusions", !options.no_fusions);
+  results.set_config("cuda_norm_folding", !options.no_fusions && !options.no_norm_folding);
 }
 
 int finish_run(const Results& results, const CommonOptions& options, const DeviceSelection& devices,

@@ -25,6 +25,7 @@ cuda::CudaRunOptions cuda_run_options(const CommonOptions& options) {
   run.dtype = cuda::parse_weight_dtype(options.dtype);
   run.graphs = !options.no_graphs;
   run.fusions = !options.no_fusions;
+  run.fold_norms = !options.no_norm_folding;
   return run;
 }
 

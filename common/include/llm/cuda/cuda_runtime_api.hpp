@@ -101,8 +101,12 @@ struct CudaRunOptions {
   // context bucket) instead of launching every kernel from the host.
   bool graphs = true;
   // Fused launches (cuda_model.hpp's CudaFusions, all of them): one QKV
-  // product, one gate/up product, residual add + RMSNorm, RoPE + K/V append.
+  // product, one gate/up product, residual add + RMSNorm, RoPE + K/V append,
+  // and the norms, SwiGLU and residual adds folded into half-precision
+  // products ...
   bool fusions = true;
+  // ... that last one unless this is false (its before row).
+  bool fold_norms = true;
 };
 
 // The transformer on the GPU: own kernels for embedding, RMSNorm, RoPE,

@@ -30,6 +30,7 @@ struct CommonOptions {
   std::string dtype = "fp32";    // --dtype fp32|fp16|bf16: the CUDA model's weights
   bool no_graphs = false;        // --no-graphs: CUDA decode launches every kernel (the before row of graphs)
   bool no_fusions = false;       // --no-fusions: the CUDA model's seven products and separate small kernels
+  bool no_norm_folding = false;  // --no-norm-folding: fusions, but RMSNorm/SwiGLU/residual add as their own kernels
   std::string variant = "all";   // --variant N[,M]|all
   bool list_variants = false;    // --list
   std::string json_path;         // --json FILE
