@@ -6,7 +6,7 @@
 // against the double-precision product of dequantize(matrix). AWQ input
 // scales, the errors at the API edge, the timing entry point, and a whole
 // model: the CUDA model with int8 / int4 RTN layers against the CPU model
-// built from the same dequantized weights.
+// built from the same dequantized weights, and the model table's fp16 row.
 //
 // The kernels poison their outputs with NaN before a launch, and
 // llm::compare counts non-finite values as failures: an output the kernel
@@ -30,6 +30,7 @@
 #include "llm/token_batch.hpp"
 #include "llm/weights.hpp"
 #include "step06_quantization/cuda_quantized_kernels.hpp"
+#include "step06_quantization/measure/model_table.hpp"
 #include "step06_quantization/quant_algorithms.hpp"
 #include "step06_quantization/quant_format.hpp"
 #include "step06_quantization/quantized_layers.hpp"
@@ -292,5 +293,32 @@ INSTANTIATE_TEST_SUITE_P(Formats, CudaQuantizedModel, ::testing::Values("int8", 
                              if (c == '-') c = '_';
                            return name;
                          });
+
+// The model table on the GPU: the fp16 row right after fp32, half its weight
+// bytes, its logits within the fp16 tolerance of the CPU's fp32 model; every
+// row has a speedup against it (the fp16 row's own is 1).
+TEST(CudaModelTable, Fp16RowFollowsFp32AndEveryRowIsTimedAgainstIt) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  step06::ModelTableOptions options;
+  options.devices = {"cuda"};
+  options.formats = {QuantFormat::parse("int8")};
+  options.quality = false;
+  options.int8_kv_rows = false;
+  options.prompt = {1};
+  options.decode_positions = 12;
+  options.repeats = 1;
+  const std::vector<step06::ModelRow> rows =
+      step06::run_model_table("preset tiny", llm::random_weights(llm::find_preset("tiny").config, 42), options);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].variant.name(), "fp32");
+  EXPECT_EQ(rows[1].variant.name(), "fp16");
+  EXPECT_EQ(rows[2].variant.name(), "int8 rtn");
+  EXPECT_DOUBLE_EQ(rows[1].weight_bytes, 0.5 * rows[0].weight_bytes);
+  EXPECT_DOUBLE_EQ(rows[1].speedup_vs_fp16, 1.0);
+  for (const step06::ModelRow& row : rows) {
+    EXPECT_TRUE(row.ok) << row.variant.name() << ": " << row.check.summary();
+    EXPECT_GT(row.speedup_vs_fp16, 0.0) << row.variant.name();
+  }
+}
 
 }  // namespace

@@ -4,6 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <sstream>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include <fmt/format.h>
 
 #include "llm/checkpoint.hpp"
 #include "llm/cpu_model.hpp"
@@ -15,6 +21,8 @@
 #include "step05_paged_attention/paged_kv_cache.hpp"
 #include "step06_quantization/measure/kernel_table.hpp"
 #include "step06_quantization/measure/model_table.hpp"
+#include "step06_quantization/measure/report.hpp"
+#include "step06_quantization/measure/weight_formats.hpp"
 #include "step06_quantization/quantized_layers.hpp"
 #include "step06_dequantized_model.hpp"
 #include "test_support.hpp"
@@ -189,7 +197,8 @@ TEST(Step06Model, Int8KvCacheStaysCloseToTheFp32CacheOnStories260K) {
 
 // The step's model table on the tiny preset: every row runs, the fp32 row
 // has speedup 1 and matches itself, the quality columns are finite, and the
-// int8 KV rows are there.
+// int8 KV rows are there. The CPU has no fp16 row, so no row has a speedup
+// against one.
 TEST(Step06Model, ModelTableRunsEveryVariant) {
   step06::ModelTableOptions options;
   options.formats = {QuantFormat::parse("int8"), QuantFormat::parse("int4-g32"), QuantFormat::parse("int4-g128")};
@@ -209,6 +218,8 @@ TEST(Step06Model, ModelTableRunsEveryVariant) {
   int skipped = 0;
   for (const auto& row : rows) {
     EXPECT_TRUE(row.ok) << row.variant.name();
+    EXPECT_EQ(row.variant.dense_dtype, llm::cuda::WeightDtype::Float32) << row.variant.name();
+    EXPECT_EQ(row.speedup_vs_fp16, 0.0) << row.variant.name();
     if (!row.skipped.empty()) {
       ++skipped;  // int4-g128: 64-column layers are smaller than one group
       EXPECT_TRUE(llm::testing::HasSubstr(row.skipped, "too small"));
@@ -222,6 +233,84 @@ TEST(Step06Model, ModelTableRunsEveryVariant) {
   EXPECT_EQ(rows[rows.size() - 2].variant.name(), "fp32 + int8 kv");
   EXPECT_EQ(rows.back().variant.name(), "int8 rtn + int8 kv");
   EXPECT_DOUBLE_EQ(rows.back().kv_bytes_per_position, 0.375 * rows.front().kv_bytes_per_position);  // head_dim 8
+}
+
+// The fp16 row (CUDA only) is named by its weights' dtype and has its own id
+// in the variant table; it is the fp16 baseline, not the fp32 one.
+TEST(Step06Model, Fp16VariantIsNamedByItsDtype) {
+  const step06::ModelVariant fp16{.dense_dtype = llm::cuda::WeightDtype::Float16};
+  EXPECT_EQ(fp16.name(), "fp16");
+  EXPECT_EQ(fp16.weights_name(), "fp16");
+  EXPECT_EQ(fp16.id(), step06::kFp16ModelVariantId);
+  EXPECT_TRUE(fp16.is_baseline(llm::cuda::WeightDtype::Float16));
+  EXPECT_FALSE(fp16.is_baseline(llm::cuda::WeightDtype::Float32));
+  const step06::ModelVariant fp32;
+  EXPECT_EQ(fp32.name(), "fp32");
+  EXPECT_EQ(fp32.id(), step06::kFp32VariantId);
+  EXPECT_TRUE(fp32.is_baseline(llm::cuda::WeightDtype::Float32));
+  const step06::ModelVariant int8{.weights = QuantFormat::parse("int8")};
+  EXPECT_EQ(int8.id(), step06::variant_id_of(QuantFormat::parse("int8")));
+  EXPECT_FALSE(int8.is_baseline(llm::cuda::WeightDtype::Float32));
+}
+
+// The report of a GPU's rows carries the speedup against fp16 (JSON key and
+// printed column); a CPU row has none: no key, a dash in the column.
+TEST(Step06Model, ReportCarriesTheSpeedupVsFp16WhereThereIsAnFp16Row) {
+  const auto timed_row = [](const std::string& device, const step06::ModelVariant& variant, double ms_per_token,
+                            double speedup, double speedup_vs_fp16) {
+    step06::ModelRow row;
+    row.device = device;
+    row.model = "preset tiny";
+    row.variant = variant;
+    row.decode_ms_per_token = ms_per_token;
+    row.tokens_per_s = 1e3 / ms_per_token;
+    row.speedup = speedup;
+    row.speedup_vs_fp16 = speedup_vs_fp16;
+    row.ok = true;
+    return row;
+  };
+  const step06::ModelVariant fp32, fp16{.dense_dtype = llm::cuda::WeightDtype::Float16},
+      int8{.weights = QuantFormat::parse("int8")};
+  // (device, variant, ms/token, speedup vs fp32, vs fp16): the ratios as run_model_table sets them.
+  const std::vector<step06::ModelRow> rows = {
+      timed_row("cpu", fp32, 4.0, 1.0, 0.0),
+      timed_row("cpu", int8, 1.0, 4.0, 0.0),
+      timed_row("cuda", fp32, 2.0, 1.0, 0.5),
+      timed_row("cuda", fp16, 1.0, 2.0, 1.0),
+      timed_row("cuda", int8, 0.8, 2.5, 1.25),
+  };
+  llm::Results results("step06_quantization", "test");
+  step06::add_model_rows(results, rows, "speed", 0.0, 0.0);
+  ASSERT_EQ(results.rows().size(), rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const llm::ResultRow& row = results.rows()[i];
+    const auto found = row.extra.find("speedup_vs_fp16");
+    if (rows[i].device == "cpu") {
+      EXPECT_EQ(found, row.extra.end()) << row.variant;
+    } else {
+      ASSERT_NE(found, row.extra.end()) << row.variant;
+      EXPECT_DOUBLE_EQ(std::get<double>(found->second), rows[i].speedup_vs_fp16) << row.variant;
+    }
+  }
+  const llm::ResultRow& fp16_row = results.rows()[3];
+  EXPECT_EQ(fp16_row.id, step06::kFp16ModelVariantId);
+  EXPECT_EQ(std::get<std::string>(fp16_row.extra.at("weights")), "fp16");
+  EXPECT_TRUE(llm::testing::HasSubstr(results.to_json(), "\"speedup_vs_fp16\""));
+
+  ::testing::internal::CaptureStdout();
+  step06::print_speed_table(rows, 0.0, 0.0);
+  const std::string printed = ::testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(llm::testing::HasSubstr(printed, "vs fp16"));
+  EXPECT_TRUE(llm::testing::HasSubstr(printed, "1.25x"));  // cuda int8 against fp16
+  // A CPU row: its speedup vs fp32, then a dash right-aligned in the vs fp16 column.
+  std::istringstream lines(printed);
+  int cpu_lines = 0;
+  for (std::string line; std::getline(lines, line);)
+    if (line.starts_with("cpu ")) {
+      ++cpu_lines;
+      EXPECT_TRUE(llm::testing::HasSubstr(line, fmt::format("x {:>8}", "-"))) << line;
+    }
+  EXPECT_EQ(cpu_lines, 2);
 }
 
 // The kernel table on small shapes: every quantized cell agrees with the

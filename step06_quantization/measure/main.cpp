@@ -9,7 +9,8 @@
 //      Llama-2-7B's): GB/s, % of the measured bandwidth, speedup over fp32
 //      (CPU) / cuBLAS fp16 (CUDA).
 //   2. Speed: greedy decode of the unchanged model with quantized Linear
-//      layers, on the small preset (random weights) and on this model.
+//      layers, on the small preset (random weights) and on this model,
+//      against fp32 weights and, on CUDA, fp16 weights (a GPU's baseline).
 //   3. Quality: each format x algorithm (RTN, GPTQ, AWQ) and the int8 KV
 //      cache against the fp32 model on held-out text: KL, top-1, perplexity.
 // The targets (CPU and CUDA speedups, GPTQ/AWQ below RTN) are printed and
@@ -105,7 +106,10 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
       [] { llm::print_variant_list(step06::weight_formats(), 12); },
       {{{"--temperature", "--top-p"},
         "its decode is greedy, and its calibration and held-out text is sampled at temperature 1 without top-p"},
-       {{"--dtype", "--no-graphs", "--no-fusions"}, "its weight formats are its own variants, measured against fp32 (steps 01 and 04 take them)"}});
+       // The fp16 row runs on CUDA whatever --dtype says: it is a baseline, as fp32 is.
+       {{"--dtype", "--no-graphs", "--no-fusions", "--no-norm-folding"},
+        "its weight formats are its own variants, measured against fp32 and, on CUDA, the fp16 model, all with "
+        "graphs on and fusions off; steps 01 and 04 take them"}});
 }
 
 const RunSizeSettings& run_size_settings(const llm::CommonOptions& common) {
@@ -242,7 +246,8 @@ llm::Results make_results(const Step06Options& options, const llm::LoadedModel& 
   results.set_config("decode_positions", static_cast<long long>(plan.this_model.decode_positions));
   results.set_config("small_decode_positions", static_cast<long long>(plan.small_speed.decode_positions));
   results.set_config("speedup_baseline", std::string("kernels: fp32 Eigen (cpu) / cuBLAS fp16 (cuda), same shape and "
-                                                     "rows; models: fp32 weights on the same device and model"));
+                                                     "rows; models: fp32 weights on the same device and model "
+                                                     "(speedup_vs_fp16, cuda: fp16 weights)"));
   results.set_config("quick", options.common.quick);
   results.set_config("full", options.common.full);
   results.set_config("llama_kernel_shapes", options.common.full && !options.no_llama);

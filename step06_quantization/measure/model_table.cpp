@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 
 #include "llm/cpu_model.hpp"
 #include "llm/errors.hpp"
@@ -18,9 +19,19 @@
 
 namespace step06 {
 
+std::string ModelVariant::weights_name() const {
+  return weights ? weights->name() : llm::cuda::to_string(dense_dtype);
+}
+
 std::string ModelVariant::name() const {
-  const std::string stored = weights ? fmt::format("{} {}", weights->name(), algorithm_name(algorithm)) : "fp32";
+  const std::string stored =
+      weights ? fmt::format("{} {}", weights->name(), algorithm_name(algorithm)) : weights_name();
   return int8_kv ? stored + " + int8 kv" : stored;
+}
+
+int ModelVariant::id() const {
+  if (!weights && dense_dtype == llm::cuda::WeightDtype::Float16) return kFp16ModelVariantId;
+  return variant_id_of(weights);
 }
 
 namespace {
@@ -46,19 +57,36 @@ double kv_bytes_per_position(const llm::ModelConfig& config, bool int8_kv) {
   return 2.0 * config.n_layers * per_row;
 }
 
+// Bytes of one weight of a dense (unquantized) matrix: a float, or one
+// 16-bit half (fp16, bf16).
+double dense_weight_bytes(llm::cuda::WeightDtype dtype) {
+  return dtype == llm::cuda::WeightDtype::Float32 ? sizeof(float) : sizeof(std::uint16_t);
+}
+
 // Bytes of the matrices one decode token reads: each quantized matrix's
-// codes and scales, the others' fp32 weights.
-double weight_bytes_per_token(const llm::ModelWeights& weights, const QuantizedLayers* layers) {
+// codes and scales, the others' dense weights in `dense_dtype`.
+double weight_bytes_per_token(const llm::ModelWeights& weights, const QuantizedLayers* layers,
+                              llm::cuda::WeightDtype dense_dtype) {
   double bytes = 0.0;
   for (const llm::LinearSite& site : linear_sites(weights.config)) {
     if (layers != nullptr && layers->matrices.contains(site)) {
       bytes += static_cast<double>(layers->matrices.at(site).bytes());
     } else {
       const LayerWeights layer = layer_weights(weights, site);
-      bytes += 4.0 * layer.out_features * layer.in_features;
+      bytes += dense_weight_bytes(dense_dtype) * layer.out_features * layer.in_features;
     }
   }
   return bytes;
+}
+
+// How the unquantized rows (fp32, fp16) run on CUDA: graphs on and fusions
+// off, as make_cuda_quantized_model builds every quantized row (with
+// CudaModelOptions' defaults: its layers are one quantized product per
+// Linear site, none fused), so that two rows of a GPU differ only in their
+// weights' format. make_model_on's own defaults would fuse launches for the
+// unquantized rows alone. The CPU model ignores these options.
+llm::cuda::CudaRunOptions unquantized_run_options(llm::cuda::WeightDtype dtype) {
+  return llm::cuda::CudaRunOptions{dtype, /*graphs=*/true, /*fusions=*/false};
 }
 
 // Logits at every position of `sequence` ([length, vocab]), one all-rows forward.
@@ -158,6 +186,24 @@ void measure_quality(llm::Model& model, bool int8_kv, const Reference& reference
   row.perplexity_fp32 = reference.perplexity;
 }
 
+// Each row's time against its device's baselines: fp32's, and fp16's where
+// the device has an fp16 row (a GPU; 0 elsewhere). Set once every row of the
+// device has run: the fp32 row runs before the fp16 one.
+void set_speedups(std::span<ModelRow> device_rows) {
+  const auto baseline_ms_per_token = [device_rows](llm::cuda::WeightDtype dtype) {
+    for (const ModelRow& row : device_rows)
+      if (row.variant.is_baseline(dtype)) return row.decode_ms_per_token;
+    return 0.0;
+  };
+  const double fp32_ms = baseline_ms_per_token(llm::cuda::WeightDtype::Float32);
+  const double fp16_ms = baseline_ms_per_token(llm::cuda::WeightDtype::Float16);
+  for (ModelRow& row : device_rows) {
+    if (!row.skipped.empty()) continue;
+    row.speedup = fp32_ms / row.decode_ms_per_token;
+    row.speedup_vs_fp16 = fp16_ms / row.decode_ms_per_token;
+  }
+}
+
 }  // namespace
 
 std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::ModelWeights& weights,
@@ -177,15 +223,16 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
     reference.perplexity = llm::perplexity(reference.fp32.predicting, reference.fp32.next_tokens, config.vocab_size);
   }
 
-  // The variants, in table order: fp32, each format x algorithm, then the int8 KV rows.
+  // The variants after the baselines (fp32, and fp16 on a GPU), in table
+  // order: each format x algorithm, then the int8 KV rows.
   std::vector<ModelVariant> variants;
   for (const QuantFormat& format : options.formats)
     for (const QuantAlgorithm algorithm : options.quality ? options.algorithms : std::vector{QuantAlgorithm::Rtn})
-      variants.push_back({format, algorithm, false});
+      variants.push_back({.weights = format, .algorithm = algorithm});
   if (options.int8_kv_rows) {
-    variants.push_back({std::nullopt, QuantAlgorithm::Rtn, true});
+    variants.push_back({.int8_kv = true});
     for (const QuantFormat& format : options.formats)
-      if (format.scheme == QuantScheme::Int8PerChannel) variants.push_back({format, QuantAlgorithm::Rtn, true});
+      if (format.scheme == QuantScheme::Int8PerChannel) variants.push_back({.weights = format, .int8_kv = true});
   }
 
   // Quantize each (format, algorithm) once; every device runs the same codes.
@@ -206,7 +253,7 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
 
   std::vector<ModelRow> rows;
   for (const std::string& device : options.devices) {
-    double fp32_ms_per_token = 0.0;
+    const std::size_t first_row_of_device = rows.size();
     std::vector<int> fp32_greedy;
     const auto run_row = [&](const ModelVariant& variant, const QuantizedLayers* layers) {
       ModelRow row;
@@ -214,22 +261,19 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       row.model = model_name;
       row.variant = variant;
       std::unique_ptr<llm::Model> model =
-          layers ? make_quantized_model_on(device, weights, *layers) : llm::make_model_on(device, weights);
-      row.weight_bytes = weight_bytes_per_token(weights, layers);
+          layers ? make_quantized_model_on(device, weights, *layers)
+                 : llm::make_model_on(device, weights, unquantized_run_options(variant.dense_dtype));
+      row.weight_bytes = weight_bytes_per_token(weights, layers, variant.dense_dtype);
       row.kv_bytes_per_position = kv_bytes_per_position(config, variant.int8_kv);
       const DecodeTiming decode =
           time_decode(*model, variant.int8_kv, options.prompt, options.decode_positions, options.repeats);
       row.decode_ms_per_token = decode.ms_per_token;
       row.tokens_per_s = 1e3 / decode.ms_per_token;
       row.gb_per_s = row.weight_bytes / (decode.ms_per_token * 1e-3) / 1e9;
-      if (!variant.weights && !variant.int8_kv) {
-        fp32_ms_per_token = decode.ms_per_token;
-        fp32_greedy = decode.tokens;
-      }
-      row.speedup = fp32_ms_per_token / decode.ms_per_token;
+      const bool is_fp32 = variant.is_baseline(llm::cuda::WeightDtype::Float32);
+      if (is_fp32) fp32_greedy = decode.tokens;
       row.greedy_tokens_compared = static_cast<int>(fp32_greedy.size());
       row.greedy_matching_prefix = matching_prefix(decode.tokens, fp32_greedy);
-      const bool is_fp32 = !variant.weights && !variant.int8_kv;
       if (options.quality && device == "cpu") {
         if (is_fp32) {  // the reference itself: its logits are reference.fp32's
           row.agreement = llm::NextTokenAgreement{0, 0.0, 0.0, 1.0};
@@ -240,8 +284,9 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       }
       row.ok = true;
       if (device != "cpu") {
-        // The GPU runs the same codes as the CPU: its logits over the prompt
-        // and the greedy tokens match the CPU model's.
+        // The GPU runs the same codes as the CPU (the fp16 row: the same
+        // weights, rounded): its logits over the prompt and the greedy tokens
+        // match the CPU model's (the fp16 row's: the fp32 model's).
         std::vector<int> checked = options.prompt;  // [positions] the prompt and the greedy tokens
         checked.insert(checked.end(), decode.tokens.begin(), decode.tokens.end());
         checked.resize(std::min<std::size_t>(checked.size(), static_cast<std::size_t>(options.decode_positions)));
@@ -249,10 +294,13 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
             layers ? make_quantized_model_on("cpu", weights, *layers) : llm::make_model_on("cpu", weights);
         // fp32 weights: cuBLAS fp32 against Eigen, the fp32 model tolerance. The
         // quantized kernels round x to fp16 as they stage it (the "A16") and
-        // keep the group scales in fp16, and an int8 KV row can round one step
-        // the other way: the fp16 model tolerance. Both together: plus the
+        // keep the group scales in fp16, the fp16 row's weights are rounded to
+        // fp16, and an int8 KV row can round one step the other way: the fp16
+        // model tolerance (the only half-precision dense_dtype this table
+        // builds is fp16). Quantized weights and int8 KV together: plus the
         // int8 KV codes' flips (kv_code_flip_allowance).
-        const bool fp16_rounding = layers != nullptr || variant.int8_kv;
+        const bool fp16_rounding =
+            layers != nullptr || variant.int8_kv || variant.dense_dtype != llm::cuda::WeightDtype::Float32;
         llm::Tolerance tolerance = llm::model_logits_tolerance(fp16_rounding ? llm::DType::F16 : llm::DType::F32);
         const std::vector<float> cpu_logits = logits_over(*cpu_model, variant.int8_kv, checked);
         if (layers != nullptr && variant.int8_kv)
@@ -262,7 +310,10 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       }
       rows.push_back(std::move(row));
     };
-    run_row({std::nullopt, QuantAlgorithm::Rtn, false}, nullptr);
+    run_row({}, nullptr);  // fp32
+    // A GPU's own baseline: real inference on a GPU stores unquantized
+    // weights in fp16, so that is what its quantized rows replace.
+    if (device != "cpu") run_row({.dense_dtype = llm::cuda::WeightDtype::Float16}, nullptr);
     for (const ModelVariant& variant : variants) {
       const auto key = std::pair{format_name(variant.weights), variant.algorithm};
       if (const auto found = skipped.find(key); found != skipped.end()) {
@@ -277,6 +328,7 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       }
       run_row(variant, variant.weights ? &quantized.at(key) : nullptr);
     }
+    set_speedups(std::span(rows).subspan(first_row_of_device));
   }
   return rows;
 }

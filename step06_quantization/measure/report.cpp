@@ -114,12 +114,12 @@ void add_model_rows(llm::Results& results, const std::vector<ModelRow>& rows, co
   for (const ModelRow& model_row : rows) {
     llm::ResultRow row;
     row.device = model_row.device;
-    row.id = variant_id_of(model_row.variant.weights);
+    row.id = model_row.variant.id();
     row.variant = fmt::format("{} ({})", model_row.variant.name(), model_row.model);
     row.ok = model_row.ok;
     row.extra["part"] = part;
     row.extra["model"] = model_row.model;
-    row.extra["weights"] = format_name(model_row.variant.weights);
+    row.extra["weights"] = model_row.variant.weights_name();
     row.extra["algorithm"] = algorithm_name(model_row.variant.algorithm);
     row.extra["kv"] = std::string(model_row.variant.int8_kv ? "int8" : "fp32");
     if (!model_row.skipped.empty()) {
@@ -129,6 +129,9 @@ void add_model_rows(llm::Results& results, const std::vector<ModelRow>& rows, co
     }
     row.time_ms = model_row.decode_ms_per_token;
     row.speedup = model_row.speedup;
+    // Present only where the device has an fp16 row (a GPU), as the quality
+    // keys only where quality was measured.
+    if (model_row.speedup_vs_fp16 > 0) row.extra["speedup_vs_fp16"] = model_row.speedup_vs_fp16;
     row.max_rel_err = model_row.check.max_rel_err;
     row.throughput_key = "tokens_per_s";
     row.throughput = model_row.tokens_per_s;
@@ -153,21 +156,23 @@ void add_model_rows(llm::Results& results, const std::vector<ModelRow>& rows, co
 
 void print_speed_table(const std::vector<ModelRow>& rows, double cpu_read_gbps, double cuda_copy_gbps) {
   fmt::print("\n2. decode speed: greedy decode through the unchanged model, time per token after the prefill; "
-             "speedup vs fp32 weights (same device, model)\n");
-  fmt::print("{:<5} {:<18} {:<24} {:>10} {:>10} {:>10} {:>8} {:>6} {:>8} {:>8}  ok\n", "dev", "model", "weights",
-             "bytes/tok", "ms/token", "tok/s", "GB/s", "%bw", "speedup", "greedy=");
+             "speedup vs fp32 weights and, on a GPU, vs fp16 weights (same device, model)\n");
+  fmt::print("{:<5} {:<18} {:<24} {:>10} {:>10} {:>10} {:>8} {:>6} {:>8} {:>8} {:>8}  ok\n", "dev", "model",
+             "weights", "bytes/tok", "ms/token", "tok/s", "GB/s", "%bw", "vs fp32", "vs fp16", "greedy=");
   for (const ModelRow& row : rows) {
     if (!row.skipped.empty()) {
       fmt::print("{:<5} {:<18} {:<24} skipped: {}\n", row.device, row.model, row.variant.name(), row.skipped);
       continue;
     }
-    fmt::print("{:<5} {:<18} {:<24} {:>10} {:>10.4f} {:>10.1f} {:>8.1f} {:>6} {:>7.2f}x {:>8}  {}\n", row.device,
-               row.model, row.variant.name(), llm::format_bytes(row.weight_bytes), row.decode_ms_per_token,
-               row.tokens_per_s, row.gb_per_s,
+    fmt::print("{:<5} {:<18} {:<24} {:>10} {:>10.4f} {:>10.1f} {:>8.1f} {:>6} {:>7.2f}x {:>8} {:>8}  {}\n",
+               row.device, row.model, row.variant.name(), llm::format_bytes(row.weight_bytes),
+               row.decode_ms_per_token, row.tokens_per_s, row.gb_per_s,
                percent_or_dash(fraction_of_bandwidth(row.device, row.gb_per_s, cpu_read_gbps, cuda_copy_gbps)),
-               row.speedup, fmt::format("{}/{}", row.greedy_matching_prefix, row.greedy_tokens_compared),
-               row.ok ? "ok" : "FAIL");
+               row.speedup, row.speedup_vs_fp16 > 0 ? fmt::format("{:.2f}x", row.speedup_vs_fp16) : "-",
+               fmt::format("{}/{}", row.greedy_matching_prefix, row.greedy_tokens_compared), row.ok ? "ok" : "FAIL");
   }
+  fmt::print("   vs fp16 : GPU rows only: the same weights in fp16, the baseline real GPU inference quantizes "
+             "from (every CUDA row: graphs on, fusions off)\n");
   fmt::print("   greedy= : greedy tokens equal to fp32's before the first difference / tokens generated\n");
   fmt::print("   %bw over 100%: the weights were read from a cache, not DRAM (a model smaller than the last-level "
              "cache stays there from token to token)\n");

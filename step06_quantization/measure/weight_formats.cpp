@@ -25,6 +25,8 @@ const std::vector<llm::Variant<WeightFormat>>& weight_formats() {
       {6, "nf4", "4-bit NormalFloat levels, blocks of 64, absmax scale", Backend::Any, QuantFormat::parse("nf4")},
       {kCublasFp16VariantId, "cublas-fp16", "CUDA kernel table only: cuBLAS GEMM, fp16 weights, fp32 accumulation",
        Backend::Cuda, std::nullopt},
+      {kFp16ModelVariantId, "fp16", "CUDA model table only: the fp32 weights in fp16, 2 bytes a weight",
+       Backend::Cuda, std::nullopt},
   };
   return table;
 }
@@ -38,8 +40,9 @@ const llm::Variant<WeightFormat>& weight_format(int id) {
 std::string format_name(const WeightFormat& format) { return format ? format->name() : std::string("fp32"); }
 
 int variant_id_of(const WeightFormat& format) {
+  // The CUDA-only rows store no format of their own (nullopt, as fp32's row).
   for (const auto& row : weight_formats())
-    if (row.fn == format && row.id != kCublasFp16VariantId) return row.id;
+    if (row.fn == format && row.backend != llm::Backend::Cuda) return row.id;
   return kCustomFormatVariantId;
 }
 

@@ -1,7 +1,8 @@
 #pragma once
 // The step's variant table: how the weights are stored. id 0 is the fp32
-// baseline; every other row is a quantized format (quant_format.hpp); id 90
-// is the library row of the CUDA kernel table (cuBLAS with fp16 weights).
+// baseline; every other row is a quantized format (quant_format.hpp), but for
+// the two CUDA-only baselines: id 90, the library row of the CUDA kernel table
+// (cuBLAS with fp16 weights), and id 91, the CUDA model table's fp16 model.
 // --variant picks rows; --list prints them.
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@ using WeightFormat = std::optional<QuantFormat>;
 
 inline constexpr int kFp32VariantId = 0;
 inline constexpr int kCublasFp16VariantId = 90;
+inline constexpr int kFp16ModelVariantId = 91;
 
 const std::vector<llm::Variant<WeightFormat>>& weight_formats();
 // The row with `id` (InputError when there is none).
