@@ -14,12 +14,21 @@
 # often lent for minutes, not hours); --full runs the long sweeps. Each stage
 # and each command in it prints a progress line on stderr as it starts.
 #
-# Stages, in order (each writes <stage>_*.log / .json / .txt into the report):
+# Stages, in order (each writes <stage>_*.log / .json / .txt into the report;
+# the measurements come right after the tests, so that a GPU lent for less
+# time than the whole check still yields them):
 #   info       nvidia-smi's view of the GPU (model, SMs, clocks, driver)
 #   tests      every *_gpu_test binary, with LLM_EXPECT_GPU=1 (a test that would
 #              skip fails instead: tests/test_support.hpp); a test that skips
 #              is a failure here too (a GPU is visible, so a skip means a path
 #              did not run)
+#   presets    the model on real models' dims, CUDA only: step 01's decode on
+#              TinyLlama-1.1B's dims in fp32 without and with graphs and
+#              fusions, fp16 (without and with the norms folded into the
+#              products) and bf16, and the tiny preset; steps 04-07 on
+#              TinyLlama's dims, sized to fit (--full: longer generations,
+#              Llama-2-7B in fp16 where the GPU has the memory, step 02's and
+#              03's kernel tables on real attention shapes)
 #   memcheck   compute-sanitizer memcheck: the common kernels' and the CUDA
 #              model's tests (--full: every gpu test binary)
 #   racecheck  compute-sanitizer racecheck and synccheck over the decode
@@ -27,12 +36,6 @@
 #              step02's and step03's kernel tests too)
 #   steps      every step executable with --device all, the default run
 #              (--full: with --full, the complete sweeps the chapters quote)
-#   presets    the model on real models' dims, CUDA only: step 01's decode on
-#              TinyLlama-1.1B's dims in fp32 without and with graphs and
-#              fusions, fp16 and bf16, and the tiny preset; steps 04-07 on
-#              TinyLlama's dims, sized to fit (--full: longer generations,
-#              Llama-2-7B in fp16 where the GPU has the memory, step 02's and
-#              03's kernel tables on real attention shapes)
 #   sdpa       (--full only) step02's sdpa_compare.py on the preset shapes,
 #              where PyTorch is importable
 # Every stage's result is one line of summary.txt; the exit status is 0 only
@@ -51,7 +54,7 @@ set -uo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=build
 out_dir=gpu-report
-stages="info,tests,memcheck,racecheck,steps,presets,sdpa"
+stages="info,tests,presets,memcheck,racecheck,steps,sdpa"
 dry_run=0
 full=0
 only=.
@@ -190,6 +193,103 @@ if want tests; then
   done
 fi
 
+# --- step executables (the presets first: the measurements the chapters quote) -----
+run_step() {  # run_step <stage> <label> <step> [args...]
+  local stage=$1 label=$2 step=$3; shift 3
+  selected "$step" || return 0
+  local base=$out_dir/${step}_$label
+  local start=$SECONDS
+  progress "$stage: $step $label $*"
+  timeout "$command_timeout" "$bin/$step" "$@" --json "$base.json" >"$base.txt" 2>"$base.err"
+  local rc=$?
+  cat "$base.err" >>"$base.txt"
+  rm -f "$base.err"
+  if ((rc == 0)); then
+    record "$stage" PASS "$step $label ($((SECONDS - start)) s): $*"
+  else
+    record "$stage" FAIL "$step $label: exit $rc: $(tail -1 "$base.txt")"
+  fi
+}
+
+# Step 01's cached decode (variant 1) on the CUDA model: the overhead lesson.
+# Before: fp32, every kernel launched from the host, no fused launches; then
+# graphs and fusions; then half-precision weights, without and with the
+# norms, SwiGLU and residual adds folded into their products. Bytes per
+# token over time per token, against the copy bandwidth measured in the same
+# run, by position.
+decode_rows() {  # decode_rows <steps> <repeats>
+  local steps=$1 repeats=$2 dtype
+  run_step presets tinyllama-1.1b_fp32_eager step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
+    --steps "$steps" --repeats "$repeats" --dtype fp32 --no-graphs --no-fusions
+  for dtype in fp32 fp16 bf16; do
+    run_step presets "tinyllama-1.1b_$dtype" step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
+      --steps "$steps" --repeats "$repeats" --dtype "$dtype"
+  done
+  run_step presets tinyllama-1.1b_fp16_unfolded step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
+    --steps "$steps" --repeats "$repeats" --dtype fp16 --no-norm-folding
+  run_step presets tiny_fp32_eager step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
+    --repeats 5 --no-graphs --no-fusions
+  for dtype in fp32 fp16; do
+    run_step presets "tiny_$dtype" step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 --repeats 5 \
+      --dtype "$dtype"
+  done
+  run_step presets tiny_fp16_unfolded step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
+    --repeats 5 --dtype fp16 --no-norm-folding
+}
+if want presets && ! ((full)); then
+  decode_rows 1024 3
+  run_step presets tinyllama-1.1b_fp16 step04_speculative --device cuda --preset tinyllama-1.1b --dtype fp16 \
+    --steps 64 --k 4 --repeats 1
+  run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 64
+  # The two formats the chapter's GPU target names (W8A16, W4A16) beside
+  # fp32 and fp16; one load level and 8 requests for step 07 (all formats
+  # and 16 requests took 140 s and 176 s on an H100).
+  run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 32 \
+    --formats int8,int4-g64
+  run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 8 --repeats 1 \
+    --loads 1.0
+fi
+if want presets && ((full)); then
+  decode_rows 2048 5
+  # Llama-2-7B's dims in fp16 (13.5 GB of weights; the host makes 27 GB of
+  # fp32 ones first, most of the minute this row takes).
+  if ((gpu_memory_gib >= 40)); then
+    run_step presets llama2-7b_fp16 step01_kv_cache --device cuda --preset llama2-7b --variant 1 --dtype fp16 \
+      --steps 512 --repeats 3
+  else
+    record presets PASS "step01_kv_cache llama2-7b_fp16: not run, $gpu_memory_gib GiB of GPU memory (needs 40)"
+  fi
+  # Kernel tables on real models' attention shapes; the models on real dims.
+  # --full everywhere: the complete sweeps, whatever the flags below leave to
+  # the step (e.g. step 02's 2048-token model prefill, step 05's contexts).
+  run_step presets tinyllama-1.1b step01_kv_cache --device cuda --full --preset tinyllama-1.1b
+  if ((gpu_memory_gib >= 40)); then
+    run_step presets llama2-7b step01_kv_cache --device cuda --full --preset llama2-7b --steps 128 --repeats 3
+  else
+    record presets PASS "step01_kv_cache llama2-7b: not run, $gpu_memory_gib GiB of GPU memory (needs 40: 27 GB of fp32 weights)"
+  fi
+  # 16 heads: Llama-2-7B's head_dim 128 with half its heads (the kernels'
+  # grids have 16 x Sq/64 blocks, enough to fill 132 SMs from 512 tokens on).
+  seq_lens=512,1024,2048,4096,8192,16384
+  run_step presets heads16 step02_flash_attention --device cuda --full --heads 16 --head-dims 128,64 \
+    --seq-lens $seq_lens --decode-lens 8192,16384,32768
+  run_step presets heads16_noncausal step02_flash_attention --device cuda --full --heads 16 --head-dims 128,64 \
+    --no-causal --seq-lens $seq_lens --decode-lens 8192
+  run_step presets llama_shapes step03_gqa --device cuda --full --query-heads 32 --head-dim 128 --kv-heads 32,8,4,1 \
+    --contexts 1024,4096,16384,32768
+  run_step presets tinyllama-1.1b step04_speculative --device cuda --full --preset tinyllama-1.1b --k 2,4,8 --repeats 3
+  # The paged kernels' overhead at Llama-3-8B's attention (the default dims),
+  # contexts 1k-32k, batch 1 and 16; the model parts on TinyLlama's dims.
+  run_step presets tinyllama-1.1b step05_paged_attention --device cuda --full --preset tinyllama-1.1b --steps 128
+  # W8A16 / W4A16 beside cuBLAS fp16 on Llama-2-7B's layers (part 1); the
+  # quantized model's decode on TinyLlama's dims (random weights: speed only).
+  run_step presets tinyllama-1.1b step06_quantization --device cuda --full --preset tinyllama-1.1b --no-quality \
+    --steps 128
+  # Continuous batching where decode is memory-bound (a forward of 16 rows
+  # costs about what one row costs): TinyLlama's dims, a shorter trace.
+  run_step presets tinyllama-1.1b step07_batching --device cuda --full --preset tinyllama-1.1b --requests 64 --repeats 1
+fi
+
 # --- compute-sanitizer -------------------------------------------------------------
 sanitizer=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 sanitize() {  # sanitize <tool> <binary> [gtest args...]
@@ -233,6 +333,10 @@ if want racecheck; then
   # ones add only more of the same tiles, at minutes each under racecheck.
   sanitize racecheck common_split_kv_decode_gpu_test --gtest_filter="*Short*:*Graph*:*Split.*"
   sanitize synccheck common_split_kv_decode_gpu_test --gtest_filter="*Short*:*Graph*:*Split.*"
+  # The half GEMV (x staged in shared memory, the folded norm's warp sums):
+  # one shape that splits its columns and one that pads them.
+  sanitize racecheck common_half_linear_gpu_test --gtest_filter="*Fusions*fp16_256x2048:*Fusions*bf16_96x200"
+  sanitize synccheck common_half_linear_gpu_test --gtest_filter="*Fusions*fp16_256x2048:*Fusions*bf16_96x200"
 fi
 if want racecheck && ((full)); then
   for name in step02_flash_attention_gpu_test step03_gqa_gpu_test; do
@@ -251,89 +355,13 @@ if want racecheck; then
   sanitize synccheck step05_paged_attention_gpu_test --gtest_filter="*CudaPaged*-*33000*:*Model*"
 fi
 
-# --- step executables -----------------------------------------------------------------
-run_step() {  # run_step <stage> <label> <step> [args...]
-  local stage=$1 label=$2 step=$3; shift 3
-  selected "$step" || return 0
-  local base=$out_dir/${step}_$label
-  local start=$SECONDS
-  progress "$stage: $step $label $*"
-  timeout "$command_timeout" "$bin/$step" "$@" --json "$base.json" >"$base.txt" 2>"$base.err"
-  local rc=$?
-  cat "$base.err" >>"$base.txt"
-  rm -f "$base.err"
-  if ((rc == 0)); then
-    record "$stage" PASS "$step $label ($((SECONDS - start)) s): $*"
-  else
-    record "$stage" FAIL "$step $label: exit $rc: $(tail -1 "$base.txt")"
-  fi
-}
+# The steps' default runs, CPU and CUDA rows side by side.
 if want steps; then
   if ((full)); then
     for step in "${steps[@]}"; do run_step steps full "$step" --device all --full; done
   else
     for step in "${steps[@]}"; do run_step steps default "$step" --device all; done
   fi
-fi
-# Step 01's cached decode (variant 1) on the CUDA model: the overhead lesson.
-# Before: fp32, every kernel launched from the host, no fused launches; then
-# graphs and fusions; then half-precision weights. Bytes per token over time
-# per token, against the copy bandwidth measured in the same run, by position.
-decode_rows() {  # decode_rows <steps> <repeats>
-  local steps=$1 repeats=$2 dtype
-  run_step presets tinyllama-1.1b_fp32_eager step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
-    --steps "$steps" --repeats "$repeats" --dtype fp32 --no-graphs --no-fusions
-  for dtype in fp32 fp16 bf16; do
-    run_step presets "tinyllama-1.1b_$dtype" step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
-      --steps "$steps" --repeats "$repeats" --dtype "$dtype"
-  done
-  run_step presets tiny_fp32_eager step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
-    --repeats 5 --no-graphs --no-fusions
-  run_step presets tiny_fp32 step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 --repeats 5
-}
-if want presets && ! ((full)); then
-  decode_rows 1024 3
-  run_step presets tinyllama-1.1b_fp16 step04_speculative --device cuda --preset tinyllama-1.1b --dtype fp16 \
-    --steps 64 --k 4 --repeats 1
-  run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 64
-  run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 32
-  run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 16 --repeats 1
-fi
-if want presets && ((full)); then
-  decode_rows 2048 5
-  if ((gpu_memory_gib >= 40)); then
-    run_step presets llama2-7b_fp16 step01_kv_cache --device cuda --preset llama2-7b --variant 1 --dtype fp16 \
-      --steps 256 --repeats 3
-  fi
-  # Kernel tables on real models' attention shapes; the models on real dims.
-  # --full everywhere: the complete sweeps, whatever the flags below leave to
-  # the step (e.g. step 02's 2048-token model prefill, step 05's contexts).
-  run_step presets tinyllama-1.1b step01_kv_cache --device cuda --full --preset tinyllama-1.1b
-  if ((gpu_memory_gib >= 40)); then
-    run_step presets llama2-7b step01_kv_cache --device cuda --full --preset llama2-7b --steps 128 --repeats 3
-  else
-    record presets PASS "step01_kv_cache llama2-7b: not run, $gpu_memory_gib GiB of GPU memory (needs 40: 27 GB of fp32 weights)"
-  fi
-  # 16 heads: Llama-2-7B's head_dim 128 with half its heads (the kernels'
-  # grids have 16 x Sq/64 blocks, enough to fill 132 SMs from 512 tokens on).
-  seq_lens=512,1024,2048,4096,8192,16384
-  run_step presets heads16 step02_flash_attention --device cuda --full --heads 16 --head-dims 128,64 \
-    --seq-lens $seq_lens --decode-lens 8192,16384,32768
-  run_step presets heads16_noncausal step02_flash_attention --device cuda --full --heads 16 --head-dims 128,64 \
-    --no-causal --seq-lens $seq_lens --decode-lens 8192
-  run_step presets llama_shapes step03_gqa --device cuda --full --query-heads 32 --head-dim 128 --kv-heads 32,8,4,1 \
-    --contexts 1024,4096,16384,32768
-  run_step presets tinyllama-1.1b step04_speculative --device cuda --full --preset tinyllama-1.1b --k 2,4,8 --repeats 3
-  # The paged kernels' overhead at Llama-3-8B's attention (the default dims),
-  # contexts 1k-32k, batch 1 and 16; the model parts on TinyLlama's dims.
-  run_step presets tinyllama-1.1b step05_paged_attention --device cuda --full --preset tinyllama-1.1b --steps 128
-  # W8A16 / W4A16 beside cuBLAS fp16 on Llama-2-7B's layers (part 1); the
-  # quantized model's decode on TinyLlama's dims (random weights: speed only).
-  run_step presets tinyllama-1.1b step06_quantization --device cuda --full --preset tinyllama-1.1b --no-quality \
-    --steps 128
-  # Continuous batching where decode is memory-bound (a forward of 16 rows
-  # costs about what one row costs): TinyLlama's dims, a shorter trace.
-  run_step presets tinyllama-1.1b step07_batching --device cuda --full --preset tinyllama-1.1b --requests 64 --repeats 1
 fi
 
 # --- PyTorch SDPA, same shapes --------------------------------------------------------
