@@ -24,11 +24,11 @@
 #              did not run)
 #   presets    the model on real models' dims, CUDA only: step 01's decode on
 #              TinyLlama-1.1B's dims in fp32 without and with graphs and
-#              fusions, fp16 (without and with the norms folded into the
-#              products) and bf16, and the tiny preset; steps 04-07 on
-#              TinyLlama's dims, sized to fit (--full: longer generations,
-#              Llama-2-7B in fp16 where the GPU has the memory, step 02's and
-#              03's kernel tables on real attention shapes)
+#              fusions, fp16 without and with the norms folded into the
+#              products, and the tiny preset; steps 04-07 on TinyLlama's dims,
+#              sized to fit (--full: longer generations, bf16, Llama-2-7B in
+#              fp16 where the GPU has the memory, step 02's and 03's kernel
+#              tables on real attention shapes)
 #   memcheck   compute-sanitizer memcheck: the common kernels' and the CUDA
 #              model's tests (--full: every gpu test binary)
 #   racecheck  compute-sanitizer racecheck and synccheck over the decode
@@ -217,11 +217,11 @@ run_step() {  # run_step <stage> <label> <step> [args...]
 # norms, SwiGLU and residual adds folded into their products. Bytes per
 # token over time per token, against the copy bandwidth measured in the same
 # run, by position.
-decode_rows() {  # decode_rows <steps> <repeats>
-  local steps=$1 repeats=$2 dtype
+decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and fusions>
+  local steps=$1 repeats=$2 dtypes=$3 dtype
   run_step presets tinyllama-1.1b_fp32_eager step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
     --steps "$steps" --repeats "$repeats" --dtype fp32 --no-graphs --no-fusions
-  for dtype in fp32 fp16 bf16; do
+  for dtype in $dtypes; do
     run_step presets "tinyllama-1.1b_$dtype" step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
       --steps "$steps" --repeats "$repeats" --dtype "$dtype"
   done
@@ -237,20 +237,21 @@ decode_rows() {  # decode_rows <steps> <repeats>
     --repeats 5 --dtype fp16 --no-norm-folding
 }
 if want presets && ! ((full)); then
-  decode_rows 1024 3
+  decode_rows 1024 3 "fp32 fp16"
   run_step presets tinyllama-1.1b_fp16 step04_speculative --device cuda --preset tinyllama-1.1b --dtype fp16 \
     --steps 64 --k 4 --repeats 1
   run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 64
   # The two formats the chapter's GPU target names (W8A16, W4A16) beside
-  # fp32 and fp16; one load level and 8 requests for step 07 (all formats
-  # and 16 requests took 140 s and 176 s on an H100).
-  run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 32 \
+  # fp32 and fp16, 16 positions (each row's check runs the CPU model over
+  # them); one load level and 8 requests for step 07 (all formats at 32
+  # positions and 16 requests took 140 s and 176 s on an H100).
+  run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 16 \
     --formats int8,int4-g64
   run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 8 --repeats 1 \
     --loads 1.0
 fi
 if want presets && ((full)); then
-  decode_rows 2048 5
+  decode_rows 2048 5 "fp32 fp16 bf16"
   # Llama-2-7B's dims in fp16 (13.5 GB of weights; the host makes 27 GB of
   # fp32 ones first, most of the minute this row takes).
   if ((gpu_memory_gib >= 40)); then
