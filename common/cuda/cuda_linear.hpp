@@ -76,9 +76,10 @@ class CudaLinear {
   // it here, so forward never allocates (it may be captured into a CUDA
   // graph, where cudaMalloc is not allowed).
   virtual void reserve_rows(int /*rows*/) {}
-  // Whether forward_fused takes `rows` rows (false: the model runs the norm
-  // and the add as kernels of their own around forward).
-  virtual bool fuses(int /*rows*/) const { return false; }
+  // The most rows forward_fused takes (0: it folds nothing, and the model
+  // runs the norm and the add as kernels of their own around forward).
+  virtual int max_fused_rows() const { return 0; }
+  bool fuses(int rows) const { return rows >= 1 && rows <= max_fused_rows(); }
   // forward with `fusion` folded in; only where fuses(rows).
   virtual void forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                              cudaStream_t stream) const;

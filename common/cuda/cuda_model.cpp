@@ -107,6 +107,14 @@ CudaModel::CudaModel(const ModelWeights& w, CudaModelOptions options)
   const std::size_t table_floats = static_cast<std::size_t>(c.seq_len) * (c.head_dim() / 2);
   rope_cos_ = DeviceBuffer<float>(std::span<const float>(rope.cos_row(0), table_floats));
   rope_sin_ = DeviceBuffer<float>(std::span<const float>(rope.sin_row(0), table_floats));
+
+  // Once here, not per forward: the products are fixed from now on.
+  if (fusions_.norm_in_product) {
+    fold_max_rows_ = classifier_->max_fused_rows();
+    for (const Layer& layer : layers_)
+      for (const CudaLinear* linear : layer.linears())
+        fold_max_rows_ = std::min(fold_max_rows_, linear->max_fused_rows());
+  }
 }
 
 std::unique_ptr<KvCache> CudaModel::make_cache(int num_sequences, int capacity) const {
@@ -336,14 +344,6 @@ void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows,
     queries.max_length = decode_max_length_;
     attention_.decode(shape_, q_.data(), queries, attn_out_.data(), workspace_.data(), stream);
   }
-}
-
-bool CudaModel::folds_norms(int rows, int logit_rows) const {
-  if (!fusions_.norm_in_product) return false;
-  for (const Layer& layer : layers_)
-    for (const CudaLinear* linear : layer.linears())
-      if (!linear->fuses(rows)) return false;
-  return classifier_->fuses(logit_rows);
 }
 
 // y = W input: the plain product, or the one with the norm folded in.

@@ -184,7 +184,9 @@ class CudaModel final : public Model {
   void attention_block(int layer, const KvCache& cache, int rows, const NormedInput& input);
   // Whether this forward folds the norms and adds into its products
   // (CudaFusions::norm_in_product and every product fuses `rows`).
-  bool folds_norms(int rows, int logit_rows) const;
+  bool folds_norms(int rows, int logit_rows) const {
+    return rows >= 1 && rows <= fold_max_rows_ && logit_rows >= 1 && logit_rows <= fold_max_rows_;
+  }
   // y [rows, out] = W input, queued on the model's stream.
   void multiply(const CudaLinear& linear, const NormedInput& input, int rows, float* y) const;
   // The decode graph of `key`, captured now if it is not there yet.
@@ -194,6 +196,9 @@ class CudaModel final : public Model {
   AttentionShape shape_;
   CudaAttentionKernels attention_;
   CudaFusions fusions_;
+  // The most rows a forward may have for the norms to be folded: the least
+  // max_fused_rows of the model's products (0 without norm_in_product).
+  int fold_max_rows_ = 0;
   // Declared first, destroyed last: everything below may still have work
   // queued on the stream or use the handle.
   CudaStream stream_;

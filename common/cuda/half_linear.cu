@@ -89,7 +89,7 @@
 namespace llm::cuda {
 namespace {
 
-constexpr int kWarpSize = 32;
+using device::kWarpSize;
 constexpr int kGemvWarps = 8;
 constexpr int kGemvThreads = kGemvWarps * kWarpSize;  // 256
 // Blocks per SM the launch bounds ask for (registers <= 65536 / (2 * 256) =
@@ -114,7 +114,7 @@ constexpr std::size_t kMaxElementwiseBlocks = 65535;
 static_assert(kGemvThreads % kWarpSize == 0 && kWarpSize % kLanesPerWeightRow == 0);
 // A folded RMSNorm sums its squares as the RMSNorm kernel's blocks do, with
 // blocks of the same size (device_formulas.cuh): the same bits.
-static_assert(kGemvThreads == device::kNormBlockThreads && kWarpSize == device::kWarpSize);
+static_assert(kGemvThreads == device::kNormBlockThreads);
 static_assert(kStagedXFloats % (kMaxGemvRows * kBatchElements) == 0,
               "every row bucket's chunk must hold whole batches");
 
@@ -548,8 +548,6 @@ void HalfCudaLinear::forward(const float* x_dev, int rows, float* y_dev, cudaStr
   else
     forward_gemm(x_dev, rows, y_dev, stream);
 }
-
-bool HalfCudaLinear::fuses(int rows) const { return rows >= 1 && rows <= kMaxGemvRows; }
 
 void HalfCudaLinear::forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                                    cudaStream_t stream) const {

@@ -72,7 +72,7 @@ class HalfCudaLinear final : public CudaLinear {
   // The GEMV folds the RMSNorm before the product and the residual add after
   // it into its own launch, for 1..kMaxGemvRows rows; the results are the
   // bits of the norm kernel, then forward, then the add kernel.
-  bool fuses(int rows) const override;
+  int max_fused_rows() const override { return kMaxGemvRows; }
   void forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                      cudaStream_t stream) const override;
 

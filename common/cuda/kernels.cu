@@ -37,7 +37,7 @@ constexpr int kRmsnormThreads = device::kNormBlockThreads;
 // and split the head_dim output columns for the weighted sum of V (64..256),
 // so 128 keeps both phases mostly busy.
 constexpr int kAttentionThreads = 128;
-constexpr int kWarpSize = 32;
+using device::kWarpSize;
 // The reductions below assume whole warps (every lane takes part in the
 // shuffles).
 static_assert(kRmsnormThreads % kWarpSize == 0 && kAttentionThreads % kWarpSize == 0);
