@@ -243,8 +243,8 @@ if want presets && ! ((full)); then
   run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 64
   # The two formats the chapter's GPU target names (W8A16, W4A16) beside
   # fp32 and fp16, 16 positions (each row's check runs the CPU model over
-  # them); one load level and 8 requests for step 07 (all formats at 32
-  # positions and 16 requests took 140 s and 176 s on an H100).
+  # them); one load level and 8 requests for step 07 (every format and 16
+  # requests took minutes each: docs/results/gpu_decode/README.md).
   run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 16 \
     --formats int8,int4-g64
   run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 8 --repeats 1 \
