@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "llm/errors.hpp"
+#include "llm/exercise.hpp"
 #include "llm/harness/timer.hpp"
 #include "llm/tokenizer.hpp"
 
@@ -71,6 +72,7 @@ GenerationResult generate_cached(llm::Model& model, std::span<const int> prompt,
   result.kv_bytes_allocated = cache->bytes_allocated();
   llm::Stopwatch total;
 
+  // BEGIN EXERCISE ex01.1
   // Prefill: the whole prompt in one forward; its last row predicts token 1.
   llm::Stopwatch step;
   auto logits = model.forward(llm::TokenBatch::prefill(prompt, 0, 0), *cache);
@@ -87,6 +89,7 @@ GenerationResult generate_cached(llm::Model& model, std::span<const int> prompt,
     go_on = accept(result, logits, sampler, step.elapsed_ms());
     ++position;
   }
+  // END EXERCISE ex01.1
   result.total_ms = total.elapsed_ms();
   return result;
 }
@@ -102,17 +105,23 @@ const std::vector<llm::Variant<GenerateFn>>& variants() {
 }
 
 std::size_t decode_bytes_per_token(const llm::ModelConfig& config, long long context, int weight_value_bytes) {
+  // BEGIN EXERCISE ex01.2
+  // STUB: LLM_EXERCISE_TODO("ex01.2");
   std::size_t weights = config.parameter_count();
   if (!config.shared_classifier)
     weights -= static_cast<std::size_t>(config.vocab_size - 1) * static_cast<std::size_t>(config.dim);
   return weights * static_cast<std::size_t>(weight_value_bytes) +
          static_cast<std::size_t>(context) * config.kv_bytes_per_token(sizeof(float));
+  // END EXERCISE ex01.2
 }
 
 std::size_t kv_cache_bytes(int n_layers, int n_kv_heads, int head_dim, long long positions, int bytes_per_value) {
+  // BEGIN EXERCISE ex01.2
+  // STUB: LLM_EXERCISE_TODO("ex01.2");
   return 2ull * static_cast<std::size_t>(n_layers) * static_cast<std::size_t>(n_kv_heads) *
          static_cast<std::size_t>(head_dim) * static_cast<std::size_t>(positions) *
          static_cast<std::size_t>(bytes_per_value);
+  // END EXERCISE ex01.2
 }
 
 }  // namespace step01

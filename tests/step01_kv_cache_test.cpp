@@ -61,6 +61,39 @@ TEST(Step01, CacheAllocatesExactlyTheFormulaBytes) {
   EXPECT_EQ(step01::kv_cache_bytes(32, 32, 128, 4096, 2), 2ull << 30);
 }
 
+// The two formulas of the step (exercise ex01.2), against numbers worked out
+// by hand from the architecture, not from the code under test.
+TEST(Step01Formulas, KvCacheBytesOfPublishedModels) {
+  // Llama-2-7B in fp16 at 4k positions: 2 x 32 layers x 32 heads x 128 x 4096 x 2 bytes = 2 GiB.
+  EXPECT_EQ(step01::kv_cache_bytes(32, 32, 128, 4096, 2), 2ull << 30);
+  // Llama-3-8B (GQA, 8 KV heads) in fp16 at 8k: 2 x 32 x 8 x 128 x 8192 x 2 = 1 GiB.
+  EXPECT_EQ(step01::kv_cache_bytes(32, 8, 128, 8192, 2), 1ull << 30);
+  // TinyLlama-1.1B in fp32 at one position: 2 x 22 x 4 x 64 x 4 = 45056 bytes.
+  EXPECT_EQ(step01::kv_cache_bytes(22, 4, 64, 1, 4), 45056u);
+  // Past 4 GiB the product must not overflow 32 bits: 2 x 80 x 8 x 128 x 131072 x 2 = 40 GiB.
+  EXPECT_EQ(step01::kv_cache_bytes(80, 8, 128, 131072, 2), 40ull << 30);
+  EXPECT_EQ(step01::kv_cache_bytes(5, 4, 8, 0, 4), 0u);
+}
+
+TEST(Step01Formulas, DecodeBytesPerTokenCountsEveryWeightOnceAndTheCachedContext) {
+  for (const bool shared : {true, false}) {
+    // dim 64, hidden 172, 5 layers, 8 heads (head_dim 8), 4 KV heads, vocab 512.
+    const auto config = llm::make_config(64, 172, 5, 8, 4, 512, 512, shared);
+    const std::size_t per_layer = 64 * 64            // wq
+                                  + 2 * 64 * 32      // wk, wv (kv_dim 4 x 8 = 32)
+                                  + 64 * 64          // wo
+                                  + 3 * 64 * 172     // w1, w2, w3
+                                  + 2 * 64;          // the two RMSNorm weights
+    // The classifier [512, 64] is read whole; the embedding table only for
+    // the token's row, unless it is the classifier (then it is counted once).
+    const std::size_t weights = 5 * per_layer + 64 /* final norm */ + 512 * 64 + (shared ? 0 : 64);
+    const std::size_t kv_per_position = 2 * 5 * 32 * 4;  // K and V, fp32
+    EXPECT_EQ(step01::decode_bytes_per_token(config, 0), weights * 4) << "shared " << shared;
+    EXPECT_EQ(step01::decode_bytes_per_token(config, 100), weights * 4 + 100 * kv_per_position);
+    EXPECT_EQ(step01::decode_bytes_per_token(config, 100, 2), weights * 2 + 100 * kv_per_position);
+  }
+}
+
 TEST(Step01, RequestsBeyondTheContextAreRefused) {
   auto config = llm::find_preset("tiny").config;
   config.seq_len = 16;
