@@ -24,6 +24,7 @@
 #include <limits>
 #include <vector>
 
+#include "llm/exercise.hpp"
 #include "step02_flash_attention/cpu_attention.hpp"
 
 namespace step02::cpu {
@@ -97,6 +98,7 @@ void online_softmax_tile(const AttentionProblem& p, TileMap& s, int q0, int k0, 
       tiles.rescale[static_cast<std::size_t>(i)] = 1.0f;
       continue;
     }
+    // BEGIN EXERCISE ex02.1
     float& m = tiles.row_max[static_cast<std::size_t>(q0 + i)];
     float& l = tiles.row_sum[static_cast<std::size_t>(q0 + i)];
     float tile_max = s_row[0];
@@ -111,6 +113,7 @@ void online_softmax_tile(const AttentionProblem& p, TileMap& s, int q0, int k0, 
     std::fill(s_row + visible, s_row + cols, 0.0f);
     l = tiles.rescale[static_cast<std::size_t>(i)] * l + probs.sum();
     m = m_new;
+    // END EXERCISE ex02.1
   }
 }
 
@@ -158,9 +161,11 @@ void flash_attention(const AttentionProblem& p, const AttentionArgs& args) {
         online_softmax_tile(p, s, q0, k0, tiles);  // S becomes P; (m, l) updated
 
         // o = rescale * o + P V: rescale each row, then one tile product.
+        // BEGIN EXERCISE ex02.1
         for (int i = 0; i < rows; ++i)
           for (int c = 0; c < d; ++c) tiles.o[static_cast<std::size_t>(i) * d + c] *= tiles.rescale[static_cast<std::size_t>(i)];
         TileMap(tiles.o.data(), rows, d).noalias() += s * TileMap(tiles.v.data(), cols, d);
+        // END EXERCISE ex02.1
       }
       write_normalized_block(p, args, h, q0, rows, tiles);
     }

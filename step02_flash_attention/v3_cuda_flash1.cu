@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 
+#include "exercise.cuh"
 #include "step02_flash_attention/cuda_attention.hpp"
 #include "step02_flash_attention/cuda_common.cuh"
 #include "step02_flash_attention/cuda_model_hooks.hpp"
@@ -123,6 +124,11 @@ __global__ void __launch_bounds__(kRows)
 #pragma unroll
       for (int j = 0; j < kKeys; ++j) s[j] += qc * k_tile[j * kHeadDim + c];
     }
+    // The online-softmax update of this row with the tile: s[0..visible) are
+    // its scores, v_tile its values; m, l and o[] are carried to the next tile.
+    // BEGIN EXERCISE ex02.2
+    // STUB: if (k0 == 0) LLM_CUDA_EXERCISE_TODO("ex02.2");  // one line per launch, not one per tile
+    // STUB: for (int c = 0; c < kHeadDim; ++c) o[c] = llm::cuda::device::exercise_nan();
     float tile_max = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kKeys; ++j)
@@ -148,6 +154,7 @@ __global__ void __launch_bounds__(kRows)
     }
     m = m_new;
     l = l_new;
+    // END EXERCISE ex02.2
   }
 
   // Already normalized; a row that saw no key keeps o = 0.

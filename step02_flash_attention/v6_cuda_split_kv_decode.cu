@@ -22,6 +22,7 @@
 
 #include "llm/cuda/cuda_runtime_api.hpp"
 
+#include "exercise.cuh"
 #include "step02_flash_attention/cuda_attention.hpp"
 #include "step02_flash_attention/cuda_common.cuh"
 
@@ -118,6 +119,9 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void split_kv_reduce_kernel(Partials part, float* __restrict__ out, int n_heads, int head_dim, int splits) {
   const int h = blockIdx.x, i = blockIdx.y, c = threadIdx.x;
   if (c >= head_dim) return;
+  // BEGIN EXERCISE ex02.3
+  // STUB: LLM_CUDA_EXERCISE_TODO("ex02.3");
+  // STUB: out[(static_cast<size_t>(i) * n_heads + h) * head_dim + c] = llm::cuda::device::exercise_nan();
   const size_t first = (static_cast<size_t>(i) * n_heads + h) * splits;
   float global_m = -INFINITY;
   for (int s = 0; s < splits; ++s) global_m = fmaxf(global_m, part.ml[(first + s) * 2]);
@@ -130,6 +134,7 @@ __global__ void split_kv_reduce_kernel(Partials part, float* __restrict__ out, i
     }
   }
   out[(static_cast<size_t>(i) * n_heads + h) * head_dim + c] = l > 0.0f ? acc / l : 0.0f;
+  // END EXERCISE ex02.3
 }
 
 template <int kHeadDim>

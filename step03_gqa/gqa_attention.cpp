@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "llm/errors.hpp"
+#include "llm/exercise.hpp"
 #include "step03_gqa/cuda_gqa_attention.hpp"
 
 namespace step03 {
@@ -65,6 +66,10 @@ void attend_grouped(const llm::AttentionShape& s, const float* q, const llm::KvV
   const float scale = std::sqrt(static_cast<float>(hd));
   scores.resize(static_cast<std::size_t>(s.n_heads) * n_keys);
   Eigen::Map<RowMajorMatrix> all_scores(scores.data(), s.n_heads, n_keys);  // [n_heads, n_keys]
+  // scores[h, t] = q_h . k_t (divided by sqrt(head_dim) just after). Each K
+  // row of a head is loaded once and used by all `group` queries:
+  // [rows, hd] x [hd, group].
+  // BEGIN EXERCISE ex03.1
   auto group_scores = [&](int kv_head) {  // [n_keys, group] view of this KV head's query rows
     return ScoreColumns(scores.data() + static_cast<std::size_t>(kv_head) * group * n_keys, n_keys, group,
                         Eigen::OuterStride<>(n_keys));
@@ -74,9 +79,6 @@ void attend_grouped(const llm::AttentionShape& s, const float* q, const llm::KvV
   auto group_queries = [&](int kv_head) {  // [group, hd]
     return Eigen::Map<const RowMajorMatrix>(q + static_cast<std::size_t>(kv_head) * group * hd, group, hd);
   };
-
-  // scores[h, t] = q_h . k_t / sqrt(head_dim). Each K row of a head is loaded
-  // once and used by all `group` queries: [rows, hd] x [hd, group].
   for (int t0 = 0; t0 < n_keys;) {
     const int rows = std::min(kKeysPerTile, contiguous_rows(kv, t0, n_keys));
     for (int kv_head = 0; kv_head < s.n_kv_heads; ++kv_head) {
@@ -85,6 +87,7 @@ void attend_grouped(const llm::AttentionShape& s, const float* q, const llm::KvV
     }
     t0 += rows;
   }
+  // END EXERCISE ex03.1
   all_scores /= scale;
   // Softmax of each query head's row, max subtracted first so exp() never
   // overflows (the reference's arithmetic).
@@ -95,6 +98,7 @@ void attend_grouped(const llm::AttentionShape& s, const float* q, const llm::KvV
   }
   // out[h, :] = sum_t p[h, t] v_t: again each V row read once for the group:
   // out^T [hd, group] += V^T [hd, rows] x P^T [rows, group].
+  // BEGIN EXERCISE ex03.1
   std::memset(out, 0, sizeof(float) * static_cast<std::size_t>(s.n_heads) * hd);
   for (int t0 = 0; t0 < n_keys;) {
     const int rows = std::min(kKeysPerTile, contiguous_rows(kv, t0, n_keys));
@@ -105,6 +109,7 @@ void attend_grouped(const llm::AttentionShape& s, const float* q, const llm::KvV
     }
     t0 += rows;
   }
+  // END EXERCISE ex03.1
 }
 
 // Copies K and V of positions 0..length-1 into MHA layout: query head h gets

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "llm/errors.hpp"
+#include "llm/exercise.hpp"
 
 namespace step03 {
 namespace {
@@ -14,6 +15,7 @@ namespace {
 // head_dim - 1 (row-major, one output feature per row).
 std::vector<float> convert_projection(const std::vector<float>& old_rows, int old_kv_heads, int new_kv_heads,
                                       int head_dim, int dim) {
+  // BEGIN EXERCISE ex03.2
   const std::size_t head_floats = static_cast<std::size_t>(head_dim) * dim;  // one head's [head_dim, dim] block
   std::vector<float> new_rows(static_cast<std::size_t>(new_kv_heads) * head_floats);  // [new_kv_heads*head_dim, dim]
   if (new_kv_heads >= old_kv_heads) {
@@ -40,6 +42,7 @@ std::vector<float> convert_projection(const std::vector<float>& old_rows, int ol
     }
   }
   return new_rows;
+  // END EXERCISE ex03.2
 }
 
 }  // namespace

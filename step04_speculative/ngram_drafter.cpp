@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "llm/errors.hpp"
+#include "llm/exercise.hpp"
 
 namespace step04 {
 
@@ -18,6 +19,7 @@ void NgramDrafter::propose(std::span<const int> context, int k, const SamplingSe
                            Draft& out) {
   out.clear();
   out.steps = 1;  // one lookup, whatever it finds
+  // BEGIN EXERCISE ex04.2
   const int size = static_cast<int>(context.size());
   for (int n = std::min(max_n_, size - 1); n >= 1 && out.tokens.empty(); --n) {
     const std::span<const int> suffix = context.subspan(static_cast<std::size_t>(size - n));
@@ -37,6 +39,7 @@ void NgramDrafter::propose(std::span<const int> context, int k, const SamplingSe
       break;
     }
   }
+  // END EXERCISE ex04.2
   if (sampling.greedy()) return;
   out.probabilities.assign(out.tokens.size() * static_cast<std::size_t>(vocab_size_), 0.0f);
   for (std::size_t i = 0; i < out.tokens.size(); ++i)

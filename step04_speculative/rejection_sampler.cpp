@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "llm/exercise.hpp"
+
 namespace step04 {
 
 void sampling_distribution(std::span<const float> logits, const SamplingSettings& sampling, std::span<float> out) {
@@ -70,6 +72,7 @@ int sample_from(std::span<const float> probabilities, float uniform) {
 
 VerifyOutcome RejectionSampler::verify(std::span<const float> p, std::span<const float> q, int draft_token,
                                        llm::Sampler& rng) {
+  // BEGIN EXERCISE ex04.1
   const auto x = static_cast<std::size_t>(draft_token);
   // Accept with probability min(1, p(x)/q(x)): compare a coin u in [0,1) with
   // the ratio as u * q(x) < p(x), which needs no division (q(x) > 0 because x
@@ -88,6 +91,7 @@ VerifyOutcome RejectionSampler::verify(std::span<const float> p, std::span<const
   if (mass <= 0.0f) return {false, sample_from(p, rng.next_uniform())};  // p == q up to rounding
   for (float& r : residual_) r /= mass;
   return {false, sample_from(residual_, rng.next_uniform())};
+  // END EXERCISE ex04.1
 }
 
 }  // namespace step04

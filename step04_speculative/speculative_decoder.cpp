@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "llm/errors.hpp"
+#include "llm/exercise.hpp"
 #include "llm/harness/timer.hpp"
 #include "llm/tokenizer.hpp"
 
@@ -31,6 +33,7 @@ SpeculativeDecoder::SpeculativeDecoder(llm::Model& target, Drafter& drafter)
 
 int SpeculativeDecoder::accept_greedy(std::span<const float> target_logits, const Draft& draft,
                                       std::vector<int>& emitted) const {
+  // BEGIN EXERCISE ex04.3
   const int vocab = target_.config().vocab_size;
   const int n_drafted = static_cast<int>(draft.tokens.size());
   for (int i = 0; i < n_drafted; ++i) {
@@ -42,6 +45,7 @@ int SpeculativeDecoder::accept_greedy(std::span<const float> target_logits, cons
   // Every draft stood: the last row predicts one more token for free.
   emitted.push_back(llm::argmax(row(target_logits, n_drafted, vocab)));
   return n_drafted;
+  // END EXERCISE ex04.3
 }
 
 int SpeculativeDecoder::accept_sampled(std::span<const float> target_logits, const Draft& draft,
@@ -98,6 +102,13 @@ void SpeculativeDecoder::round(std::vector<int>& context, int k_round, const Sam
   emitted_.clear();
   const int accepted = sampling.greedy() ? accept_greedy(logits, draft_, emitted_)
                                          : accept_sampled(logits, draft_, sampling, rng, emitted_);
+  // A round emits the accepted drafts and then one token of the target's own
+  // (the correction, or the bonus when every draft stood); a round that
+  // emitted nothing would repeat forever.
+  if (emitted_.size() != static_cast<std::size_t>(accepted) + 1)
+    throw std::logic_error(fmt::format("a speculative round accepted {} of {} drafts but emitted {} tokens (it must "
+                                       "emit the accepted drafts and one token of the target's own)",
+                                       accepted, n_drafted, emitted_.size()));
   stats.rounds += 1;
   stats.drafted += n_drafted;
   stats.accepted += accepted;
@@ -111,14 +122,17 @@ void SpeculativeDecoder::round(std::vector<int>& context, int k_round, const Sam
     if (token == llm::Tokenizer::kBos) break;  // BOS ends the text, as in plain decoding
   }
 
-  // 4. Roll back: positions 0..n-1 (committed) and n..n+accepted-1 (the
-  // accepted drafts) hold the right K/V; the rejected drafts' rows go. The
-  // emitted correction/bonus token is fed at the start of the next round,
-  // so the cache again holds every committed token but the last (fewer
-  // when a BOS among the accepted drafts ended the text early).
+  // 4. Roll back the target's cache, then the drafter's state.
+  // BEGIN EXERCISE ex04.3
+  // Positions 0..n-1 (committed) and n..n+accepted-1 (the accepted drafts)
+  // hold the right K/V; the rejected drafts' rows go. The emitted
+  // correction/bonus token is fed at the start of the next round, so the
+  // cache again holds every committed token but the last (fewer when a BOS
+  // among the accepted drafts ended the text early).
   cache_->truncate(0, static_cast<int>(context.size()) - 1);
+  // END EXERCISE ex04.3
   step.restart();
-  drafter_.commit(context);
+  drafter_.commit(context);  // a drafter with a cache rolls it back the same way (ModelDrafter::commit)
   stats.draft_ms += step.elapsed_ms();
 }
 

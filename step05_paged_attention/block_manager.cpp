@@ -8,6 +8,7 @@
 #include <string>
 
 #include "llm/errors.hpp"
+#include "llm/exercise.hpp"
 #include "step05_paged_attention/prefix_hash.hpp"
 
 // Why a parent hash is not enough to make the prefix cache collision-safe,
@@ -133,6 +134,9 @@ std::vector<BlockCopy> BlockManager::reserve(int sequence, int first_write, int 
 
   std::vector<BlockCopy> block_copies;
   block_copies.reserve(static_cast<std::size_t>(count.copies));
+  // The held blocks the writes fall in (count_reserve found them): each must
+  // be this sequence's alone before the forward writes into it.
+  // BEGIN EXERCISE ex05.1
   for (int logical = count.first_written_block; logical < count.last_written_held; ++logical) {
     const int block = row[logical];
     Block& held_block = blocks_[static_cast<std::size_t>(block)];
@@ -148,6 +152,8 @@ std::vector<BlockCopy> BlockManager::reserve(int sequence, int first_write, int 
       uncache_block(block);
     }
   }
+  // END EXERCISE ex05.1
+  // Growth: fresh blocks (refcount 1) for the positions past the ones held.
   for (int logical = held; logical < count.target; ++logical) row[logical] = allocate_block();
   held_[static_cast<std::size_t>(sequence)] = std::max(held, count.target);
   counters_.copy_on_write += count.copies;

@@ -24,6 +24,7 @@
 #include <string>
 #include <type_traits>
 
+#include "exercise.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/errors.hpp"
 #include "step05_paged_attention/cuda_paged_attention.hpp"
@@ -119,10 +120,10 @@ __device__ __forceinline__ float warp_sum(float value) {
 // --- Row addressing policies: where position `pos` of a view lives in its pool.
 
 // A paged view: the block table maps the logical block pos / B to a physical
-// block (KvView::row_index, the host's arithmetic).
+// block (KvView::row_index is the host's arithmetic). The lookup itself is
+// written out where the kernel makes it, one key per lane (partition_kernel).
 struct PagedRows {
   __device__ explicit PagedRows(const llm::KvView&) {}
-  __device__ std::size_t row(const llm::KvView& kv, int pos) const { return kv.row_index(pos); }
 };
 
 // A contiguous view: one block holds every position, so its first row is
@@ -228,9 +229,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   for (int span = begin + warp * kSpanKeys; span < end; span += kWarps * kSpanKeys) {
     const int span_keys = min(kSpanKeys, end - span);
     // Lane j looks up key span + j: the span's table lookups in one load.
-    // (Offsets are 64-bit: a pool may hold more than 2^31 floats.)
-    const unsigned long long lane_offset =
-        lane < span_keys ? rows.row(kv, span + lane) * row_floats + head_offset : 0ull;
+    // lane_offset: floats from the start of the pool to this key's KV head in
+    // its K (and V) row; lanes past the span's end keep 0 and read nothing.
+    unsigned long long lane_offset = 0ull;
+    if constexpr (std::is_same_v<Rows, PagedRows>) {
+      // BEGIN EXERCISE ex05.3
+      // STUB: if (span == begin) LLM_CUDA_EXERCISE_TODO("ex05.3");  // one line per launch, not one per span
+      // STUB: for (float& sum : running_sum) sum = llm::cuda::device::exercise_nan();  // every output divides by it: NaN
+      if (lane < span_keys) {
+        const int pos = span + lane;
+        // The one table read of this key: logical block pos / B -> physical block.
+        const std::int32_t physical_block = kv.block_table[pos / kv.block_size];
+        const std::size_t pool_row = static_cast<std::size_t>(physical_block) * kv.block_size + pos % kv.block_size;
+        // 64-bit: a pool may hold more than 2^31 floats.
+        lane_offset = pool_row * row_floats + head_offset;
+      }
+      // END EXERCISE ex05.3
+    } else {
+      if (lane < span_keys) lane_offset = rows.row(kv, span + lane) * row_floats + head_offset;
+    }
     for (int step = 0; step < span_keys; step += kKeysPerStep) {  // the same trip count in every lane
       // Load K and V of the step's keys first (8 loads in flight), then use them.
       float k_part[kKeysPerStep][kDims], v_part[kKeysPerStep][kDims];

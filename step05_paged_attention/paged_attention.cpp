@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "llm/errors.hpp"
+#include "llm/exercise.hpp"
 
 namespace step05 {
 namespace {
@@ -109,6 +110,7 @@ void attend_tile(const llm::AttentionShape& s, const float* q, const float* keys
 void attend_one_query(const llm::AttentionShape& s, const float* q, const llm::KvView& kv, int n_keys, float* out) {
   thread_local OnlineSoftmax state;
   state.reset(s);
+  // BEGIN EXERCISE ex05.2
   const auto row_floats = static_cast<std::size_t>(kv.kv_dim);
   for (int first_key = 0; first_key < n_keys; first_key += kv.block_size) {
     // The one table lookup of this block: every row below is addressed from it.
@@ -124,6 +126,7 @@ void attend_one_query(const llm::AttentionShape& s, const float* q, const llm::K
         attend_tile(s, q, kv.keys + tile_offset, kv.values + tile_offset, kv.kv_dim, rows, kv_head, state);
     }
   }
+  // END EXERCISE ex05.2
   // out_h = accumulator_h / running_sum_h: the division the softmax deferred.
   const std::size_t hd = static_cast<std::size_t>(s.head_dim);
   for (std::size_t h = 0; h < static_cast<std::size_t>(s.n_heads); ++h)

@@ -36,6 +36,7 @@
 // Inside namespace step06 the model's types are spelled llm::cuda::...
 #include "cuda_linear.hpp"
 #include "cuda_model.hpp"
+#include "exercise.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/cuda/cuda_timer.hpp"
@@ -68,7 +69,6 @@ constexpr int kStepBytes = 64;      // bytes of one row a warp reads per step: 4
 constexpr int kMaxSteps = 8;
 constexpr int kEarlySteps = 4;  // of which requested before the staging (see phase 3)
 constexpr int kWantedBlocksPerSm = 2;  // what the grid aims for (kMinBlocksPerSm stay resident)
-constexpr unsigned kHalf2Of1024 = 0x64006400u;  // fp16 bits of (1024, 1024)
 constexpr int kMaxGridY = 65535;
 
 constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
@@ -199,16 +199,11 @@ __device__ __forceinline__ void mma_16x8x16(float (&d)[4], std::uint32_t a0, std
 
 // --- Dequantization in registers: one fp16x2 register of an A fragment.
 //
-// 4-bit: the classic trick (no int -> float conversion instruction):
-// (word >> 4k) & 0x000F000F keeps nibble k in the low half and nibble k + 4
-// in the high half; OR-ing 0x6400 (fp16 1024, whose mantissa step is exactly
-// 1) makes each half the fp16 number 1024 + code. Subtracting 1024 + zero
-// (also exact) leaves code - zero: the integer the group's scale multiplies.
-// That is why the upload puts a pair's two columns in nibbles k and k + 4.
-__device__ __forceinline__ std::uint32_t int4_pair(std::uint32_t word, int k, std::uint32_t zero_pair) {
-  return sub_f16x2(((word >> (4 * k)) & 0x000F000Fu) | kHalf2Of1024, zero_pair);
-}
-// NF4: the same two nibbles, looked up in the 16-entry table of fp16 levels.
+// A 32-bit word of codes holds 8 nibbles; register k (0..3) of a fragment
+// is the pair of columns in nibbles k (low half) and k + 4 (high half): the
+// upload puts each pair there. The int4 schemes dequantize in the kernel's
+// loop (the exact fp16 integers code - zero, see there); NF4 looks the same
+// two nibbles up in the 16-entry table of fp16 levels.
 __device__ __forceinline__ std::uint32_t nf4_pair(std::uint32_t word, int k, const unsigned short* levels) {
   const std::uint32_t low = levels[(word >> (4 * k)) & 0xF];
   const std::uint32_t high = levels[(word >> (4 * k + 16)) & 0xF];
@@ -498,27 +493,48 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         if (s < steps) {
 #pragma unroll
           for (int w = 0; w < 4; ++w) {
+            // The lane's codes of this word: rows g (low) and g + 8 (high), 8 columns each.
             const std::uint32_t low = word_of(codes[s][0], w), high = word_of(codes[s][1], w);
-            std::uint32_t zero_low = 0, zero_high = 0;  // fp16x2 (1024 + zero) of rows g and g + 8
-            if constexpr (kScheme == QuantScheme::Int4Asymmetric) {
-              const std::uint32_t zeros = tiles.zeros[local_group * (kBlockRows / 2) + pair_index];
-              zero_low = __byte_perm(zeros, 0x64646464u, 0x4040);
-              zero_high = __byte_perm(zeros, 0x64646464u, 0x4141);
-            } else if constexpr (kScheme == QuantScheme::Int4Symmetric) {
-              zero_low = zero_high = 0x64086408u;  // 1024 + 8: codes 1..15 stand for -7..7
-            }
             float part[kNTiles][4];
 #pragma unroll
             for (int nt = 0; nt < kNTiles; ++nt) part[nt][0] = part[nt][1] = part[nt][2] = part[nt][3] = 0.0f;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {  // MMA 2w + h: nibble pairs 2h (a0, a1) and 2h + 1 (a2, a3)
+              // The A fragment of this MMA, fp16x2 each (mma_16x8x16): a0 and a2 are
+              // row g's nibble pairs (2h, 2h + 4) and (2h + 1, 2h + 5) of `low`, a1
+              // and a3 the same pairs of row g + 8 (`high`).
               std::uint32_t a0, a1, a2, a3;
               if constexpr (kScheme == QuantScheme::NF4) {
                 a0 = nf4_pair(low, 2 * h, tiles.nf4_levels), a2 = nf4_pair(low, 2 * h + 1, tiles.nf4_levels);
                 a1 = nf4_pair(high, 2 * h, tiles.nf4_levels), a3 = nf4_pair(high, 2 * h + 1, tiles.nf4_levels);
               } else {
-                a0 = int4_pair(low, 2 * h, zero_low), a2 = int4_pair(low, 2 * h + 1, zero_low);
-                a1 = int4_pair(high, 2 * h, zero_high), a3 = int4_pair(high, 2 * h + 1, zero_high);
+                // BEGIN EXERCISE ex06.3
+                // STUB: if (s == 0 && w == 0 && h == 0) LLM_CUDA_EXERCISE_TODO("ex06.3");  // one line per launch
+                // STUB: a0 = a1 = a2 = a3 = half_bits(llm::cuda::device::exercise_nan()) * 0x00010001u;  // NaN pairs
+                // The classic trick (there is no int -> fp16 conversion
+                // instruction): (word >> 4k) & 0x000F000F keeps nibble k in
+                // the low half and nibble k + 4 in the high half; OR-ing
+                // 0x6400 (fp16 1024, whose mantissa step is exactly 1) makes
+                // each half the fp16 number 1024 + code. Subtracting 1024 +
+                // zero (also exact) leaves code - zero: the integer the
+                // group's scale multiplies after the MMA.
+                // fp16x2 (1024 + zero) of rows g (zero_low) and g + 8 (zero_high);
+                // int4 symmetric's zero is 8 for every row (codes 1..15 stand for -7..7).
+                std::uint32_t zero_low = 0x64086408u, zero_high = 0x64086408u;
+                if constexpr (kScheme == QuantScheme::Int4Asymmetric) {
+                  // The group's zero points, z(row g) | z(row g + 8) << 8, each
+                  // byte placed under an 0x64 high byte in both halves.
+                  const std::uint32_t zeros = tiles.zeros[local_group * (kBlockRows / 2) + pair_index];
+                  zero_low = __byte_perm(zeros, 0x64646464u, 0x4040);
+                  zero_high = __byte_perm(zeros, 0x64646464u, 0x4141);
+                }
+                constexpr std::uint32_t kHalf2Of1024 = 0x64006400u;  // fp16 bits of (1024, 1024)
+                const auto code_minus_zero = [](std::uint32_t word, int k, std::uint32_t zero_pair) {
+                  return sub_f16x2(((word >> (4 * k)) & 0x000F000Fu) | kHalf2Of1024, zero_pair);
+                };
+                a0 = code_minus_zero(low, 2 * h, zero_low), a2 = code_minus_zero(low, 2 * h + 1, zero_low);
+                a1 = code_minus_zero(high, 2 * h, zero_high), a3 = code_minus_zero(high, 2 * h + 1, zero_high);
+                // END EXERCISE ex06.3
               }
               const int word_offset = (s * Traits::kColumnsPerStep + 16 * (2 * w + h)) / 2;
 #pragma unroll
@@ -799,7 +815,7 @@ class DeviceQuantizedMatrix {
   // Column of the i-th code (0..31) of lane (., t)'s 16 bytes at `step`
   // (4-bit). Code i sits in word w = i / 8, nibble k' = i % 8; the
   // dequantization pairs nibbles (k, k + 4) of a word into one fp16x2
-  // fragment register (int4_pair), k = 0, 1 for MMA 2w (a0 and a2: the lane's
+  // fragment register (the kernel's loop, nf4_pair), k = 0, 1 for MMA 2w (a0 and a2: the lane's
   // columns 4t, 4t+1 and 4t+2, 4t+3 of those 16) and k = 2, 3 for MMA 2w + 1.
   static int int4_column(int step, int t, int i) {
     const int w = i / 8, nibble = i % 8;

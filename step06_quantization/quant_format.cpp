@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "llm/errors.hpp"
+#include "llm/exercise.hpp"
 
 namespace step06 {
 
@@ -76,11 +77,13 @@ GroupParams choose_group_params(QuantScheme scheme, std::span<const float> value
     case QuantScheme::Int4Symmetric: return {absmax / 7.0f, 0.0f};
     case QuantScheme::NF4: return {absmax, 0.0f};
     case QuantScheme::Int4Asymmetric: {
+      // BEGIN EXERCISE ex06.2
       // 16 equal steps from lo to hi; the zero point is the code that stands
       // for 0.0, so exact zeros (padding, pruned weights) stay exact.
       const float scale = (hi - lo) / 15.0f;
       if (scale == 0.0f) return {0.0f, 0.0f};
       return {scale, std::clamp(std::round(-lo / scale), 0.0f, 15.0f)};
+      // END EXERCISE ex06.2
     }
   }
   return {};
@@ -96,9 +99,19 @@ int quantize_to_code(QuantScheme scheme, float weight, const GroupParams& params
     while (code < 15 && normalized > 0.5f * (kNf4Levels[code] + kNf4Levels[code + 1])) ++code;
     return code;
   }
+  if (scheme == QuantScheme::Int4Asymmetric) {
+    // BEGIN EXERCISE ex06.2
+    // The zero point's code stands for 0.0: a weight is that code plus its
+    // number of steps, rounded, then clamped to the 16 codes (a weight past
+    // the group's range, as GPTQ's updated ones can be, gets the extreme
+    // code). An all-zero group (scale 0) stores its zero point everywhere.
+    if (params.scale == 0.0f) return static_cast<int>(params.zero);
+    const float code = std::round(weight / params.scale) + params.zero;
+    return static_cast<int>(std::clamp(code, 0.0f, 15.0f));
+    // END EXERCISE ex06.2
+  }
   if (params.scale == 0.0f) return scheme == QuantScheme::Int4Symmetric ? 8 : static_cast<int>(params.zero);
   float code = std::round(weight / params.scale);
-  if (scheme == QuantScheme::Int4Asymmetric) code += params.zero;
   if (scheme == QuantScheme::Int4Symmetric) code += 8.0f;
   return static_cast<int>(std::clamp(code, static_cast<float>(code_min(scheme)), static_cast<float>(code_max(scheme))));
 }
@@ -124,8 +137,11 @@ double QuantizedMatrix::bytes_per_weight() const {
 int QuantizedMatrix::code(int row, int column) const {
   const std::size_t row_start = static_cast<std::size_t>(row) * bytes_per_row();
   if (format.bits() == 8) return static_cast<std::int8_t>(packed[row_start + column]);
+  // BEGIN EXERCISE ex06.1
+  // Two codes per byte: column 2j in the low nibble of byte j, 2j + 1 in the high one.
   const std::uint8_t byte = packed[row_start + column / 2];
   return column % 2 == 0 ? (byte & 0x0F) : (byte >> 4);
+  // END EXERCISE ex06.1
 }
 
 const GroupParams QuantizedMatrix::params(int row, int group) const {
@@ -159,10 +175,17 @@ QuantizedMatrix pack(const QuantFormat& format, int out_features, int in_feature
                                       "({} groups)",
                                       format.name(), codes.size(), params.size(), out_features, in_features,
                                       n_groups));
-  // Padding columns get the code that reads back as 0 (zero point, 8, NF4's 0).
+  // Padding columns get the code that reads back as 0: int8's 0, the zero
+  // point of int4 asymmetric (the code that stands for 0.0), int4
+  // symmetric's 8, NF4's level 0.0.
   const auto padding_code = [&](const GroupParams& p) {
-    return format.scheme == QuantScheme::Int8PerChannel ? 0 : quantize_to_code(format.scheme, 0.0f, p);
+    switch (format.scheme) {
+      case QuantScheme::Int8PerChannel: return 0;
+      case QuantScheme::Int4Asymmetric: return static_cast<int>(p.zero);
+      default: return quantize_to_code(format.scheme, 0.0f, p);
+    }
   };
+  // matrix.packed starts all zero: a 4-bit code is OR-ed into its half of a byte.
   matrix.packed.assign(static_cast<std::size_t>(out_features) * matrix.bytes_per_row(), 0);
   for (int row = 0; row < out_features; ++row) {
     std::uint8_t* row_bytes = matrix.packed.data() + static_cast<std::size_t>(row) * matrix.bytes_per_row();
@@ -177,7 +200,12 @@ QuantizedMatrix pack(const QuantFormat& format, int out_features, int in_feature
       if (format.bits() == 8) {
         row_bytes[column] = static_cast<std::uint8_t>(static_cast<std::int8_t>(code));
       } else {
+        // BEGIN EXERCISE ex06.1
+        // Byte column / 2 of the row: an even column's code in its low
+        // nibble, an odd column's in its high nibble (the layout every
+        // kernel reads, and code() reads back).
         row_bytes[column / 2] |= static_cast<std::uint8_t>(code << (4 * (column % 2)));
+        // END EXERCISE ex06.1
       }
     }
   }

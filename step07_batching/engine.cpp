@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "llm/errors.hpp"
+#include "llm/exercise.hpp"
 #include "llm/tokenizer.hpp"
 
 namespace step07 {
@@ -145,7 +146,14 @@ llm::TokenBatch Engine::build_batch(const Schedule& schedule) const {
   return batch;
 }
 
+// Logits row i belongs to schedule.rows[i]. Every scheduled request's K/V
+// now cover its rows; the ones whose rows reached their last token sample the
+// next one, and a request that ends leaves at once (finish frees its slot and
+// blocks for the next iteration's admissions). No request outlives the
+// context: submit() accepted only prompt + max_tokens - 1 <= seq_len, so
+// max_tokens comes first.
 void Engine::sample_and_finish(const Schedule& schedule, std::span<const float> logits) {
+  // BEGIN EXERCISE ex07.3
   const auto vocab = static_cast<std::size_t>(model_.config().vocab_size);
   const double now = clock_.now_ms();
   for (std::size_t i = 0; i < schedule.rows.size(); ++i) {
@@ -165,6 +173,7 @@ void Engine::sample_and_finish(const Schedule& schedule, std::span<const float> 
     if (listener_) listener_({request.request.id, token, request.generated() - 1, reason, now});
     if (reason != FinishReason::None) finish(request, reason);
   }
+  // END EXERCISE ex07.3
 }
 
 // Only when the rows filled a block: publishing walks the sequence's whole

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "llm/errors.hpp"
+#include "llm/exercise.hpp"
 
 namespace step07 {
 
@@ -31,33 +32,29 @@ Scheduler::Scheduler(SchedulerOptions options) : options_(options) {
                                       options_.token_budget, options_.max_sequences));
 }
 
-namespace {
-
-// Preempts the newest running request (vLLM's choice: the one that has
-// waited least and holds the least progress). Its blocks go back to the
-// ledger (a block another request shares stays with it; a cached one stays
-// in the prefix cache), and it is recomputed from its tokens when it is
-// admitted again.
-void preempt_newest(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running, KvLedger& ledger,
-                    Schedule& plan) {
+// The newest running request: vLLM's choice, the one that has waited least
+// and holds the least progress. Its blocks go back to the ledger (a block
+// another request shares stays with it; a cached one stays in the prefix
+// cache), and it is recomputed from its tokens when it is admitted again.
+void Scheduler::preempt_newest(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running,
+                               KvLedger& ledger, Schedule& plan) {
+  // BEGIN EXERCISE ex07.1
   RequestState* victim = running.back();
   running.pop_back();
   ledger.release(victim->slot);
   victim->slot = -1;
-  victim->computed = 0;
+  victim->computed = 0;        // its K/V are gone: every token is recomputed when it is admitted again
   waiting.push_front(victim);  // first in line: it arrived before everything still waiting
   plan.preempted.push_back(victim);
+  // END EXERCISE ex07.1
 }
 
-// The lowest cache slot no running request holds (running has fewer than
-// max_sequences requests, so one is free).
-int free_slot(const std::vector<RequestState*>& running, int max_sequences) {
+// Running has fewer than max_sequences requests, so one slot is free.
+int Scheduler::free_slot(const std::vector<RequestState*>& running, int max_sequences) {
   std::vector<bool> held(static_cast<std::size_t>(max_sequences), false);  // [max_sequences]
   for (const RequestState* request : running) held[static_cast<std::size_t>(request->slot)] = true;
   return static_cast<int>(std::find(held.begin(), held.end(), false) - held.begin());
 }
-
-}  // namespace
 
 Schedule Scheduler::schedule(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running,
                              KvLedger& ledger) const {
@@ -85,12 +82,17 @@ void Scheduler::schedule_running(std::deque<RequestState*>& waiting, std::vector
     RequestState* request = running[i];
     const int rows = std::min(request->pending_rows(), budget);
     const int end = request->computed + rows;
+    // BEGIN EXERCISE ex07.1
+    // Out of blocks: newer requests give theirs back, newest first, until
+    // this one's rows fit; if it is itself the newest, it goes (and with it
+    // the iteration's running rows end: nothing newer is left to schedule).
     while (!ledger.blocks().can_reserve(request->slot, request->computed, end) && running.back() != request)
       preempt_newest(waiting, running, ledger, plan);
     if (!ledger.blocks().can_reserve(request->slot, request->computed, end)) {
       preempt_newest(waiting, running, ledger, plan);  // this one: nothing newer is left
       break;
     }
+    // END EXERCISE ex07.1
     ledger.reserve(request->slot, request->computed, end);
     budget -= rows;
     plan.rows.push_back({request, request->computed, rows});
@@ -106,6 +108,7 @@ void Scheduler::schedule_running(std::deque<RequestState*>& waiting, std::vector
 // again: thrashing).
 void Scheduler::admit_waiting(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running,
                               KvLedger& ledger, Schedule& plan, int& budget) const {
+  // BEGIN EXERCISE ex07.2
   while (!waiting.empty() && static_cast<int>(running.size()) < options_.max_sequences && budget > 0) {
     RequestState* request = waiting.front();  // holds no blocks: computed == 0
     const std::span<const int> tokens = request->tokens;
@@ -126,6 +129,7 @@ void Scheduler::admit_waiting(std::deque<RequestState*>& waiting, std::vector<Re
     plan.admitted.push_back(request);
     plan.rows.push_back({request, request->computed, rows});
   }
+  // END EXERCISE ex07.2
 }
 
 }  // namespace step07

@@ -109,6 +109,12 @@ class Scheduler {
   // Step 2: admission in arrival order while it fits.
   void admit_waiting(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running, KvLedger& ledger,
                      Schedule& plan, int& budget) const;
+  // Step 1's way out of blocks: the newest running request is preempted
+  // (what that leaves behind: schedule() above).
+  static void preempt_newest(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running,
+                             KvLedger& ledger, Schedule& plan);
+  // The lowest cache slot in 0..max_sequences-1 no running request holds.
+  static int free_slot(const std::vector<RequestState*>& running, int max_sequences);
 
   SchedulerOptions options_;
 };

@@ -11,6 +11,10 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "llm/checkpoint.hpp"
 #include "llm/cpu_model.hpp"
@@ -217,6 +221,60 @@ TEST(Step03Conversion, MeanPoolingAveragesTheRowsOfTheHeadsItMerges) {
     // Two KV heads: new head 1 is the mean of old heads 2 and 3.
     const float pair = (wk[2 * head_floats + e] + wk[3 * head_floats + e]) / 2.0f;
     EXPECT_NEAR(two.layers[0].wk[head_floats + e], pair, 1e-6f);
+  }
+}
+
+// wk or wv rebuilt for new_kv_heads, written out element by element in
+// double: each new head is the mean of the old heads it merges (pooling), or a
+// copy of the one old head its query heads read (duplication).
+std::vector<double> expected_projection(const std::vector<float>& old_rows, int old_kv_heads, int new_kv_heads,
+                                        std::size_t head_floats) {
+  std::vector<double> expected(static_cast<std::size_t>(new_kv_heads) * head_floats);
+  for (int j = 0; j < new_kv_heads; ++j) {
+    // The old heads new head j stands for: one (duplication) or old/new of them.
+    const bool duplicating = new_kv_heads >= old_kv_heads;
+    const int count = duplicating ? 1 : old_kv_heads / new_kv_heads;
+    const int first = duplicating ? j / (new_kv_heads / old_kv_heads) : j * count;
+    for (std::size_t e = 0; e < head_floats; ++e) {
+      double sum = 0.0;
+      for (int i = first; i < first + count; ++i) sum += old_rows[static_cast<std::size_t>(i) * head_floats + e];
+      expected[static_cast<std::size_t>(j) * head_floats + e] = sum / count;
+    }
+  }
+  return expected;
+}
+
+// Every element of wk and wv of every layer, for pooling by 2, 3 and 6 and
+// duplication by 3, on a model whose head_dim (6), head counts and dim (36)
+// are not powers of two, so a mixed-up stride or head index shows somewhere.
+TEST(Step03Conversion, EveryElementOfEveryConvertedHeadIsTheMeanOrTheCopy) {
+  const llm::ModelConfig mha_config = llm::make_config(/*dim=*/36, /*hidden_dim=*/20, /*n_layers=*/2, /*n_heads=*/6,
+                                                       /*n_kv_heads=*/6, /*vocab_size=*/40, /*seq_len=*/16, true);
+  llm::ModelConfig gqa_config = mha_config;
+  gqa_config.n_kv_heads = 2;
+  const std::vector<std::pair<llm::ModelWeights, int>> conversions = {
+      {llm::random_weights(mha_config, 21), 3}, {llm::random_weights(mha_config, 22), 2},
+      {llm::random_weights(mha_config, 23), 1}, {llm::random_weights(gqa_config, 24), 6},
+      {llm::random_weights(gqa_config, 25), 1}};
+  const std::size_t head_floats = static_cast<std::size_t>(mha_config.head_dim()) * mha_config.dim;
+  for (const auto& [original, new_kv_heads] : conversions) {
+    const int old_kv_heads = original.config.n_kv_heads;
+    SCOPED_TRACE(std::to_string(old_kv_heads) + " -> " + std::to_string(new_kv_heads) + " KV heads");
+    const llm::ModelWeights converted = convert_kv_heads(original, new_kv_heads);
+    ASSERT_EQ(converted.config.n_kv_heads, new_kv_heads);
+    for (std::size_t l = 0; l < original.layers.size(); ++l) {
+      for (const auto& [name, old_rows, new_rows] :
+           {std::tuple{"wk", &original.layers[l].wk, &converted.layers[l].wk},
+            std::tuple{"wv", &original.layers[l].wv, &converted.layers[l].wv}}) {
+        const auto expected = expected_projection(*old_rows, old_kv_heads, new_kv_heads, head_floats);
+        ASSERT_EQ(new_rows->size(), expected.size()) << name << " of layer " << l;
+        for (std::size_t x = 0; x < expected.size(); ++x)
+          ASSERT_NEAR((*new_rows)[x], expected[x], 1e-6)
+              << name << " of layer " << l << ", new head " << x / head_floats << ", element " << x % head_floats;
+      }
+      EXPECT_EQ(converted.layers[l].wq, original.layers[l].wq);  // queries and wo stay as trained
+      EXPECT_EQ(converted.layers[l].wo, original.layers[l].wo);
+    }
   }
 }
 

@@ -116,6 +116,50 @@ TEST(step04RejectionSampler, IdenticalDistributionsAreAlwaysAccepted) {
   }
 }
 
+// The rule itself, for one fixed draft token (exercise ex04.1): accepted
+// with probability min(1, p(x)/q(x)), and a rejection draws from max(0, p - q)
+// normalized, so it never emits a token where p <= q. Values worked out by
+// hand: vocabulary of 5, p(2) = 0.05 against q(2) = 0.20 accepts a quarter of
+// the time; the residual is {0, 0.35, 0, 0.25, 0} / 0.6.
+TEST(step04RejectionSampler, AcceptanceRateIsTheRatioAndRejectionsDrawTheResidual) {
+  const std::vector<float> p = {0.10f, 0.45f, 0.05f, 0.30f, 0.10f};
+  const std::vector<float> q = {0.40f, 0.10f, 0.20f, 0.05f, 0.25f};
+  RejectionSampler sampler(5);
+  llm::Sampler rng(5, 1.0f, 0.0f, 2024);
+  constexpr int kTrials = 100000;
+  int accepted = 0;
+  std::vector<int> rejected_as(5, 0);
+  for (int i = 0; i < kTrials; ++i) {
+    const VerifyOutcome outcome = sampler.verify(p, q, 2, rng);
+    if (outcome.accepted) {
+      ASSERT_EQ(outcome.token, 2) << "an accepted draft is emitted as it is";
+      ++accepted;
+    } else {
+      ASSERT_GE(outcome.token, 0);
+      ASSERT_LT(outcome.token, 5);
+      ++rejected_as[static_cast<std::size_t>(outcome.token)];
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(accepted) / kTrials, 0.25, 0.01) << "accept with probability p(x)/q(x)";
+  // Where p <= q the residual is zero: never drawn, the draft itself included.
+  EXPECT_EQ(rejected_as[0], 0);
+  EXPECT_EQ(rejected_as[2], 0);
+  EXPECT_EQ(rejected_as[4], 0);
+  const int rejections = kTrials - accepted;
+  ASSERT_GT(rejections, 0);
+  EXPECT_NEAR(static_cast<double>(rejected_as[1]) / rejections, 0.35 / 0.60, 0.01);
+  EXPECT_NEAR(static_cast<double>(rejected_as[3]) / rejections, 0.25 / 0.60, 0.01);
+
+  // p(x) >= q(x): always accepted, whatever the coin.
+  for (const int draft : {1, 3}) {
+    for (int i = 0; i < 1000; ++i) {
+      const VerifyOutcome outcome = sampler.verify(p, q, draft, rng);
+      ASSERT_TRUE(outcome.accepted) << "draft " << draft;
+      ASSERT_EQ(outcome.token, draft);
+    }
+  }
+}
+
 TEST(step04SamplingDistribution, GreedyIsOneHotOfArgmaxAndTopPKeepsTheNucleus) {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f};
   std::vector<float> out(logits.size());

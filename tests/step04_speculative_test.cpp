@@ -97,6 +97,41 @@ TEST(step04SpeculativeGreedy, IdenticalToPlainDecodingOnStories260K) {
   expect_greedy_identical(target, small_random_draft(), {1}, 160);
 }
 
+// Greedy acceptance (exercise ex04.3) with the model drafters only: a random
+// small draft (rejections in most rounds), early exit (long agreeing runs)
+// and the target itself (every draft accepted, the bonus token every round),
+// k from 1 to 6, ending exactly at the context it was given.
+TEST(step04SpeculativeGreedy, IdenticalToPlainDecodingWithModelDrafters) {
+  const auto target_weights = llm::random_weights(llm::find_preset("tiny").config, 19);
+  const auto draft_weights = small_random_draft();
+  llm::CpuModel target(target_weights);
+  std::vector<std::unique_ptr<step04::Drafter>> drafters;
+  drafters.push_back(std::make_unique<step04::ModelDrafter>("random draft", cpu_model(draft_weights),
+                                                            target_weights.config));
+  drafters.push_back(std::make_unique<step04::ModelDrafter>(
+      "early exit", cpu_model(step04::early_exit_weights(target_weights, 1)), target_weights.config));
+  drafters.push_back(std::make_unique<step04::ModelDrafter>("self", cpu_model(target_weights), target_weights.config));
+  const std::vector<int> prompt = {1, 33, 7, 250, 9};
+  for (const int positions : {6, 8, 61}) {
+    llm::Sampler plain_sampler(target_weights.config.vocab_size, 0.0f, 0.9f, 3);
+    const auto plain = step01::generate_cached(target, prompt, positions, plain_sampler);
+    for (auto& drafter : drafters) {
+      step04::SpeculativeDecoder decoder(target, *drafter);
+      for (const int k : {1, 3, 6}) {
+        llm::Sampler rng(target_weights.config.vocab_size, 0.0f, 0.9f, 3);
+        const auto spec = decoder.generate(prompt, positions, k, kGreedy, rng);
+        const auto check = llm::compare_tokens(spec.tokens, plain.tokens);
+        EXPECT_TRUE(check.ok) << drafter->name() << " k=" << k << " positions " << positions << ": "
+                              << check.summary();
+        EXPECT_LE(spec.stats.accepted, spec.stats.tested);
+        if (drafter->name() == "self") EXPECT_EQ(spec.stats.accepted, spec.stats.drafted) << "k=" << k;
+        if (drafter->name() == "random draft" && positions == 61)
+          EXPECT_GT(spec.stats.tested, spec.stats.accepted) << "the run must reject drafts, k=" << k;
+      }
+    }
+  }
+}
+
 TEST(step04SpeculativeGreedy, EndsAtContextAndAtBos) {
   // total_positions close to the prompt: k is cut so nothing runs past it.
   const auto target_weights = llm::random_weights(llm::find_preset("tiny").config, 3);
@@ -224,6 +259,36 @@ TEST(step04NgramDrafter, ProposesWhatFollowedTheMostRecentOccurrence) {
   ASSERT_EQ(draft.probabilities.size(), 2u * 512u);
   EXPECT_EQ(draft.probabilities[11], 1.0f);
   EXPECT_EQ(draft.probabilities[512 + 12], 1.0f);
+}
+
+// The search order (exercise ex04.2): the longest suffix first (down to one
+// token), its most recent EARLIER occurrence (never the suffix itself), and
+// the copy running on into its own proposal. Expected drafts by hand.
+TEST(step04NgramDrafter, FallsBackToShorterSuffixesAndNeverMatchesItself) {
+  step04::NgramDrafter drafter(3, 512);
+  llm::Sampler rng(512, 0.0f, 0.0f, 1);
+  step04::Draft draft;
+  // (9, 2, 3) never occurred before; (2, 3) did, at 1..2, followed by 9, 2, 3
+  // and then the copy's own first token.
+  drafter.propose(std::vector<int>{1, 2, 3, 9, 2, 3}, 4, kGreedy, rng, draft);
+  EXPECT_EQ(draft.tokens, (std::vector<int>{9, 2, 3, 9}));
+  EXPECT_EQ(draft.steps, 1);
+  // Only the last token (8) occurred before, at 1: what followed it.
+  drafter.propose(std::vector<int>{5, 8, 6, 7, 8}, 2, kGreedy, rng, draft);
+  EXPECT_EQ(draft.tokens, (std::vector<int>{6, 7}));
+  // (5, 6) at 1..2 wins over the more recent single 6 at 4: longer first.
+  drafter.propose(std::vector<int>{4, 5, 6, 1, 6, 9, 5, 6}, 2, kGreedy, rng, draft);
+  EXPECT_EQ(draft.tokens, (std::vector<int>{1, 6}));
+  // One token: no earlier occurrence of anything.
+  drafter.propose(std::vector<int>{7}, 3, kGreedy, rng, draft);
+  EXPECT_TRUE(draft.tokens.empty());
+  EXPECT_EQ(draft.steps, 1);
+  // (7) at 0 is followed by the 7 at 1, then by the copy itself: 7, 7, 7.
+  drafter.propose(std::vector<int>{7, 7}, 3, kGreedy, rng, draft);
+  EXPECT_EQ(draft.tokens, (std::vector<int>{7, 7, 7}));
+  // k = 1: one token, from the most recent occurrence of (3, 4) (at 4..5).
+  drafter.propose(std::vector<int>{3, 4, 10, 0, 3, 4, 11, 3, 4}, 1, kGreedy, rng, draft);
+  EXPECT_EQ(draft.tokens, (std::vector<int>{11}));
 }
 
 TEST(step04EarlyExitDrafter, KeepsTheFirstLayersAndTheTargetsHead) {

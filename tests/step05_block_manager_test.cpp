@@ -539,6 +539,69 @@ TEST(BlockManagerCopyOnWrite, ForkSharesThenCopiesThePartialLastBlock) {
   manager.check_invariants();
 }
 
+// Copy-on-write bookkeeping (exercise ex05.1), three sequences on blocks of
+// 3: only the held blocks a write falls in are copied, in logical order, each
+// copy is private (refcount 1) and the original loses exactly one holder; a
+// block nobody else holds is written in place.
+TEST(BlockManagerCopyOnWrite, CopiesExactlyTheSharedBlocksAWriteFallsIn) {
+  BlockManager manager(10, 3, 3, 4);
+  manager.reserve(0, 0, 8);  // positions 0..7: blocks A, B, C (C half full)
+  const auto a = table_of(manager, 0)[0], b = table_of(manager, 0)[1], c = table_of(manager, 0)[2];
+  manager.fork(0, 1, 8);     // sequence 1 shares A, B, C
+  manager.fork(0, 2, 5);     // sequence 2 shares A, B
+  EXPECT_EQ(manager.ref_count(a), 3);
+  EXPECT_EQ(manager.ref_count(b), 3);
+  EXPECT_EQ(manager.ref_count(c), 2);
+
+  // Sequence 2 writes positions 4..6: into B (shared) and one new block.
+  EXPECT_EQ(manager.blocks_needed_to_reserve(2, 4, 7), 2);  // one copy + one new block
+  auto copies = manager.reserve(2, 4, 7);
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].from, b);
+  EXPECT_EQ(copies[0].to, table_of(manager, 2)[1]);
+  EXPECT_EQ(table_of(manager, 2)[0], a) << "A is not written: it stays shared";
+  EXPECT_EQ(manager.ref_count(a), 3);
+  EXPECT_EQ(manager.ref_count(b), 2);
+  EXPECT_EQ(manager.ref_count(copies[0].to), 1);
+  EXPECT_EQ(table_of(manager, 0), (std::vector<std::int32_t>{a, b, c})) << "the other holders keep the original";
+  EXPECT_EQ(table_of(manager, 1), (std::vector<std::int32_t>{a, b, c}));
+  manager.check_invariants();
+
+  // Sequence 1 writes position 8: into C, shared with sequence 0 only.
+  copies = manager.reserve(1, 8, 9);
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].from, c);
+  EXPECT_EQ(table_of(manager, 1)[2], copies[0].to);
+  EXPECT_EQ(manager.ref_count(c), 1);
+  // Now sequence 0 holds C alone: its write needs no copy.
+  EXPECT_EQ(manager.blocks_needed_to_reserve(0, 8, 9), 0);
+  EXPECT_TRUE(manager.reserve(0, 8, 9).empty());
+  EXPECT_EQ(table_of(manager, 0)[2], c);
+
+  // Sequence 1 rewrites positions 2..4: A (3 holders) and B (2), in that order.
+  copies = manager.reserve(1, 2, 5);
+  ASSERT_EQ(copies.size(), 2u);
+  EXPECT_EQ(copies[0].from, a);
+  EXPECT_EQ(copies[1].from, b);
+  EXPECT_EQ(table_of(manager, 1)[0], copies[0].to);
+  EXPECT_EQ(table_of(manager, 1)[1], copies[1].to);
+  EXPECT_NE(copies[0].to, copies[1].to);
+  EXPECT_EQ(manager.ref_count(a), 2);
+  EXPECT_EQ(manager.ref_count(b), 1);
+  EXPECT_EQ(manager.counters().copy_on_write, 4);
+  manager.check_invariants();
+
+  // A write that starts right after a full shared block copies nothing.
+  manager.free_sequence(2);
+  manager.fork(0, 2, 6);  // A and B, both full
+  EXPECT_TRUE(manager.reserve(2, 6, 7).empty());
+  EXPECT_EQ(table_of(manager, 2)[0], a);
+  EXPECT_EQ(table_of(manager, 2)[1], b);
+  EXPECT_EQ(manager.ref_count(b), 2);
+  EXPECT_EQ(manager.counters().copy_on_write, 4);
+  manager.check_invariants();
+}
+
 // ---------------------------------------------------------------------------
 // Focused tests.
 

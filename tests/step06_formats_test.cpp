@@ -170,6 +170,44 @@ TEST(QuantFormatPacking, NibbleOrderAndInt8Bytes) {
   EXPECT_EQ(dequantize(int8), (std::vector<float>{-63.5f, -0.5f, 0.0f, 0.5f, 63.5f}));
 }
 
+// Two rows of 35 columns in groups of 32 (int4 asymmetric): each row is
+// padded to 64 codes, 32 bytes, and its padding columns hold the zero point
+// of the row's last group. Every byte against the layout written out, and
+// every code (padding included) read back with code().
+TEST(QuantFormatPacking, Int4RowsWithPaddingByteForByte) {
+  const int out = 2, in = 35;
+  const auto code_of = [](int row, int column) { return (3 * column + 5 * row) % 16; };
+  std::vector<int> codes;  // [2, 35]
+  for (int row = 0; row < out; ++row)
+    for (int column = 0; column < in; ++column) codes.push_back(code_of(row, column));
+  // [2 rows, 2 groups]: the zero points of the last groups (9 and 4) are the padding codes.
+  const std::vector<GroupParams> params = {{0.5f, 2.0f}, {0.25f, 9.0f}, {1.0f, 7.0f}, {2.0f, 4.0f}};
+  const QuantizedMatrix matrix = pack({QuantScheme::Int4Asymmetric, 32}, out, in, codes, params);
+  ASSERT_EQ(matrix.padded_in, 64);
+  ASSERT_EQ(matrix.packed.size(), 64u);
+  // By hand: row 0 starts 0x30 (columns 0 and 1: codes 0 and 3), 0x96 at byte
+  // 17 (column 34: code 6; column 35: padding, zero point 9), then 0x99; row
+  // 1 (byte 32 on) starts 0x85 (codes 5 and 8) and pads with 0x44.
+  EXPECT_EQ(matrix.packed[0], 0x30);
+  EXPECT_EQ(matrix.packed[17], 0x96);
+  EXPECT_EQ(matrix.packed[18], 0x99);
+  EXPECT_EQ(matrix.packed[31], 0x99);
+  EXPECT_EQ(matrix.packed[32], 0x85);
+  EXPECT_EQ(matrix.packed[32 + 17], (4 << 4) | code_of(1, 34));
+  EXPECT_EQ(matrix.packed[63], 0x44);
+  const std::uint8_t padding[2] = {9, 4};
+  for (int row = 0; row < out; ++row)
+    for (int j = 0; j < 32; ++j) {
+      const int even = 2 * j < in ? code_of(row, 2 * j) : padding[row];
+      const int odd = 2 * j + 1 < in ? code_of(row, 2 * j + 1) : padding[row];
+      ASSERT_EQ(matrix.packed[static_cast<std::size_t>(32 * row + j)], odd << 4 | even)
+          << "row " << row << " byte " << j;
+      ASSERT_EQ(matrix.code(row, 2 * j), even) << "row " << row << " column " << 2 * j;
+      ASSERT_EQ(matrix.code(row, 2 * j + 1), odd) << "row " << row << " column " << 2 * j + 1;
+    }
+  EXPECT_EQ(unpack_codes(matrix), codes);
+}
+
 TEST(QuantFormatPacking, CodesOutOfRangeAndBadSizesThrow) {
   const std::vector<GroupParams> one_group = {{1.0f, 8.0f}};
   const auto pack_one = [&](QuantScheme scheme, int bad_code) {
@@ -230,6 +268,55 @@ TEST(QuantFormatRtn, EveryWeightWithinHalfAStep) {
               }
             }
         }
+}
+
+// Int4 asymmetric by hand: 15 steps from the group's min to its max (both
+// taken with 0 included), the zero point the code of 0.0, every code rounded
+// and clamped to [0, 15].
+TEST(QuantFormatRtn, AsymmetricScaleZeroPointAndCodesByHand) {
+  constexpr QuantScheme kAsym = QuantScheme::Int4Asymmetric;
+  // min -0.3, max 1.2: steps of 0.1, zero point 3.
+  const std::vector<float> mixed = {0.52f, -0.3f, 1.2f, 0.0f, 0.07f};
+  const GroupParams p = choose_group_params(kAsym, mixed);
+  EXPECT_FLOAT_EQ(p.scale, 0.1f);
+  EXPECT_EQ(p.zero, 3.0f);
+  EXPECT_EQ(quantize_to_code(kAsym, -0.3f, p), 0);
+  EXPECT_EQ(quantize_to_code(kAsym, 0.0f, p), 3);
+  EXPECT_EQ(quantize_to_code(kAsym, 0.07f, p), 4);   // 0.7 steps: rounds up
+  EXPECT_EQ(quantize_to_code(kAsym, 0.52f, p), 8);   // 5.2 steps
+  EXPECT_EQ(quantize_to_code(kAsym, -0.13f, p), 2);  // -1.3 steps: rounds to -1
+  EXPECT_EQ(quantize_to_code(kAsym, 1.2f, p), 15);
+  EXPECT_EQ(quantize_to_code(kAsym, 2.0f, p), 15);   // past the max: clamped
+  EXPECT_EQ(quantize_to_code(kAsym, -1.0f, p), 0);   // past the min: clamped
+  // min -0.1, max 1.0: -min / scale is 1.36 steps, so the zero point rounds to 1,
+  // and 0.0 reads back exactly.
+  const std::vector<float> skewed = {1.0f, -0.1f, 0.5f};
+  const GroupParams q = choose_group_params(kAsym, skewed);
+  EXPECT_FLOAT_EQ(q.scale, 1.1f / 15.0f);
+  EXPECT_EQ(q.zero, 1.0f);
+  EXPECT_EQ(quantize_to_code(kAsym, -0.1f, q), 0);
+  EXPECT_EQ(quantize_to_code(kAsym, 0.0f, q), 1);
+  EXPECT_EQ(quantize_to_code(kAsym, 0.5f, q), 8);   // 6.8 steps
+  EXPECT_EQ(quantize_to_code(kAsym, 1.0f, q), 15);  // 13.6 steps
+  EXPECT_EQ(code_value(kAsym, quantize_to_code(kAsym, 0.0f, q), q), 0.0f);
+  // All positive: the range starts at 0, so the zero point is code 0.
+  const std::vector<float> positive = {0.2f, 0.75f, 0.5f};
+  const GroupParams up = choose_group_params(kAsym, positive);
+  EXPECT_FLOAT_EQ(up.scale, 0.05f);
+  EXPECT_EQ(up.zero, 0.0f);
+  EXPECT_EQ(quantize_to_code(kAsym, 0.5f, up), 10);
+  // All negative: the range ends at 0, so the zero point is code 15.
+  const std::vector<float> negative = {-0.6f, -0.15f};
+  const GroupParams down = choose_group_params(kAsym, negative);
+  EXPECT_FLOAT_EQ(down.scale, 0.04f);
+  EXPECT_EQ(down.zero, 15.0f);
+  EXPECT_EQ(quantize_to_code(kAsym, -0.15f, down), 11);  // -3.75 steps: rounds to -4
+  // A zero group: scale 0, and every weight stores the zero point.
+  const std::vector<float> zeros = {0.0f, 0.0f, 0.0f};
+  const GroupParams flat = choose_group_params(kAsym, zeros);
+  EXPECT_EQ(flat.scale, 0.0f);
+  EXPECT_EQ(quantize_to_code(kAsym, 0.0f, flat), static_cast<int>(flat.zero));
+  EXPECT_EQ(code_value(kAsym, quantize_to_code(kAsym, 0.0f, flat), flat), 0.0f);
 }
 
 // The symmetric formats put the group's largest |w| on their extreme code

@@ -651,6 +651,172 @@ TEST(Step07Scheduler, OutOfBlocksPreemptsTheNewest) {
   roomy.blocks().check_invariants();
 }
 
+// Requests of `length` tokens (BOS, then 5s), ids 0.., none computed.
+std::vector<std::unique_ptr<RequestState>> requests_of_lengths(const std::vector<int>& lengths) {
+  std::vector<std::unique_ptr<RequestState>> states;
+  for (const int length : lengths) {
+    Request request;
+    request.id = static_cast<int>(states.size());
+    request.prompt.assign(static_cast<std::size_t>(length), 5);
+    request.prompt[0] = llm::Tokenizer::kBos;
+    states.push_back(std::make_unique<RequestState>(request, kVocab));
+  }
+  return states;
+}
+
+// Preemption alone (nothing is admitted in an iteration that preempts):
+// three requests decoding at a block boundary, each holding its one full
+// block. With no block free, the oldest gets the block of the newest
+// (preempted first), and the middle one, newest by then, preempts itself;
+// both wait at the front of the queue in arrival order, holding nothing.
+// With one block free, the oldest takes it and the middle one the newest's.
+TEST(Step07Scheduler, OutOfBlocksPreemptsNewestFirstUntilTheRowsFit) {
+  constexpr int kBlockSize = 4;
+  constexpr int kContext = 8;
+  const Scheduler scheduler({Admission::EveryIteration, 4, 64, false});
+  for (const int free_blocks : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << free_blocks << " free blocks");
+    BlockManagerLedger ledger(/*n_blocks=*/3 + free_blocks, kBlockSize, 4, kContext, false);
+    auto states = requests_of_lengths({5, 5, 5, 3});  // 0, 1, 2 run with 4 computed; 3 waits
+    std::vector<RequestState*> running;
+    for (int id = 0; id < 3; ++id) {
+      states[id]->computed = kBlockSize;
+      states[id]->slot = id;
+      ledger.reserve(id, 0, kBlockSize);
+      running.push_back(states[id].get());
+    }
+    std::deque<RequestState*> waiting = {states[3].get()};
+    ASSERT_EQ(ledger.blocks().available_blocks(), free_blocks);
+
+    const Schedule plan = scheduler.schedule(waiting, running, ledger);
+    EXPECT_TRUE(plan.admitted.empty());
+    const int kept = free_blocks == 0 ? 1 : 2;  // requests 0 (and 1) keep running
+    ASSERT_EQ(plan.rows.size(), static_cast<std::size_t>(kept));
+    for (int id = 0; id < kept; ++id) {
+      EXPECT_EQ(plan.rows[id].request, states[id].get());
+      EXPECT_EQ(plan.rows[id].first_position, kBlockSize);
+      EXPECT_EQ(plan.rows[id].n_rows, 1);
+      EXPECT_EQ(ledger.blocks().blocks_held(id), 2) << "request " << id;
+      EXPECT_EQ(running[static_cast<std::size_t>(id)], states[id].get());
+    }
+    EXPECT_EQ(running.size(), static_cast<std::size_t>(kept));
+    std::vector<RequestState*> preempted = {states[2].get()};  // the newest first
+    if (free_blocks == 0) preempted.push_back(states[1].get());
+    EXPECT_EQ(plan.preempted, preempted);
+    std::deque<RequestState*> expected_waiting(preempted.rbegin(), preempted.rend());  // arrival order
+    expected_waiting.push_back(states[3].get());
+    EXPECT_EQ(waiting, expected_waiting);
+    for (RequestState* victim : preempted) {
+      SCOPED_TRACE("preempted request " + std::to_string(victim->request.id));
+      EXPECT_EQ(victim->computed, 0);  // recomputed from its tokens when admitted again
+      EXPECT_EQ(victim->slot, -1);
+      EXPECT_EQ(victim->tokens.size(), 5u);
+      EXPECT_EQ(ledger.blocks().blocks_held(victim->request.id), 0);
+    }
+    EXPECT_EQ(ledger.blocks().available_blocks(), free_blocks == 0 ? 1 : 0);
+    ledger.blocks().check_invariants();
+  }
+}
+
+// Admission by hand, in arrival order, until the budget, the slots or the
+// pool say stop. With chunked prefill the budget left cuts a prompt into a
+// chunk, but its blocks are reserved for the whole prompt at once; without
+// it a prompt that does not fit the budget waits, and nobody behind it
+// overtakes it. A prompt whose blocks the pool cannot hold waits too.
+TEST(Step07Scheduler, AdmitsInArrivalOrderWithChunksAndWholePromptBlocks) {
+  constexpr int kBlockSize = 4;
+  constexpr int kContext = 16;
+  {
+    SCOPED_TRACE("chunked prefill, budget 8");
+    const Scheduler scheduler({Admission::EveryIteration, 4, 8, true});
+    BlockManagerLedger ledger(/*n_blocks=*/8, kBlockSize, 4, kContext, false);
+    auto states = requests_of_lengths({3, 10, 2});
+    std::deque<RequestState*> waiting = {states[0].get(), states[1].get(), states[2].get()};
+    std::vector<RequestState*> running;
+    const Schedule first = scheduler.schedule(waiting, running, ledger);
+    // 3 rows of request 0, then a chunk of 5 of request 1's 10: the budget is spent.
+    ASSERT_EQ(first.rows.size(), 2u);
+    EXPECT_EQ(first.rows[0].request, states[0].get());
+    EXPECT_EQ(first.rows[0].first_position, 0);
+    EXPECT_EQ(first.rows[0].n_rows, 3);
+    EXPECT_TRUE(first.rows[0].samples_token());
+    EXPECT_EQ(first.rows[1].request, states[1].get());
+    EXPECT_EQ(first.rows[1].first_position, 0);
+    EXPECT_EQ(first.rows[1].n_rows, 5);
+    EXPECT_FALSE(first.rows[1].samples_token());
+    EXPECT_EQ(first.admitted, (std::vector<RequestState*>{states[0].get(), states[1].get()}));
+    EXPECT_TRUE(first.preempted.empty());
+    EXPECT_EQ(running, first.admitted);
+    EXPECT_EQ(waiting, std::deque<RequestState*>{states[2].get()});
+    EXPECT_EQ(states[0]->slot, 0);
+    EXPECT_EQ(states[1]->slot, 1);
+    EXPECT_EQ(ledger.blocks().blocks_held(0), 1);
+    EXPECT_EQ(ledger.blocks().blocks_held(1), 3) << "the whole 10-token prompt's blocks, not the chunk's";
+    EXPECT_EQ(ledger.blocks().available_blocks(), 4);
+
+    // The forward, by hand: request 0 samples a token, request 1's chunk is in the cache.
+    states[0]->computed = 3;
+    states[0]->tokens.push_back(7);
+    states[1]->computed = 5;
+    const Schedule second = scheduler.schedule(waiting, running, ledger);
+    // Request 0's decode row, the rest of request 1's prompt, then request 2 in the 2 rows left.
+    ASSERT_EQ(second.rows.size(), 3u);
+    EXPECT_EQ(second.rows[0].request, states[0].get());
+    EXPECT_EQ(second.rows[0].first_position, 3);
+    EXPECT_EQ(second.rows[0].n_rows, 1);
+    EXPECT_EQ(second.rows[1].request, states[1].get());
+    EXPECT_EQ(second.rows[1].first_position, 5);
+    EXPECT_EQ(second.rows[1].n_rows, 5);
+    EXPECT_EQ(second.rows[2].request, states[2].get());
+    EXPECT_EQ(second.rows[2].first_position, 0);
+    EXPECT_EQ(second.rows[2].n_rows, 2);
+    EXPECT_EQ(second.admitted, std::vector<RequestState*>{states[2].get()});
+    EXPECT_EQ(states[2]->slot, 2);
+    EXPECT_TRUE(waiting.empty());
+    EXPECT_EQ(second.total_rows(), 8);
+    ledger.blocks().check_invariants();
+  }
+  {
+    SCOPED_TRACE("no chunking, budget 8: the 10-token prompt waits, and the one behind it too");
+    const Scheduler scheduler({Admission::EveryIteration, 4, 8, false});
+    BlockManagerLedger ledger(/*n_blocks=*/8, kBlockSize, 4, kContext, false);
+    auto states = requests_of_lengths({3, 10, 2});
+    std::deque<RequestState*> waiting = {states[0].get(), states[1].get(), states[2].get()};
+    std::vector<RequestState*> running;
+    const Schedule plan = scheduler.schedule(waiting, running, ledger);
+    ASSERT_EQ(plan.rows.size(), 1u);
+    EXPECT_EQ(plan.rows[0].n_rows, 3);
+    EXPECT_EQ(plan.admitted, std::vector<RequestState*>{states[0].get()});
+    EXPECT_EQ(waiting, (std::deque<RequestState*>{states[1].get(), states[2].get()}));
+    EXPECT_EQ(states[1]->slot, -1);
+  }
+  {
+    SCOPED_TRACE("a pool of one context: the second prompt's blocks do not fit");
+    const Scheduler scheduler({Admission::EveryIteration, 4, 64, true});
+    BlockManagerLedger ledger(/*n_blocks=*/4, kBlockSize, 4, kContext, false);
+    auto states = requests_of_lengths({9, 6, 1});  // 3 blocks, 2 blocks, 1 block
+    std::deque<RequestState*> waiting = {states[0].get(), states[1].get(), states[2].get()};
+    std::vector<RequestState*> running;
+    const Schedule plan = scheduler.schedule(waiting, running, ledger);
+    EXPECT_EQ(plan.admitted, std::vector<RequestState*>{states[0].get()});
+    ASSERT_EQ(plan.rows.size(), 1u);
+    EXPECT_EQ(plan.rows[0].n_rows, 9);
+    EXPECT_EQ(waiting, (std::deque<RequestState*>{states[1].get(), states[2].get()}));
+    EXPECT_EQ(ledger.blocks().available_blocks(), 1);
+  }
+  {
+    SCOPED_TRACE("two slots: the third request waits for one");
+    const Scheduler scheduler({Admission::EveryIteration, 2, 64, true});
+    BlockManagerLedger ledger(/*n_blocks=*/8, kBlockSize, 2, kContext, false);
+    auto states = requests_of_lengths({2, 2, 2});
+    std::deque<RequestState*> waiting = {states[0].get(), states[1].get(), states[2].get()};
+    std::vector<RequestState*> running;
+    const Schedule plan = scheduler.schedule(waiting, running, ledger);
+    EXPECT_EQ(plan.admitted, (std::vector<RequestState*>{states[0].get(), states[1].get()}));
+    EXPECT_EQ(waiting, std::deque<RequestState*>{states[2].get()});
+  }
+}
+
 // Bad options are InputErrors; the smallest valid ones are accepted.
 TEST(Step07Scheduler, ConstructorRejectsBadOptions) {
   EXPECT_THROW(Scheduler({Admission::EveryIteration, 0, 512, false}), llm::InputError);  // no slot

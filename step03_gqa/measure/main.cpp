@@ -58,6 +58,7 @@ struct Step03Options {
   bool no_flush = false;      // --no-flush: warm CPU caches between timed runs
   double max_host_gib = 4.0;  // --max-host-gib: skip contexts needing more host memory
   double kv_budget_gib = 40.0;
+  std::string part = "all";   // --part: both parts, or only the decode attention or the conversion
 };
 
 // Returns the exit status when the program should stop (--help, a bad flag, --list).
@@ -85,6 +86,11 @@ std::optional<int> parse_options(int argc, char** argv, Step03Options& options) 
         llm::greater_than(app.add_option("--kv-budget-gib", options.kv_budget_gib,
                                          "KV memory budget for the sequences-that-fit table"),
                           0)
+            ->capture_default_str();
+        app.add_option("--part", options.part,
+                       "run only part 1 (attention: decode attention by KV heads) or part 2 (conversion: the model "
+                       "with fewer or more KV heads)")
+            ->check(CLI::IsMember({"all", "attention", "conversion"}))
             ->capture_default_str();
       },
       [] { llm::print_variant_list(step03::variants(), 12); },
@@ -382,6 +388,7 @@ llm::Results make_results(const Step03Options& options, const llm::LoadedModel& 
   results.set_config("speedup_baseline", std::string("decode attention: group_aware at kv_heads = query heads (MHA), "
                                                      "same device and context; models: the original"));
   results.set_config("conversion_positions", static_cast<long long>(experiment.text.size()));
+  if (options.part != "all") results.set_config("part", options.part);  // --part: one of the two parts only
   results.set_config("temperature", static_cast<double>(options.common.temperature));
   results.set_config("quick", options.common.quick);
   results.set_config("full", options.common.full);
@@ -420,12 +427,15 @@ llm::Results report(const Step03Options& options, const llm::LoadedModel& loaded
   const double copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
   if (copy_gbps > 0) results.set_config("cuda_copy_gbps", copy_gbps);
   add_sweep_rows(results, sweep, copy_gbps);
-  add_conversion_rows(results, experiment);
+  const bool converted = !experiment.rows.empty();  // false with --part attention
+  if (converted) add_conversion_rows(results, experiment);
 
   fmt::print("{}\n", results.format_table());
-  print_sweep_pivot(sweep, sweep_options.contexts);
-  print_speedup_observation(sweep);
-  print_conversion(experiment, loaded.name, loaded.tokenizer);
+  if (options.part != "conversion") {
+    print_sweep_pivot(sweep, sweep_options.contexts);
+    print_speedup_observation(sweep);
+  }
+  if (converted) print_conversion(experiment, loaded.name, loaded.tokenizer);
   results.add_table(cache_by_kv_heads(sweep_options, sweep));
   results.add_table(well_known_cache_sizes(options.kv_budget_gib));
   return results;
@@ -440,14 +450,22 @@ int run_step03(int argc, char** argv) {
   const llm::LoadedModel loaded = llm::load_model(options.common);
   const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);
   const int positions = llm::generation_positions(options.common, loaded.weights.config, prompt.size());
-  llm::RunProgress progress("step03_gqa", static_cast<int>(step03::contexts_that_fit(sweep_options).size()) + 1);
+  // --part runs one of the two parts (each on its own code: the workshop's
+  // exercises ex03.1 and ex03.2 can be run one without the other).
+  const bool attention_part = options.part != "conversion", conversion_part = options.part != "attention";
+  llm::RunProgress progress(
+      "step03_gqa", (attention_part ? static_cast<int>(step03::contexts_that_fit(sweep_options).size()) : 0) +
+                        (conversion_part ? 1 : 0));
   sweep_options.progress = &progress;
 
   // 1. Decode attention by KV heads and context: what fewer KV heads save.
-  const step03::SweepResult sweep = run_sweep(sweep_options, options);
+  const step03::SweepResult sweep = attention_part ? run_sweep(sweep_options, options) : step03::SweepResult{};
   // 2. A real model with fewer KV heads: what its predictions lose.
-  progress.start(fmt::format("the {}-position text through the model with fewer KV heads", positions));
-  const step03::ConversionExperiment experiment = run_conversion(loaded, prompt, positions, options);
+  step03::ConversionExperiment experiment;
+  if (conversion_part) {
+    progress.start(fmt::format("the {}-position text through the model with fewer KV heads", positions));
+    experiment = run_conversion(loaded, prompt, positions, options);
+  }
   // 3. The tables, and the KV-cache sizes the step is about.
   const llm::Results results = report(options, loaded, devices, sweep_options, sweep, experiment);
   return llm::finish_run(results, options.common, devices);
