@@ -18,9 +18,14 @@ if(NOT LLM_CUDA STREQUAL "OFF")
 endif()
 
 if(LLM_WITH_CUDA)
-  # Architectures: the user's choice wins. Otherwise 'native' when a GPU is
-  # visible now (fast compile, exact fit), else a list for T4 (75), A100 (80)
-  # and H100 (90) so a CI build compiles every kernel for the cards we support.
+  # Architectures: the user's choice wins (-DCMAKE_CUDA_ARCHITECTURES, or the
+  # CUDAARCHS environment variable CMake itself reads). Otherwise 'native' when
+  # a GPU is visible now (fast compile, exact fit), else a list for T4 (75),
+  # A100 (80) and H100 (90) so a build without a GPU compiles every kernel for
+  # the cards we support.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND DEFINED ENV{CUDAARCHS})
+    set(CMAKE_CUDA_ARCHITECTURES "$ENV{CUDAARCHS}" CACHE STRING "CUDA architectures")
+  endif()
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(_llm_have_gpu OFF)
     find_program(_llm_nvidia_smi nvidia-smi)

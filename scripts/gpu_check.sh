@@ -9,6 +9,8 @@
 #   scripts/gpu_check.sh --dry-run             # finds the binaries, runs nothing
 #   scripts/gpu_check.sh --only step05         # the binaries whose names match (a
 #                                              # regex), e.g. to rerun one after a fix
+#   scripts/gpu_check.sh --exercise-copy DIR   # also prove the cuda exercises' stubs
+#                                              # fail, in a built student copy (stage exercises)
 #
 # The default form is sized to finish in a few minutes on an H100 (a GPU is
 # often lent for minutes, not hours); --full runs the long sweeps. Each stage
@@ -22,6 +24,14 @@
 #              skip fails instead: tests/test_support.hpp); a test that skips
 #              is a failure here too (a GPU is visible, so a skip means a path
 #              did not run)
+#   exercises  the workshop's cuda exercises (docs/workshop.md): their checks
+#              pass on the maintained code, none skipping; with --exercise-copy
+#              DIR, every one of them fails under its stub with its own
+#              ExerciseNotDone message. DIR is a student copy of the cuda
+#              exercises alone, built (in DIR/build-gpu or DIR/build) where the
+#              packages are: scripts/workshop.py make-copy --out DIR --exercises
+#              ex02.2,ex02.3,ex05.3,ex06.3 --keep-prerequisite-solutions, then
+#              cmake --preset hopper && cmake --build build-gpu -j in DIR
 #   presets    the model on real models' dims, CUDA only: step 01's decode on
 #              TinyLlama-1.1B's dims in fp32 without and with graphs and
 #              fusions, fp16 without and with the norms folded into the
@@ -54,7 +64,8 @@ set -uo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=build
 out_dir=gpu-report
-stages="info,tests,presets,memcheck,racecheck,steps,sdpa"
+stages="info,tests,exercises,presets,memcheck,racecheck,steps,sdpa"
+exercise_copy=
 dry_run=0
 full=0
 only=.
@@ -65,6 +76,7 @@ while (($#)); do
     --build-dir) build_dir=$2; shift 2 ;;
     --out) out_dir=$2; shift 2 ;;
     --stages) stages=$2; shift 2 ;;
+    --exercise-copy) exercise_copy=$(cd "$2" && pwd) || exit 1; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     --full) full=1; shift ;;
     --only) only=$2; shift 2 ;;
@@ -85,8 +97,8 @@ command_timeout=${GPU_CHECK_TIMEOUT:-1800}
 
 want() { [[ ",$stages," == *",$1,"* ]]; }
 for stage in ${stages//,/ }; do
-  case $stage in info|tests|memcheck|racecheck|steps|presets|sdpa) ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,memcheck,racecheck,steps,presets,sdpa)" >&2; exit 1 ;;
+  case $stage in info|tests|exercises|memcheck|racecheck|steps|presets|sdpa) ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,exercises,memcheck,racecheck,steps,presets,sdpa)" >&2; exit 1 ;;
   esac
 done
 
@@ -124,6 +136,18 @@ for name in "${steps[@]}" "${gpu_tests[@]}"; do
   fi
 done
 echo "binaries: ${#steps[@]} steps and ${#gpu_tests[@]} gpu test binaries in $bin"
+exercise_copy_bin=
+if [[ -n $exercise_copy ]]; then
+  for candidate in "$exercise_copy/build-gpu/bin" "$exercise_copy/build/bin"; do
+    [[ -d $candidate ]] && { exercise_copy_bin=$candidate; break; }
+  done
+  if [[ ! -f $exercise_copy/exercises/selection.json || -z $exercise_copy_bin ]]; then
+    echo "gpu_check.sh: --exercise-copy $exercise_copy is not a built student copy" \
+         "(scripts/workshop.py make-copy, then cmake --preset hopper && cmake --build build-gpu there)" >&2
+    exit 1
+  fi
+  echo "exercise copy: $exercise_copy (binaries in $exercise_copy_bin)"
+fi
 
 if ((dry_run)); then
   echo "dry run: stages $stages would write into $out_dir"
@@ -191,6 +215,25 @@ if want tests; then
   for name in "${gpu_tests[@]}"; do
     run_gtest tests "$out_dir/tests_$name.log" "$bin/$name" --gtest_output="xml:$out_dir/tests_$name.xml"
   done
+fi
+
+# --- the workshop's cuda exercises (CI proves the cpu ones) -----------------------
+# prove_exercises <label> <workshop.py command and arguments>: one summary line.
+prove_exercises() {
+  local label=$1 log=$out_dir/exercises_$1.log
+  shift
+  progress "exercises: $label"
+  if timeout "$command_timeout" "${PYTHON:-python3}" "$repo_root/scripts/workshop.py" "$@" --device cuda >"$log" 2>&1; then
+    record exercises PASS "$label: $(grep -c '^ex' "$log") cuda exercises ($(tr '\n' ';' <"$log" | sed 's/;$//'))"
+  else
+    record exercises FAIL "$label: $(grep -m1 -E 'FAILS|PASSES|error' "$log") (see $(basename "$log"))"
+  fi
+}
+if want exercises; then
+  prove_exercises solutions prove-solutions --bin-dir "$bin"
+  if [[ -n $exercise_copy ]]; then
+    prove_exercises stubs prove-stubs --bin-dir "$exercise_copy_bin" --copy "$exercise_copy"
+  fi
 fi
 
 # --- step executables (the presets first: the measurements the chapters quote) -----

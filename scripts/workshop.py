@@ -21,6 +21,7 @@ For a learner, in a student copy:
 For an instructor, in the course repository:
     workshop.py make-copy --out DIR [--exercises ex01.*,ex05.2] [--with-solutions]
 For CI (.ci/run) and the GPU check (scripts/gpu_check.sh):
+    workshop.py prove --build-dir build    CI's workshop tier: all of the below, in student copies
     workshop.py lint                       markers, manifest, hints and chapters agree
     workshop.py prove-solutions --bin-dir build/bin [--device cpu|cuda]
     workshop.py prove-stubs --bin-dir COPY/build/bin --copy COPY [--device cpu|cuda]
@@ -169,14 +170,18 @@ def select(exercises: dict[str, Exercise], patterns: str | None) -> list[str]:
     return [i for i in exercises if i in chosen]
 
 
-def refuse_broken_selection(exercises: dict[str, Exercise], chosen: list[str]) -> None:
+def refuse_broken_selection(exercises: dict[str, Exercise], chosen: list[str], keep_prerequisite_solutions: bool) -> None:
     """An exercise is taught on its prerequisites' code, and its checks run that
-    code: a copy that asks for it must ask for its prerequisites too."""
+    code: a copy that asks for it must ask for its prerequisites too, unless it
+    says to keep their solutions (a GPU session that starts at the kernels; the
+    GPU check's proof that each cuda stub fails with its own message)."""
+    if keep_prerequisite_solutions:
+        return
     for exercise_id in chosen:
         missing = [r for r in exercises[exercise_id].requires if r not in chosen]
         if missing:
             fail(f"{exercise_id} requires {', '.join(missing)} (written first; its checks run that code): "
-                 f"add {','.join(missing)} to --exercises")
+                 f"add {','.join(missing)} to --exercises, or keep their solutions with --keep-prerequisite-solutions")
 
 
 # --------------------------------------------------------------------------
@@ -200,11 +205,25 @@ def distinctive_solution_lines(region: Region, text_outside: str) -> list[str]:
     return found
 
 
-def write_copy(root: Path, out: Path, exercises: dict[str, Exercise], chosen: list[str], with_solutions: bool) -> None:
+def proof_text(region: Region) -> list[str]:
+    """The region in CI's proof copy: the stub behind a switch the environment
+    turns on (llm::exercise_stubbed), then the solution, unchanged."""
+    stubs = region.stub_lines or [f'LLM_EXERCISE_TODO("{region.exercise_id}");']
+    return ([f'{region.indent}if (::llm::exercise_stubbed("{region.exercise_id}")) {{  // the stub when '
+             f'LLM_STUBBED_EXERCISES names {region.exercise_id} (scripts/workshop.py prove)']
+            + [f"{region.indent}  {line}" for line in stubs] + [f"{region.indent}}}"] + region.solution_lines)
+
+
+def write_copy(root: Path, out: Path, exercises: dict[str, Exercise], chosen: list[str], mode: str) -> None:
+    """mode: "stubs" (the student copy), "solutions" (an instructor's copy,
+    markers kept) or "proof" (every cpu region switchable at run time)."""
+    with_solutions = mode == "solutions"
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=root, check=True, capture_output=True, text=True).stdout
     files = [Path(p) for p in tracked.split("\0") if p]
     regions_by_file: dict[Path, list[Region]] = {}
     for exercise_id in chosen:
+        if mode == "proof" and exercises[exercise_id].device != "cpu":
+            continue  # a kernel cannot read the environment: the cuda regions keep their solutions
         for region in exercises[exercise_id].regions:
             regions_by_file.setdefault(region.path, []).append(region)
     for path in files:
@@ -221,11 +240,14 @@ def write_copy(root: Path, out: Path, exercises: dict[str, Exercise], chosen: li
         kept, cursor = [], 1
         for region in regions:
             kept += lines[cursor - 1:region.begin_line - 1]
-            kept += stub_text(region, exercises[region.exercise_id].data["title"])
+            kept += (proof_text(region) if mode == "proof"
+                     else stub_text(region, exercises[region.exercise_id].data["title"]))
             cursor = region.end_line + 1
         kept += lines[cursor - 1:]
         target.write_text("\n".join(kept) + "\n")
         shutil.copymode(source, target)
+        if mode == "proof":
+            continue
         # No solution line may survive in the copy.
         outside = "\n".join(kept)
         for region in regions:
@@ -235,27 +257,31 @@ def write_copy(root: Path, out: Path, exercises: dict[str, Exercise], chosen: li
                     fail(f"{path}: a solution line of {region.exercise_id} leaked into the copy: {code}")
             if f"BEGIN EXERCISE {region.exercise_id}" in outside:
                 fail(f"{path}: a marker of {region.exercise_id} is left in the copy")
-    (out / SELECTION).write_text(json.dumps({"exercises": chosen, "with_solutions": with_solutions}, indent=2) + "\n")
+    (out / SELECTION).write_text(json.dumps({"exercises": chosen, "mode": mode}, indent=2) + "\n")
     with open(out / ".gitignore", "a") as ignore:
         ignore.write("/.workshop/\n")
+
+
+def make_copy(root: Path, exercises: dict[str, Exercise], chosen: list[str], out: Path, mode: str) -> None:
+    if out.exists() and any(out.iterdir()):
+        fail(f"{out} exists and is not empty")
+    out.mkdir(parents=True, exist_ok=True)
+    write_copy(root, out, exercises, chosen, mode)
+    git = ["git", "-c", "user.name=workshop", "-c", "user.email=workshop@localhost", "-c", "init.defaultBranch=main"]
+    subprocess.run(git + ["init", "-q"], cwd=out, check=True)
+    subprocess.run(git + ["add", "-A"], cwd=out, check=True)
+    what = {"stubs": "stubs", "solutions": "solutions", "proof": "switchable stubs"}[mode]
+    subprocess.run(git + ["commit", "-q", "-m", f"Workshop copy: {len(chosen)} exercises as {what}"], cwd=out, check=True)
+    print(f"{out}: {len(chosen)} exercises ({', '.join(chosen)}) as {what}")
 
 
 def command_make_copy(args) -> None:
     root = repository_root()
     exercises = load(root)
     chosen = select(exercises, args.exercises)
-    refuse_broken_selection(exercises, chosen)
+    refuse_broken_selection(exercises, chosen, args.keep_prerequisite_solutions)
     out = Path(args.out).resolve()
-    if out.exists() and any(out.iterdir()):
-        fail(f"{out} exists and is not empty")
-    out.mkdir(parents=True, exist_ok=True)
-    write_copy(root, out, exercises, chosen, args.with_solutions)
-    git = ["git", "-c", "user.name=workshop", "-c", "user.email=workshop@localhost", "-c", "init.defaultBranch=main"]
-    subprocess.run(git + ["init", "-q"], cwd=out, check=True)
-    subprocess.run(git + ["add", "-A"], cwd=out, check=True)
-    what = "solutions" if args.with_solutions else "stubs"
-    subprocess.run(git + ["commit", "-q", "-m", f"Workshop copy: {len(chosen)} exercises as {what}"], cwd=out, check=True)
-    print(f"{out}: {len(chosen)} exercises ({', '.join(chosen)}) as {what}")
+    make_copy(root, exercises, chosen, out, "solutions" if args.with_solutions else "stubs")
     print(f"next: cd {out} && scripts/workshop.py doctor && scripts/workshop.py list")
 
 
@@ -340,6 +366,13 @@ def payoff(root: Path, exercise: Exercise, bin_dir: Path) -> None:
         begin = time.monotonic()
         result = subprocess.run(command, cwd=root, capture_output=True, text=True)
         if result.returncode != 0:
+            # The step runs all of its code: another exercise still stubbed
+            # stops it, which is no failure of this one.
+            others = sorted(set(re.findall(rf"{NOT_DONE}: exercise (ex\d\d\.\d)", result.stderr)) - {exercise.id})
+            if others:
+                print(f"\nNo payoff yet: the step also runs {', '.join(others)}, still a stub. "
+                      f"Write {'it' if len(others) == 1 else 'them'}, then check {exercise.id} again for its payoff.")
+                return
             print(result.stdout[-4000:] + result.stderr[-4000:])
             fail(f"the payoff run exited with status {result.returncode}")
         document = json.loads(json_path.read_text())
@@ -529,10 +562,10 @@ def command_lint(args) -> None:
         data, where = exercise.data, f"{MANIFEST} {exercise.id}"
         if not EXERCISE_ID.match(exercise.id):
             problems.append(f"{where}: an id is exNN.M (step 01-07, M 1-9)")
-        for key in ["title", "step", "device", "minutes", "chapter", "checks", "payoff", "hints"]:
-            if key not in data:
-                problems.append(f"{where}: no {key!r}")
-        if problems:
+        missing = [key for key in ["title", "step", "device", "minutes", "chapter", "checks", "payoff", "hints"]
+                   if key not in data]
+        if missing:
+            problems.append(f"{where}: no {', '.join(missing)}")
             continue
         if data["step"] not in steps or not exercise.id.startswith("ex" + data["step"][4:6]):
             problems.append(f"{where}: step {data['step']!r} does not match the id")
@@ -622,33 +655,147 @@ def command_prove_solutions(args) -> None:
         fail(f"the solutions of {', '.join(failures)} fail their checks")
 
 
+@dataclass
+class StubVerdict:
+    exercise_id: str
+    proven: bool        # its checks failed with its own message
+    passed: bool        # its checks passed under its stub: they check nothing
+    other_ids: list[str]  # the messages of other stubs its checks met instead
+    output: str
+
+
+def judge_stubs(exercises: list[Exercise], bin_dir: Path) -> list[StubVerdict]:
+    verdicts = []
+    for exercise in exercises:
+        run = run_checks(exercise, bin_dir, {"LLM_EXPECT_GPU": "1"} if exercise.device == "cuda" else None)
+        proven = not run.passed and exercise.id in run.not_done_ids
+        others = [i for i in run.not_done_ids if i != exercise.id]
+        if run.passed:
+            said = "PASSES under its stub"
+        elif proven:
+            said = "fails under its stub with its message"
+        elif others:
+            said = f"fails, but first with the stub of {', '.join(others)}"
+        else:
+            said = "fails without the message"
+        print(f"{exercise.id}: {said} ({run.tests_run} tests)", flush=True)
+        verdicts.append(StubVerdict(exercise.id, proven, run.passed, others, run.output))
+    return verdicts
+
+
 def command_prove_stubs(args) -> None:
-    """In a copy with every exercise stubbed, every exercise's checks fail, and
-    with the ExerciseNotDone message of the exercise itself (or of one of its
-    prerequisites, whose code its checks run): a check that passes under its
-    stub checks nothing."""
+    """In a student copy, every stubbed exercise's checks fail, with the
+    ExerciseNotDone message of the exercise itself: a check that passes under
+    its stub checks nothing, and one that stops at another exercise's stub has
+    not shown that it reaches this one."""
     root = repository_root()
     copy = Path(args.copy).resolve()
     exercises = load(root)
     selection = json.loads((copy / SELECTION).read_text())
-    if selection["with_solutions"]:
-        fail(f"{copy} was made --with-solutions")
-    bin_dir = Path(args.bin_dir).resolve()
-    problems = []
-    for exercise in proven_exercises(exercises, args, selection["exercises"]):
-        run = run_checks(exercise, bin_dir, {"LLM_EXPECT_GPU": "1"} if exercise.device == "cuda" else None)
-        accepted = {exercise.id, *exercise.requires}
-        named = [i for i in run.not_done_ids if i in accepted]
-        verdict = "fails with " + ", ".join(run.not_done_ids) if run.not_done_ids else "fails without the message"
-        print(f"{exercise.id}: {'PASSES' if run.passed else verdict} under its stub ({run.tests_run} tests)")
-        if run.passed:
-            problems.append(f"{exercise.id}: its checks pass under its stub")
-        elif exercise.id not in run.not_done_ids and not named:
-            problems.append(f"{exercise.id}: its checks fail, but not with its {NOT_DONE} message")
+    if selection["mode"] != "stubs":
+        fail(f"{copy} is not a student copy with stubs (made as {selection['mode']})")
+    verdicts = judge_stubs(proven_exercises(exercises, args, selection["exercises"]), Path(args.bin_dir).resolve())
+    problems = [v for v in verdicts if not v.proven]
+    for verdict in problems:
+        print(verdict.output[-6000:])
+    if problems:
+        fail(f"not proven by their stubs: {', '.join(v.exercise_id for v in problems)}")
+
+
+def cmake_cache_value(build_dir: Path, name: str) -> str | None:
+    for line in (build_dir / "CMakeCache.txt").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return line.split("=", 1)[1]
+    return None
+
+
+def build_copy(copy: Path, main_build: Path, targets: list[str] | None) -> None:
+    """Configures a copy as the main build is (so that a compiler cache serves
+    every file the copy did not change) and builds it, or some targets of it."""
+    settings = ["-DLLM_EXERCISES=ON"]
+    for name in ["LLM_DEFAULT_MODELS_DIR", "CMAKE_CUDA_ARCHITECTURES", "CMAKE_BUILD_TYPE",
+                 "CMAKE_CXX_COMPILER_LAUNCHER", "CMAKE_CUDA_COMPILER_LAUNCHER"]:
+        value = cmake_cache_value(main_build, name)
+        if value:
+            settings.append(f"-D{name}={value}")
+    subprocess.run(["cmake", "-S", str(copy), "-B", str(copy / "build"), "-G", "Ninja", *settings],
+                   check=True, stdout=subprocess.DEVNULL)
+    progress(f"building {copy.name}" + (f": {', '.join(targets)}" if targets else ": everything"))
+    command = ["cmake", "--build", str(copy / "build"), "-j"] + (["--target", *targets] if targets else [])
+    if subprocess.run(command, stdout=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(command)  # again, to show the errors
+        fail(f"the student copy {copy} does not build")
+
+
+def command_prove(args) -> None:
+    """CI's workshop tier in one command (docs/testing.md).
+
+    1. lint, and the solutions pass their checks (the maintained build);
+    2. the student copy of every exercise builds (the CUDA stubs too where
+       nvcc is), the first exercise's ctest label fails there with its
+       message, and no cpu exercise's checks pass under the stubs;
+    3. in the proof copy, where every cpu region's stub is switched on by the
+       environment, each cpu exercise's checks, with only its own stub on,
+       fail with its own message (they reach its code); and, with the stubs
+       of every exercise after it in the manifest on, they pass: a learner who
+       works in order can pass each exercise when they reach it."""
+    root = repository_root()
+    main_build = Path(args.build_dir).resolve()
+    command_lint(args)
+    command_prove_solutions(argparse.Namespace(bin_dir=str(main_build / "bin"), device=args.device, exercises=None))
+    exercises = load(root)
+    work = Path(args.work).resolve()
+    if work.exists():
+        shutil.rmtree(work)
+    proven = [e for e in exercises.values() if e.device == args.device]
+    order = list(exercises)
+
+    progress("the student copy: every exercise a stub")
+    student = work / "student"
+    make_copy(root, exercises, order, student, "stubs")
+    build_copy(student, main_build, None)
+    first = exercises[order[0]]
+    ctest = subprocess.run(["ctest", "--test-dir", str(student / "build"), "-L", f"^{re.escape(first.id)}$",
+                            "--output-on-failure"], capture_output=True, text=True)
+    if ctest.returncode == 0 or f"{NOT_DONE}: exercise {first.id} is not written yet" not in ctest.stdout:
+        print(ctest.stdout[-4000:])
+        fail(f"ctest -L {first.id} in the student copy did not fail with the exercise's message")
+    print(f"student copy: builds; ctest -L {first.id} fails with its message")
+    for exercise in proven:
+        run = run_checks(exercise, student / "build" / "bin")
+        if run.passed or not run.not_done_ids:
             print(run.output[-6000:])
+            fail(f"{exercise.id}'s checks {'pass' if run.passed else 'fail without an ' + NOT_DONE + ' message'} "
+                 f"in the student copy")
+    print(f"student copy: the checks of all {len(proven)} {args.device} exercises fail with {NOT_DONE}")
+
+    progress("the proof copy: every cpu stub switched by LLM_STUBBED_EXERCISES")
+    proof = work / "proof"
+    make_copy(root, exercises, order, proof, "proof")
+    build_copy(proof, main_build, sorted({c["binary"] for e in proven for c in e.data["checks"]}))
+    problems = []
+    for exercise in proven:
+        alone = run_checks(exercise, proof / "build" / "bin", {"LLM_STUBBED_EXERCISES": exercise.id})
+        later = order[order.index(exercise.id) + 1:]
+        in_order = run_checks(exercise, proof / "build" / "bin", {"LLM_STUBBED_EXERCISES": ",".join(later)})
+        alone_ok = not alone.passed and alone.not_done_ids == [exercise.id]
+        print(f"{exercise.id}: its stub alone: {'fails with its message' if alone_ok else 'NOT PROVEN'}; "
+              f"with the {len(later)} later ones stubbed: {'passes' if in_order.passed else 'FAILS'} "
+              f"({alone.tests_run} tests)", flush=True)
+        if not alone_ok:
+            problems.append(f"{exercise.id}: with only its stub on, its checks "
+                            f"{'pass: they check nothing' if alone.passed else 'fail without its message'}")
+            print(alone.output[-4000:])
+        if not in_order.passed:
+            blockers = ", ".join(in_order.not_done_ids) or "no stub"
+            problems.append(f"{exercise.id}: with it written, its checks still fail (at {blockers}): a later "
+                            f"exercise's code is in its way; move the check or reorder the manifest")
+            print(in_order.output[-4000:])
     if problems:
         print("\n".join(problems), file=sys.stderr)
-        fail(f"{len(problems)} exercise(s) not proven by their stubs")
+        fail(f"{len(problems)} problem(s) in the exercises' checks")
+    print(f"prove: every {args.device} exercise passes on its solution, fails with its own message under its "
+          f"stub, and passes when written with every later exercise still a stub")
 
 
 def main() -> None:
@@ -673,6 +820,8 @@ def main() -> None:
     c.add_argument("--out", required=True)
     c.add_argument("--exercises", help="comma-separated ids or patterns (ex05.*); default: all")
     c.add_argument("--with-solutions", action="store_true", help="keep the solutions and markers (an instructor's copy)")
+    c.add_argument("--keep-prerequisite-solutions", action="store_true",
+                   help="allow a selection without some exercises' prerequisites: their solutions stay")
     c.set_defaults(run=command_make_copy)
     c = commands.add_parser("lint", help="markers, manifest, hints and chapters agree (CI)")
     c.set_defaults(run=command_lint)
@@ -685,6 +834,11 @@ def main() -> None:
         if name == "prove-stubs":
             c.add_argument("--copy", required=True, help="the student copy (made without --with-solutions)")
         c.set_defaults(run=run)
+    c = commands.add_parser("prove", help="CI's workshop tier: lint, solutions, student copies, stubs")
+    c.add_argument("--build-dir", default="build", help="the maintained build (its bin/ and its CMake settings)")
+    c.add_argument("--work", default="build-workshop", help="where the student copies are made (emptied first)")
+    c.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    c.set_defaults(run=command_prove, exercises=None)
     args = parser.parse_args()
     args.run(args)
 

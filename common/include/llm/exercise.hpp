@@ -32,6 +32,13 @@ class ExerciseNotDone : public std::logic_error {
 // Throws ExerciseNotDone for `exercise_id`, stubbed at file:line.
 [[noreturn]] void exercise_not_done(const char* exercise_id, const char* file, int line);
 
+// Whether the environment variable LLM_STUBBED_EXERCISES (ids separated by
+// commas) names `exercise_id`. Only the proof copy that CI builds calls it
+// (scripts/workshop.py prove): there every region keeps its solution behind
+// `if (exercise_stubbed(id)) { stub }`, so that one build can run each
+// exercise's checks with any set of exercises stubbed.
+bool exercise_stubbed(const char* exercise_id);
+
 // The source path as the learner sees it, relative to the repository root:
 // "../step01_kv_cache/generation.cpp" and "/home/me/course/step01_kv_cache/
 // generation.cpp" both give "step01_kv_cache/generation.cpp".

@@ -1,6 +1,8 @@
 #include "llm/exercise.hpp"
 
+#include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -21,6 +23,18 @@ std::string path_in_repository(const std::string& compiled_path) {
     }
   }
   return best == std::string::npos ? compiled_path : compiled_path.substr(best);
+}
+
+bool exercise_stubbed(const char* exercise_id) {
+  const char* listed = std::getenv("LLM_STUBBED_EXERCISES");
+  if (listed == nullptr) return false;
+  const std::string_view ids(listed), id(exercise_id);
+  for (std::size_t start = 0; start <= ids.size();) {
+    const std::size_t comma = std::min(ids.find(',', start), ids.size());
+    if (ids.substr(start, comma - start) == id) return true;
+    start = comma + 1;
+  }
+  return false;
 }
 
 void exercise_not_done(const char* exercise_id, const char* file, int line) {
