@@ -54,6 +54,7 @@ BEGIN = re.compile(r"^(?P<indent>\s*)// BEGIN EXERCISE (?P<id>\S+)\s*$")
 END = re.compile(r"^\s*// END EXERCISE (?P<id>\S+)\s*$")
 STUB = re.compile(r"^\s*// STUB: ?(?P<code>.*)$")
 NOT_DONE = "ExerciseNotDone"
+NOT_DONE_ID = re.compile(rf"{NOT_DONE}: exercise (ex\d\d\.\d)")  # the id in a stub's message
 # Files the markers may live in.
 SOURCE_SUFFIXES = {".cpp", ".hpp", ".cu", ".cuh", ".h"}
 
@@ -315,9 +316,15 @@ def run_checks(exercise: Exercise, bin_dir: Path, extra_env: dict[str, str] | No
         if result.returncode != 0 or "[  PASSED  ]" not in text:
             passed = False
     output = "\n".join(output_parts)
-    ids = sorted(set(re.findall(rf"{NOT_DONE}: exercise (ex\d\d\.\d)", output)))
+    ids = sorted(set(NOT_DONE_ID.findall(output)))
     # A skip is a failure: a check that did not run proves nothing.
     return CheckRun(exercise.id, passed and tests_run > 0 and skipped == 0, tests_run, skipped, output, ids)
+
+
+def gpu_gate(exercise: Exercise) -> dict[str, str] | None:
+    """The proofs' environment: a cuda exercise's gpu tests fail instead of
+    skipping where no GPU is usable (tests/test_support.hpp)."""
+    return {"LLM_EXPECT_GPU": "1"} if exercise.device == "cuda" else None
 
 
 def build_targets(build_dir: Path, targets: list[str]) -> None:
@@ -368,7 +375,7 @@ def payoff(root: Path, exercise: Exercise, bin_dir: Path) -> None:
         if result.returncode != 0:
             # The step runs all of its code: another exercise still stubbed
             # stops it, which is no failure of this one.
-            others = sorted(set(re.findall(rf"{NOT_DONE}: exercise (ex\d\d\.\d)", result.stderr)) - {exercise.id})
+            others = sorted(set(NOT_DONE_ID.findall(result.stderr)) - {exercise.id})
             if others:
                 print(f"\nNo payoff yet: the step also runs {', '.join(others)}, still a stub. "
                       f"Write {'it' if len(others) == 1 else 'them'}, then check {exercise.id} again for its payoff.")
@@ -646,41 +653,13 @@ def command_prove_solutions(args) -> None:
     bin_dir = Path(args.bin_dir).resolve()
     failures = []
     for exercise in proven_exercises(load(root), args):
-        run = run_checks(exercise, bin_dir, {"LLM_EXPECT_GPU": "1"} if exercise.device == "cuda" else None)
+        run = run_checks(exercise, bin_dir, gpu_gate(exercise))
         print(f"{exercise.id}: {'passes' if run.passed else 'FAILS'} ({run.tests_run} tests, {run.skipped} skipped)")
         if not run.passed:
             failures.append(exercise.id)
             print(run.output[-6000:])
     if failures:
         fail(f"the solutions of {', '.join(failures)} fail their checks")
-
-
-@dataclass
-class StubVerdict:
-    exercise_id: str
-    proven: bool        # its checks failed with its own message
-    passed: bool        # its checks passed under its stub: they check nothing
-    other_ids: list[str]  # the messages of other stubs its checks met instead
-    output: str
-
-
-def judge_stubs(exercises: list[Exercise], bin_dir: Path) -> list[StubVerdict]:
-    verdicts = []
-    for exercise in exercises:
-        run = run_checks(exercise, bin_dir, {"LLM_EXPECT_GPU": "1"} if exercise.device == "cuda" else None)
-        proven = not run.passed and exercise.id in run.not_done_ids
-        others = [i for i in run.not_done_ids if i != exercise.id]
-        if run.passed:
-            said = "PASSES under its stub"
-        elif proven:
-            said = "fails under its stub with its message"
-        elif others:
-            said = f"fails, but first with the stub of {', '.join(others)}"
-        else:
-            said = "fails without the message"
-        print(f"{exercise.id}: {said} ({run.tests_run} tests)", flush=True)
-        verdicts.append(StubVerdict(exercise.id, proven, run.passed, others, run.output))
-    return verdicts
 
 
 def command_prove_stubs(args) -> None:
@@ -694,12 +673,25 @@ def command_prove_stubs(args) -> None:
     selection = json.loads((copy / SELECTION).read_text())
     if selection["mode"] != "stubs":
         fail(f"{copy} is not a student copy with stubs (made as {selection['mode']})")
-    verdicts = judge_stubs(proven_exercises(exercises, args, selection["exercises"]), Path(args.bin_dir).resolve())
-    problems = [v for v in verdicts if not v.proven]
-    for verdict in problems:
-        print(verdict.output[-6000:])
-    if problems:
-        fail(f"not proven by their stubs: {', '.join(v.exercise_id for v in problems)}")
+    bin_dir = Path(args.bin_dir).resolve()
+    unproven = []
+    for exercise in proven_exercises(exercises, args, selection["exercises"]):
+        run = run_checks(exercise, bin_dir, gpu_gate(exercise))
+        others = [i for i in run.not_done_ids if i != exercise.id]
+        if run.passed:
+            said = "PASSES under its stub"
+        elif exercise.id in run.not_done_ids:
+            said = "fails under its stub with its message"
+        elif others:
+            said = f"fails, but first with the stub of {', '.join(others)}"
+        else:
+            said = "fails without the message"
+        print(f"{exercise.id}: {said} ({run.tests_run} tests)", flush=True)
+        if run.passed or exercise.id not in run.not_done_ids:
+            unproven.append(exercise.id)
+            print(run.output[-6000:])
+    if unproven:
+        fail(f"not proven by their stubs: {', '.join(unproven)}")
 
 
 def cmake_cache_value(build_dir: Path, name: str) -> str | None:

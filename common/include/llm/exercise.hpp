@@ -14,6 +14,7 @@
 // CUDA stubs are in common/cuda/exercise.cuh.
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace llm {
 
@@ -38,11 +39,6 @@ class ExerciseNotDone : public std::logic_error {
 // `if (exercise_stubbed(id)) { stub }`, so that one build can run each
 // exercise's checks with any set of exercises stubbed.
 bool exercise_stubbed(const char* exercise_id);
-
-// The source path as the learner sees it, relative to the repository root:
-// "../step01_kv_cache/generation.cpp" and "/home/me/course/step01_kv_cache/
-// generation.cpp" both give "step01_kv_cache/generation.cpp".
-std::string path_in_repository(const std::string& compiled_path);
 
 }  // namespace llm
 

@@ -8,7 +8,11 @@
 #include <fmt/format.h>
 
 namespace llm {
+namespace {
 
+// The source path as the learner sees it, relative to the repository root:
+// "../step01_kv_cache/generation.cpp" and "/home/me/course/step01_kv_cache/
+// generation.cpp" both give "step01_kv_cache/generation.cpp".
 std::string path_in_repository(const std::string& compiled_path) {
   // The course's top-level folders: the last one in the path starts the part
   // a learner recognizes, wherever the copy lives and however the compiler was
@@ -24,6 +28,8 @@ std::string path_in_repository(const std::string& compiled_path) {
   }
   return best == std::string::npos ? compiled_path : compiled_path.substr(best);
 }
+
+}  // namespace
 
 bool exercise_stubbed(const char* exercise_id) {
   const char* listed = std::getenv("LLM_STUBBED_EXERCISES");
