@@ -72,22 +72,45 @@ void Engine::submit(Request request) {
                                         token, config.vocab_size));
   if (!(request.sampling.temperature >= 0.0f))
     throw llm::InputError(fmt::format("request {}: temperature must be >= 0", request.id));
+  const int max_sequences = scheduler_.options().max_sequences;
+  if (request.n < 1 || request.n > max_sequences)
+    throw llm::InputError(fmt::format("request {}: n must be from 1 to {} (each sample runs in a cache slot of its "
+                                      "own; got {})",
+                                      request.id, max_sequences, request.n));
+  if (request.top_logprobs < -1)
+    throw llm::InputError(fmt::format("request {}: top_logprobs must be -1 (none) or at least 0 (got {})", request.id,
+                                      request.top_logprobs));
   for (const auto& live : live_)
     if (live->request.id == request.id)
       throw llm::InputError(fmt::format("request id {} is already being served", request.id));
+  const int n = request.n;
   live_.push_back(std::make_unique<RequestState>(std::move(request), config.vocab_size));
+  live_.back()->forks_pending = n - 1;  // forked off when its prompt is computed (fork_samples)
   waiting_.push_back(live_.back().get());
 }
 
 bool Engine::cancel(int request_id) {
-  for (const auto& live : live_) {
-    if (live->request.id != request_id) continue;
-    const auto queued = std::find(waiting_.begin(), waiting_.end(), live.get());
+  std::vector<RequestState*> samples;  // every live sample of the request (finish() edits live_)
+  for (const auto& live : live_)
+    if (live->request.id == request_id) samples.push_back(live.get());
+  for (RequestState* sample : samples) {
+    const auto queued = std::find(waiting_.begin(), waiting_.end(), sample);
     if (queued != waiting_.end()) waiting_.erase(queued);
-    finish(*live, FinishReason::Cancelled);
-    return true;
+    finish(*sample, FinishReason::Cancelled);
   }
-  return false;
+  return !samples.empty();
+}
+
+bool Engine::stop_sample(int request_id, int sample) {
+  const auto found = std::find_if(live_.begin(), live_.end(), [&](const auto& live) {
+    return live->request.id == request_id && live->sample == sample;
+  });
+  if (found == live_.end()) return false;
+  RequestState& request = **found;
+  const auto queued = std::find(waiting_.begin(), waiting_.end(), &request);
+  if (queued != waiting_.end()) waiting_.erase(queued);  // preempted: its tokens are kept, its K/V were dropped
+  finish(request, FinishReason::Stop);
+  return true;
 }
 
 int Engine::step() {
@@ -98,7 +121,7 @@ int Engine::step() {
   // The rows' blocks are reserved by the schedule itself: the forward's own
   // reserve finds them held. With work queued and a pool of at least one
   // full context, the oldest request always fits, so the batch is never empty.
-  const Schedule schedule = scheduler_.schedule(waiting_, running_, ledger_);
+  Schedule schedule = scheduler_.schedule(waiting_, running_, ledger_);
   record_schedule(schedule);
 
   // Counted before sampling: sampling grows each sequence's tokens, and a
@@ -108,7 +131,9 @@ int Engine::step() {
   iteration.prefill_rows = schedule.prefill_rows();
 
   const llm::TokenBatch batch = build_batch(schedule);
-  const std::span<const float> logits = model_.forward(batch, *cache_);  // one row per scheduled request
+  std::span<const float> logits = model_.forward(batch, *cache_);  // one row per scheduled request
+  // Before sampling: a request may finish (and free its blocks) on its first token.
+  logits = fork_samples(schedule, logits);  // forks join the schedule, a row of logits each
   sample_and_finish(schedule, logits);
 
   iteration.end_ms = clock_.now_ms();
@@ -133,6 +158,48 @@ void Engine::record_schedule(const Schedule& schedule) {
   const double now = clock_.now_ms();
   for (RequestState* request : schedule.admitted)
     if (request->record.first_scheduled_ms < 0) request->record.first_scheduled_ms = now;
+}
+
+// Parallel sampling (Request::n). A request whose rows just reached the end
+// of its prompt forks its n - 1 other samples now, while its K/V hold
+// exactly the prompt: each sample takes a free slot and shares the prompt's
+// blocks (step 05's fork: no K/V copied), so n samples cost one prefill.
+// Each fork joins this iteration's sampling as a row of the schedule with no
+// rows to run (n_rows 0, at the end of the prompt), whose logits are a copy
+// of its parent's: it draws its first token from the very distribution the
+// parent draws from, with its own sampler, exactly as a request of n = 1
+// with its seed would. Its first write (that token's K/V, next iteration)
+// goes into the prompt's last block if the prompt ends inside one: shared,
+// so the write copies it first (copy-on-write). The scheduler counted the
+// forks' slots when it admitted the request (RequestState::slots_needed), so
+// the slots are free. Returns the logits the sampling reads: the forward's,
+// with a row appended per fork.
+std::span<const float> Engine::fork_samples(Schedule& schedule, std::span<const float> logits) {
+  const auto vocab = static_cast<std::size_t>(model_.config().vocab_size);
+  const std::size_t forward_rows = schedule.rows.size();
+  fork_logits_.clear();
+  bool forked = false;
+  for (std::size_t i = 0; i < forward_rows; ++i) {
+    const ScheduledRows entry = schedule.rows[i];  // a copy: rows may grow below
+    RequestState& parent = *entry.request;
+    if (parent.forks_pending == 0 || !entry.samples_token()) continue;
+    if (!std::exchange(forked, true)) fork_logits_.assign(logits.begin(), logits.end());
+    const int prompt_length = static_cast<int>(parent.tokens.size());  // nothing generated before the fork
+    for (int sample = 1; sample <= parent.forks_pending; ++sample) {
+      auto fork = std::make_unique<RequestState>(parent.request, model_.config().vocab_size, sample);
+      fork->slot = Scheduler::free_slot(running_, scheduler_.options().max_sequences);
+      cache_->adopt_prefix(fork->slot, parent.slot, prompt_length);
+      fork->computed = prompt_length;
+      fork->record.first_scheduled_ms = parent.record.first_scheduled_ms;
+      schedule.rows.push_back({fork.get(), prompt_length, 0});
+      const auto parent_row = logits.subspan(i * vocab, vocab);
+      fork_logits_.insert(fork_logits_.end(), parent_row.begin(), parent_row.end());
+      running_.push_back(fork.get());
+      live_.push_back(std::move(fork));
+    }
+    parent.forks_pending = 0;
+  }
+  return forked ? std::span<const float>(fork_logits_) : logits;
 }
 
 // rows: tokens[first .. first + n) of each scheduled request, at positions
@@ -163,17 +230,32 @@ void Engine::sample_and_finish(const Schedule& schedule, std::span<const float> 
     request.computed += entry.n_rows;
     if (ledger_.prefix_caching()) publish_filled_blocks(request, entry.first_position);
     if (!samples) continue;  // a prompt chunk short of the end, or a recompute: its logits are not needed
-    const int token = request.sampler.sample(logits.subspan(i * vocab, vocab));
+    const std::span<const float> row = logits.subspan(i * vocab, vocab);
+    const int token = request.sampler.sample(row);
     request.tokens.push_back(token);
     request.record.generated.push_back(token);
     request.record.token_ms.push_back(now);
     FinishReason reason = FinishReason::None;
     if (token == llm::Tokenizer::kBos) reason = FinishReason::Stop;
     else if (request.generated() == request.request.max_tokens) reason = FinishReason::Length;
-    if (listener_) listener_({request.request.id, token, request.generated() - 1, reason, now});
+    if (listener_) listener_(token_event(request, token, row, reason, now));
     if (reason != FinishReason::None) finish(request, reason);
   }
   // END EXERCISE ex07.3
+}
+
+TokenEvent Engine::token_event(const RequestState& request, int token, std::span<const float> logits,
+                               FinishReason finish, double now) const {
+  TokenEvent event;
+  event.request_id = request.request.id;
+  event.sample = request.sample;
+  event.token = token;
+  event.index = request.generated() - 1;
+  event.finish = finish;
+  event.time_ms = now;
+  if (request.request.top_logprobs >= 0)
+    event.logprobs = token_logprobs(logits, request.request.sampling.temperature, token, request.request.top_logprobs);
+  return event;
 }
 
 // Only when the rows filled a block: publishing walks the sequence's whole

@@ -7,7 +7,9 @@
 //   2. one TokenBatch, one forward pass of the unchanged model (CPU or CUDA);
 //   3. with prefix caching, every block the forward filled enters step 05's
 //      prefix cache, for later requests with the same prefix to share;
-//   4. a token is sampled for every sequence whose rows reached its end;
+//   4. a request whose prompt is now computed forks its other samples (n > 1:
+//      they share its blocks and draw from its logits: fork_samples);
+//   5. a token is sampled for every sequence whose rows reached its end;
 //      finished requests leave and give back their slot and blocks.
 // Static batching and one-request-at-a-time are the same engine with other
 // SchedulerOptions (policies.hpp), so the comparison changes nothing else.
@@ -17,6 +19,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "llm/model.hpp"
@@ -62,10 +65,12 @@ class PagedCacheLedger final : public KvLedger {
 // One token leaving a forward: what a streaming server sends.
 struct TokenEvent {
   int request_id = 0;
+  int sample = 0;                             // which of the request's n samples
   int token = 0;
-  int index = 0;                              // 0 for the first token of the request
-  FinishReason finish = FinishReason::None;   // not None on the request's last token
+  int index = 0;                              // 0 for the first token of the sample
+  FinishReason finish = FinishReason::None;   // not None on the sample's last token
   double time_ms = 0.0;
+  std::optional<TokenLogprobs> logprobs;      // when the request asked (top_logprobs >= 0)
 };
 
 // One iteration, for the occupancy timeline.
@@ -89,12 +94,18 @@ class Engine {
 
   // Queues a request (FCFS). Throws InputError, changing nothing, for an
   // empty prompt, a token id out of range, max_tokens < 1, prompt +
-  // max_tokens - 1 positions beyond the context, a duplicate live id or bad
-  // sampling parameters.
+  // max_tokens - 1 positions beyond the context, a duplicate live id, bad
+  // sampling parameters, or n outside 1..max_sequences (each sample runs in
+  // a slot of its own).
   void submit(Request request);
-  // Drops a waiting or running request and frees its blocks; its record
-  // finishes as Cancelled. False when no live request has that id.
+  // Drops a waiting or running request, every one of its samples, and frees
+  // their blocks; their records finish as Cancelled. False when no live
+  // request has that id.
   bool cancel(int request_id);
+  // Ends one sample early with FinishReason::Stop (the server matched a stop
+  // string in its text) and frees its blocks. False when that sample is not
+  // live (it has finished already).
+  bool stop_sample(int request_id, int sample);
 
   bool has_work() const { return !waiting_.empty() || !running_.empty(); }
   // One iteration (above). Returns the rows it ran (0 when there was no work).
@@ -122,7 +133,12 @@ class Engine {
  private:
   void record_schedule(const Schedule& schedule);       // preemption counts, first-scheduled times
   llm::TokenBatch build_batch(const Schedule& schedule) const;
+  // A request whose prompt this forward completed forks its pending samples.
+  std::span<const float> fork_samples(Schedule& schedule, std::span<const float> logits);
   void sample_and_finish(const Schedule& schedule, std::span<const float> logits);
+  // What the listener hears about `token`, sampled from `logits` [vocab].
+  TokenEvent token_event(const RequestState& request, int token, std::span<const float> logits, FinishReason finish,
+                         double now) const;
   void finish(RequestState& request, FinishReason reason);  // frees its slot and blocks, records it
   // Prefix caching: the blocks rows first_position.. of `request` filled enter the prefix cache.
   void publish_filled_blocks(const RequestState& request, int first_position);
@@ -138,6 +154,9 @@ class Engine {
   std::vector<RequestRecord> finished_;
   std::vector<IterationRecord> iterations_;
   std::function<void(const TokenEvent&)> listener_;
+  // [forward rows + forks, vocab] in an iteration that forks: the forward's
+  // logits, then a copy of each fork's parent's row (fork_samples).
+  std::vector<float> fork_logits_;
   long long preemptions_ = 0;
 };
 

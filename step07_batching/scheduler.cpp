@@ -49,7 +49,13 @@ void Scheduler::preempt_newest(std::deque<RequestState*>& waiting, std::vector<R
   // END EXERCISE ex07.1
 }
 
-// Running has fewer than max_sequences requests, so one slot is free.
+int Scheduler::slots_taken(const std::vector<RequestState*>& running) {
+  int taken = 0;
+  for (const RequestState* request : running) taken += request->slots_needed();
+  return taken;
+}
+
+// The caller knows a slot is free (slots_taken counts the slots in use).
 int Scheduler::free_slot(const std::vector<RequestState*>& running, int max_sequences) {
   std::vector<bool> held(static_cast<std::size_t>(max_sequences), false);  // [max_sequences]
   for (const RequestState* request : running) held[static_cast<std::size_t>(request->slot)] = true;
@@ -109,8 +115,10 @@ void Scheduler::schedule_running(std::deque<RequestState*>& waiting, std::vector
 void Scheduler::admit_waiting(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running,
                               KvLedger& ledger, Schedule& plan, int& budget) const {
   // BEGIN EXERCISE ex07.2
-  while (!waiting.empty() && static_cast<int>(running.size()) < options_.max_sequences && budget > 0) {
+  while (!waiting.empty() && budget > 0) {
     RequestState* request = waiting.front();  // holds no blocks: computed == 0
+    // A slot for it, and one for each sample it forks once its prompt is computed (n > 1).
+    if (slots_taken(running) + request->slots_needed() > options_.max_sequences) break;
     const std::span<const int> tokens = request->tokens;
     const int cached = ledger.cached_prefix(tokens);
     int rows = request->pending_rows() - cached;

@@ -92,6 +92,13 @@ class Scheduler {
 
   const SchedulerOptions& options() const { return options_; }
 
+  // The lowest cache slot in 0..max_sequences-1 no running request holds
+  // (the engine's forks take theirs this way too).
+  static int free_slot(const std::vector<RequestState*>& running, int max_sequences);
+  // Slots the running requests hold or will hold: theirs, and one for each
+  // sample they have yet to fork (RequestState::slots_needed).
+  static int slots_taken(const std::vector<RequestState*>& running);
+
   // One iteration's decision; every block it takes or gives back goes
   // through `ledger`, whose slots 0..max_sequences-1 the running requests
   // hold. After it, each scheduled row's blocks are reserved (and private
@@ -113,9 +120,6 @@ class Scheduler {
   // (what that leaves behind: schedule() above).
   static void preempt_newest(std::deque<RequestState*>& waiting, std::vector<RequestState*>& running,
                              KvLedger& ledger, Schedule& plan);
-  // The lowest cache slot in 0..max_sequences-1 no running request holds.
-  static int free_slot(const std::vector<RequestState*>& running, int max_sequences);
-
   SchedulerOptions options_;
 };
 

@@ -15,6 +15,12 @@
 //     hit counters of a hand-made pair of requests; cancelling and preempting
 //     requests that share blocks keeps the block manager consistent and
 //     leaks nothing.
+//   Parallel sampling (n > 1): one prefill for n samples, which share the
+//     prompt's blocks and copy only the last one; sample j draws what an
+//     n = 1 request with seed + j draws; greedy samples equal the solo
+//     tokens, under preemption too; cancel ends every sample, stop_sample
+//     one; n outside the slots is refused; log-probabilities of the sampled
+//     distribution, on their own and through the listener.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -625,6 +631,253 @@ TEST(Step07EnginePrefixCaching, CancelAndPreemptionOfSharedBlocksLeakNothing) {
   ASSERT_EQ(records.size(), requests.size());
   for (const RequestRecord& record : records)
     if (record.id != cancelled) EXPECT_EQ(record.generated, solo[static_cast<std::size_t>(record.id)]) << record.id;
+}
+
+// ---------------------------------------------------------------------------
+// Parallel sampling: n samples of one prompt.
+
+// One request alone in an engine of 8 slots (prefix caching off: sharing
+// comes from the fork alone); every sample's record in sample order.
+struct SampledRun {
+  std::vector<RequestRecord> records;  // [n] by sample
+  std::vector<TokenEvent> events;
+  long long prefill_rows = 0;          // every iteration's, summed
+  long long forward_rows = 0;          // step()'s return values, summed
+  int peak_blocks = 0;
+  long long copy_on_write = 0;         // the block manager's copies
+  int blocks_used_after = -1;
+};
+
+SampledRun run_alone(llm::Model& model, const Request& request, int n_blocks = 0) {
+  ServingClock clock;
+  EngineOptions options;
+  options.scheduler.max_sequences = 8;
+  options.n_blocks = n_blocks;
+  Engine engine(model, options, clock);
+  SampledRun run;
+  engine.set_token_listener([&](const TokenEvent& event) { run.events.push_back(event); });
+  engine.submit(request);
+  while (engine.has_work()) run.forward_rows += engine.step();
+  run.records = engine.take_finished();
+  std::sort(run.records.begin(), run.records.end(), [](const auto& a, const auto& b) { return a.sample < b.sample; });
+  for (const IterationRecord& iteration : engine.iterations()) {
+    run.prefill_rows += iteration.prefill_rows;
+    run.peak_blocks = std::max(run.peak_blocks, iteration.blocks_used);
+  }
+  run.copy_on_write = engine.cache().blocks().counters().copy_on_write;
+  run.blocks_used_after = engine.cache().blocks().used_blocks();
+  engine.cache().blocks().check_invariants();
+  return run;
+}
+
+Request sampled_request(const llm::ModelConfig& config, int prompt_length, int max_tokens, int n, std::uint64_t seed) {
+  Request request = small_workload(config, 1, 41).front();
+  request.prompt.resize(static_cast<std::size_t>(prompt_length), 5);  // a prompt of exactly prompt_length
+  request.max_tokens = max_tokens;
+  request.n = n;
+  request.sampling = {0.9f, 0.9f, seed};
+  return request;
+}
+
+// A prompt of 40 positions in blocks of 16: two full blocks and one with 8
+// positions. Four samples share all three; each sample's first write (its
+// first token's K/V, at position 40) copies the partial block, three copies
+// in all (the last holder writes in place), and each grows its own blocks
+// past it. One prefill: the prompt's 40 rows run once, and no other row
+// but the samples' decode rows.
+TEST(Step07EngineParallelSampling, NSamplesCostOnePrefillAndShareThePromptsBlocks) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  const int prompt = 40;
+  const int max_tokens = 20;  // 59 positions: 4 blocks for one sample
+  const SampledRun one = run_alone(*model, sampled_request(weights.config, prompt, max_tokens, 1, 100));
+  const SampledRun four = run_alone(*model, sampled_request(weights.config, prompt, max_tokens, 4, 100));
+
+  ASSERT_EQ(four.records.size(), 4u);
+  for (int sample = 0; sample < 4; ++sample) {
+    EXPECT_EQ(four.records[static_cast<std::size_t>(sample)].sample, sample);
+    EXPECT_EQ(four.records[static_cast<std::size_t>(sample)].generated.size(), static_cast<std::size_t>(max_tokens));
+  }
+  EXPECT_EQ(one.prefill_rows, prompt);
+  EXPECT_EQ(four.prefill_rows, prompt) << "the prompt was prefilled more than once";
+  EXPECT_EQ(four.forward_rows, prompt + 4 * (max_tokens - 1)) << "a sample ran a row beyond its decode rows";
+  EXPECT_EQ(one.peak_blocks, 4);
+  // Shared: blocks 0 and 1. Each sample's own: its copy of block 2 (one
+  // sample keeps the original) and block 3.
+  EXPECT_EQ(four.peak_blocks, 2 + 4 * 2);
+  EXPECT_EQ(four.copy_on_write, 3);
+  EXPECT_EQ(one.copy_on_write, 0);
+  EXPECT_EQ(four.blocks_used_after, 0);
+  EXPECT_EQ(one.blocks_used_after, 0);
+}
+
+// Sample j is seeded seed + j: it draws what an n = 1 request with that seed
+// draws (its first token from a copy of the same logits row, the rest from
+// the same K/V), and a second run draws the same again. The control: the
+// samples differ.
+TEST(Step07EngineParallelSampling, SampleJDrawsWhatSeedPlusJDrawsAlone) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  const int n = 4;
+  const SampledRun together = run_alone(*model, sampled_request(weights.config, 33, 24, n, 500));
+  const SampledRun again = run_alone(*model, sampled_request(weights.config, 33, 24, n, 500));
+  ASSERT_EQ(together.records.size(), static_cast<std::size_t>(n));
+  std::vector<std::vector<int>> samples;
+  for (int sample = 0; sample < n; ++sample) {
+    const RequestRecord& record = together.records[static_cast<std::size_t>(sample)];
+    const SampledRun alone = run_alone(*model, sampled_request(weights.config, 33, 24, 1, 500 + sample));
+    EXPECT_EQ(record.generated, alone.records.front().generated) << "sample " << sample;
+    EXPECT_EQ(record.generated, again.records[static_cast<std::size_t>(sample)].generated) << "sample " << sample;
+    samples.push_back(record.generated);
+  }
+  std::sort(samples.begin(), samples.end());
+  EXPECT_NE(samples.front(), samples.back()) << "every sample drew the same tokens";
+}
+
+// Greedy samples are n copies of the solo tokens, also when a pool of one
+// full context makes the samples preempt one another and recompute.
+TEST(Step07EngineParallelSampling, GreedySamplesEqualTheSoloTokensUnderPreemption) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  Request request = sampled_request(weights.config, 60, 300, 6, 0);
+  request.sampling = {};  // greedy
+  const std::vector<int> solo = solo_outputs(*model, {request}).front();
+  const int one_context = weights.config.seq_len / 16;
+  ServingClock clock;
+  EngineOptions options;
+  options.scheduler.max_sequences = 8;
+  options.n_blocks = one_context;
+  Engine engine(*model, options, clock);
+  engine.submit(request);
+  engine.run_until_idle();
+  const std::vector<RequestRecord> records = engine.take_finished();
+  ASSERT_EQ(records.size(), 6u);
+  for (const RequestRecord& record : records) EXPECT_EQ(record.generated, solo) << "sample " << record.sample;
+  EXPECT_GT(engine.preemptions(), 0) << "six samples of 360 positions fit one context: preemption went untested";
+  EXPECT_EQ(engine.cache().blocks().used_blocks(), 0);
+  engine.cache().blocks().check_invariants();
+}
+
+// The listener hears every sample's tokens, each sample indexed from 0.
+TEST(Step07EngineParallelSampling, TheListenerHearsEverySample) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  const SampledRun run = run_alone(*model, sampled_request(weights.config, 20, 12, 3, 9));
+  std::map<int, std::vector<TokenEvent>> by_sample;  // sample -> its events, in order
+  for (const TokenEvent& event : run.events) by_sample[event.sample].push_back(event);
+  ASSERT_EQ(by_sample.size(), 3u);
+  for (const RequestRecord& record : run.records) {
+    const std::vector<TokenEvent>& events = by_sample[record.sample];
+    ASSERT_EQ(events.size(), record.generated.size()) << "sample " << record.sample;
+    for (std::size_t i = 0; i < events.size(); ++i) {
+      EXPECT_EQ(events[i].token, record.generated[i]);
+      EXPECT_EQ(events[i].index, static_cast<int>(i));
+      EXPECT_EQ(events[i].finish, i + 1 == events.size() ? record.finish : FinishReason::None);
+      EXPECT_FALSE(events[i].logprobs) << "log-probabilities nobody asked for";
+    }
+  }
+}
+
+// cancel() ends every sample (forked or still pending); stop_sample() one.
+TEST(Step07EngineParallelSampling, CancelEndsEverySampleAndStopSampleOne) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  ServingClock clock;
+  EngineOptions options;
+  options.scheduler.max_sequences = 4;  // request 0's three samples leave one slot: request 1 (n = 3) waits
+  Engine engine(*model, options, clock);
+
+  engine.submit(sampled_request(weights.config, 30, 50, 3, 1));  // id 0 (small_workload's first)
+  Request pending = sampled_request(weights.config, 30, 50, 3, 1);
+  pending.id = 1;
+  engine.step();  // request 0's prompt, and its forks
+  engine.submit(pending);
+  engine.step();
+  engine.step();
+  EXPECT_TRUE(engine.stop_sample(0, 2));
+  EXPECT_FALSE(engine.stop_sample(0, 2)) << "a sample stopped twice";
+  EXPECT_FALSE(engine.stop_sample(0, 7));
+  EXPECT_TRUE(engine.cancel(0));
+  EXPECT_TRUE(engine.cancel(1));
+  EXPECT_FALSE(engine.has_work());
+  EXPECT_EQ(engine.cache().blocks().used_blocks(), 0);
+  engine.cache().blocks().check_invariants();
+
+  std::map<std::pair<int, int>, FinishReason> finish;  // (id, sample) -> how it ended
+  for (const RequestRecord& record : engine.take_finished()) finish[{record.id, record.sample}] = record.finish;
+  EXPECT_EQ(finish.at({0, 2}), FinishReason::Stop);
+  EXPECT_EQ(finish.at({0, 0}), FinishReason::Cancelled);
+  EXPECT_EQ(finish.at({0, 1}), FinishReason::Cancelled);
+  EXPECT_EQ(finish.size(), 4u) << "request 1 forked while it waited, or a sample finished twice";
+  EXPECT_EQ(finish.at({1, 0}), FinishReason::Cancelled);
+}
+
+TEST(Step07EngineParallelSampling, NOutsideTheSlotsIsRefused) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  ServingClock clock;
+  EngineOptions options;
+  options.scheduler.max_sequences = 4;
+  Engine engine(*model, options, clock);
+  for (const int n : {0, -1, 5}) {
+    const Request request = sampled_request(weights.config, 10, 5, n, 1);
+    try {
+      engine.submit(request);
+      ADD_FAILURE() << "n = " << n << " was taken";
+    } catch (const llm::InputError& error) {
+      EXPECT_TRUE(llm::testing::HasSubstr(error.what(), "n must be from 1 to 4")) << "n = " << n;
+    }
+  }
+  EXPECT_FALSE(engine.has_work());
+}
+
+// The log-probabilities of the distribution a token was drawn from.
+TEST(Step07EngineParallelSampling, TokenLogprobsAreTheSampledDistributions) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f};
+  const auto log_normalizer = [&](float temperature) {
+    double sum = 0.0;
+    for (const float logit : logits) sum += std::exp(logit / temperature);
+    return static_cast<float>(std::log(sum));
+  };
+  const TokenLogprobs greedy = token_logprobs(logits, 0.0f, 2, 3);  // greedy: the raw logits
+  EXPECT_NEAR(greedy.logprob, 2.0f - log_normalizer(1.0f), 1e-5f);
+  ASSERT_EQ(greedy.top.size(), 3u);
+  EXPECT_EQ(greedy.top[0].first, 1) << "a tie goes to the first id";
+  EXPECT_EQ(greedy.top[1].first, 3);
+  EXPECT_EQ(greedy.top[2].first, 2);
+  EXPECT_NEAR(greedy.top[0].second, 3.0f - log_normalizer(1.0f), 1e-5f);
+  const TokenLogprobs hot = token_logprobs(logits, 0.5f, 0, 0);
+  EXPECT_NEAR(hot.logprob, 2.0f - log_normalizer(0.5f), 1e-5f);
+  EXPECT_TRUE(hot.top.empty());
+  EXPECT_EQ(token_logprobs(logits, 1.0f, 0, 10).top.size(), logits.size()) << "k past the vocabulary";
+  // Large logits: no overflow, and the probabilities sum to 1.
+  const std::vector<float> large = {1000.0f, 999.0f, -1000.0f};
+  const TokenLogprobs all = token_logprobs(large, 1.0f, 0, 3);
+  double total = 0.0;
+  for (const auto& [token, logprob] : all.top) {
+    EXPECT_TRUE(std::isfinite(logprob)) << "token " << token;
+    total += std::exp(static_cast<double>(logprob));
+  }
+  EXPECT_NEAR(total, 1.0, 1e-6);
+}
+
+// Through the engine, greedy: the sampled token is the most likely one.
+TEST(Step07EngineParallelSampling, TheListenerCarriesLogprobsWhenAsked) {
+  const llm::ModelWeights weights = tiny_weights();
+  auto model = step05::make_paged_model_on("cpu", weights);
+  Request request = sampled_request(weights.config, 20, 10, 2, 3);
+  request.sampling = {};
+  request.top_logprobs = 3;
+  const SampledRun run = run_alone(*model, request);
+  ASSERT_EQ(run.events.size(), 20u);
+  for (const TokenEvent& event : run.events) {
+    ASSERT_TRUE(event.logprobs) << "sample " << event.sample << " token " << event.index;
+    ASSERT_EQ(event.logprobs->top.size(), 3u);
+    EXPECT_EQ(event.logprobs->top[0].first, event.token);
+    EXPECT_FLOAT_EQ(event.logprobs->logprob, event.logprobs->top[0].second);
+    EXPECT_LE(event.logprobs->logprob, 0.0f);
+    EXPECT_GE(event.logprobs->top[0].second, event.logprobs->top[1].second);
+  }
 }
 
 }  // namespace

@@ -815,6 +815,32 @@ TEST(Step07Scheduler, AdmitsInArrivalOrderWithChunksAndWholePromptBlocks) {
     EXPECT_EQ(plan.admitted, (std::vector<RequestState*>{states[0].get(), states[1].get()}));
     EXPECT_EQ(waiting, std::deque<RequestState*>{states[2].get()});
   }
+  {
+    SCOPED_TRACE("four slots, a request of n = 3 samples: it needs three of them");
+    const Scheduler scheduler({Admission::EveryIteration, 4, 64, true});
+    BlockManagerLedger ledger(/*n_blocks=*/8, kBlockSize, 4, kContext, false);
+    auto states = requests_of_lengths({2, 2, 2});
+    states[1]->forks_pending = 2;  // n = 3: it forks two samples once its prompt is computed
+    std::deque<RequestState*> waiting = {states[0].get(), states[1].get(), states[2].get()};
+    std::vector<RequestState*> running;
+    const Schedule plan = scheduler.schedule(waiting, running, ledger);
+    // 1 + 3 slots: the third request finds none, though only two requests run.
+    EXPECT_EQ(plan.admitted, (std::vector<RequestState*>{states[0].get(), states[1].get()}));
+    EXPECT_EQ(Scheduler::slots_taken(running), 4);
+    EXPECT_EQ(waiting, std::deque<RequestState*>{states[2].get()});
+    // With a running request of n = 3 in two of three slots, an n = 2 request waits at the front.
+    BlockManagerLedger small_ledger(/*n_blocks=*/8, kBlockSize, 3, kContext, false);
+    const Scheduler three_slots({Admission::EveryIteration, 3, 64, true});
+    auto more = requests_of_lengths({2, 2, 2});
+    more[0]->forks_pending = 1;
+    more[1]->forks_pending = 1;
+    std::deque<RequestState*> queue = {more[0].get(), more[1].get(), more[2].get()};
+    std::vector<RequestState*> none_running;
+    const Schedule admitted_one = three_slots.schedule(queue, none_running, small_ledger);
+    EXPECT_EQ(admitted_one.admitted, std::vector<RequestState*>{more[0].get()})
+        << "a request overtook one that needs two slots";
+    EXPECT_EQ(queue.front(), more[1].get());
+  }
 }
 
 // Bad options are InputErrors; the smallest valid ones are accepted.
