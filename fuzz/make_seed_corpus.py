@@ -104,3 +104,40 @@ for name, words in {
     "found_negated_flag_out_of_range": "-rliiaia --off=2136178214 --off=213178261782147483648-",
 }.items():
     put("fuzz_command_line", name, words)
+
+# --- fuzz_completion_request: request bodies --------------------------------
+# The bodies the official `openai` npm client (v4) sends for the calls a user
+# makes (it sends the parameters as given, as JSON), then bad ones.
+for name, body in {
+    "completion": '{"model":"stories260K","prompt":"Once upon a time","max_tokens":20,"temperature":0}',
+    "completion_stream": '{"model":"stories260K","prompt":"Once upon a time","max_tokens":20,"stream":true,'
+                         '"stream_options":{"include_usage":true}}',
+    "completion_n_seed": '{"model":"stories260K","prompt":"Once upon a time","max_tokens":16,"n":4,"seed":7,'
+                         '"temperature":0.8,"top_p":0.95}',
+    "completion_stop": '{"model":"stories260K","prompt":"Once upon a time","max_tokens":64,"stop":[".","\\n",'
+                       '" Lily"]}',
+    "completion_logprobs": '{"model":"stories260K","prompt":"Once upon a time","max_tokens":5,"logprobs":3,'
+                           '"user":"someone"}',
+    "completion_token_ids": '{"model":"stories260K","prompt":[1,403,407,261],"max_tokens":8,"stop":"a"}',
+    "chat": '{"model":"stories260K","messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":20}',
+    "chat_stream": '{"model":"stories260K","messages":[{"role":"user","content":"Once upon a time"}],'
+                   '"max_tokens":20,"stream":true,"stream_options":{"include_usage":true}}',
+    "chat_parts": '{"model":"stories260K","messages":[{"role":"system","content":"You tell stories."},'
+                  '{"role":"user","name":"kid","content":[{"type":"text","text":"Once upon"},'
+                  '{"type":"text","text":" a time"}]}],"max_completion_tokens":20}',
+    "chat_logprobs": '{"model":"stories260K","messages":[{"role":"developer","content":"Be brief."},'
+                     '{"role":"user","content":"Tom"},{"role":"assistant","content":"had a dog"}],'
+                     '"logprobs":true,"top_logprobs":2,"max_tokens":4}',
+    "chat_n_stop": '{"model":"stories260K","messages":[{"role":"user","content":"Lily"}],"n":3,"seed":3,'
+                   '"temperature":1,"stop":"\\n","stream":true}',
+    "chat_nulls": '{"model":null,"messages":[{"role":"user","content":"caf\\u00e9 \\ud83d\\ude00"}],'
+                  '"max_tokens":null,"temperature":null,"stop":null,"logprobs":null,"stream_options":null}',
+    "bad_unknown_field": '{"model":"stories260K","prompt":"x","max_token":5,"frequency_penalty":0}',
+    "bad_image_part": '{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}',
+    "bad_numbers": '{"prompt":[1,2.5,-1,512],"max_tokens":-5,"n":9,"temperature":1e300,"top_p":0}',
+    "bad_stream_options": '{"prompt":"x","stream_options":{"include_usage":true},"top_logprobs":2}',
+    "bad_context": '{"prompt":[1],"max_tokens":100000000000000000000000}',
+    "bad_json": '{"prompt": "Once upon',
+    "bad_nesting": '{"messages":' + '[' * 64 + ']' * 64 + '}',
+}.items():
+    put("fuzz_completion_request", name, body)

@@ -1,8 +1,13 @@
 // Step 07's server, over real HTTP on loopback: whole and streamed answers
 // carry the tokens the model generates for the request alone; concurrent
-// requests too; every bad request gets its 4xx and a JSON error; a client
-// that leaves mid-stream gets its request cancelled and its KV blocks freed;
-// the load client times every token; a real model answers text with text.
+// requests too; every bad request gets its 4xx and a JSON error in OpenAI's
+// shape; a client that leaves mid-stream gets its request cancelled and its
+// KV blocks freed; the load client times every token; a real model answers
+// text with text. The OpenAI API as clients use it: chat completions (the
+// same tokens as the completion of the chat template's prompt), the models
+// list, n choices (choice j is what seed + j draws alone; one prefill), stop
+// strings (cut text, "stop", the sample ended in the engine), logprobs, the
+// usage chunk of a stream, and over-long input refused at once.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -13,7 +18,9 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -486,6 +493,297 @@ TEST_F(Step07Server, TextPromptGetsTextOnStories260K) {
   std::string streamed_text;
   streamed_tokens(streamed->body, nullptr, &streamed_text);
   EXPECT_EQ(streamed_text, text);
+}
+
+// ---------------------------------------------------------------------------
+// The OpenAI API as its clients use it, on stories260K and its tokenizer
+// (text in, text out; the tests skip without the model files).
+
+class Step07OpenAiApi : public Step07Server {
+ protected:
+  void SetUp() override {
+    LLM_REQUIRE_MODEL_FILE(model_path, "stories260K.bin");
+    LLM_REQUIRE_MODEL_FILE(tokenizer_path, "tok512.bin");
+    stories_ = std::make_unique<llm::ModelWeights>(llm::load_checkpoint(model_path));
+    own_tokenizer_ = std::make_unique<llm::Tokenizer>(llm::Tokenizer::load(tokenizer_path, stories_->config.vocab_size));
+    stories_paged_ = step05::make_paged_model_on("cpu", *stories_);
+    stories_solo_ = llm::make_model_on("cpu", *stories_);
+    start(*stories_paged_, "stories260K.bin", own_tokenizer_.get());
+  }
+  // The server and a slowed model refer to the members below, which go
+  // before the base's: both go first.
+  void TearDown() override {
+    if (server_) server_->stop();
+    server_.reset();
+    own_model_.reset();
+  }
+  // The server again, on stories260K slowed down (streams outlive their clients).
+  void restart_slow() {
+    restart_with(std::make_unique<AlteredModel>(*stories_paged_, AlteredModel::Alteration::Slow), "stories260K.bin",
+                 own_tokenizer_.get());
+  }
+  httplib::Result post(const std::string& path, const Json& body) const {
+    return client().Post(path.c_str(), body.dump(), "application/json");
+  }
+  // A 200's body as JSON (a failure names the status and the body).
+  static Json ok_json(const httplib::Result& answer) {
+    EXPECT_TRUE(answer);
+    if (!answer) return Json::object();
+    EXPECT_EQ(answer->status, 200) << answer->body;
+    return Json::parse(answer->body, nullptr, /*allow_exceptions=*/false);
+  }
+  // The data of a stream's events, [DONE] checked and dropped.
+  static std::vector<Json> chunks(const httplib::Result& answer) {
+    std::vector<Json> parsed;
+    EXPECT_TRUE(answer && answer->status == 200) << (answer ? answer->body : "no answer");
+    if (!answer) return parsed;
+    step07::SseDecoder decoder;
+    std::vector<std::string> events = decoder.feed(answer->body);
+    EXPECT_FALSE(events.empty());
+    if (events.empty()) return parsed;
+    EXPECT_EQ(events.back(), "[DONE]");
+    events.pop_back();
+    for (const std::string& event : events) parsed.push_back(Json::parse(event));
+    return parsed;
+  }
+  // The tokens a text prompt generates alone, greedy.
+  std::vector<int> solo_text(const std::string& text, int max_tokens) const {
+    step07::Request request;
+    request.prompt = own_tokenizer_->encode(text, true, false);
+    request.max_tokens = max_tokens;
+    return step07::solo_outputs(*stories_solo_, {request}).front();
+  }
+  void expect_idle_after(long long finished_samples) const {
+    const Json now =
+        stats_once([&](const Json& now) { return idle(now) && now.value("finished", 0LL) == finished_samples; });
+    EXPECT_TRUE(idle(now)) << now.dump();
+    EXPECT_EQ(now.value("finished", 0LL), finished_samples) << now.dump();
+  }
+
+  std::unique_ptr<llm::ModelWeights> stories_;
+  std::unique_ptr<llm::Model> stories_paged_;  // the server's
+  std::unique_ptr<llm::Model> stories_solo_;   // the solo reference's
+};
+
+TEST_F(Step07OpenAiApi, ModelsListsTheServedModel) {
+  const Json models = ok_json(client().Get("/v1/models"));
+  EXPECT_EQ(models.at("object"), "list");
+  ASSERT_EQ(models.at("data").size(), 1u);
+  const Json& model = models.at("data").at(0);
+  EXPECT_EQ(model.at("id"), "stories260K.bin");
+  EXPECT_EQ(model.at("object"), "model");
+  EXPECT_GT(model.at("created").get<long long>(), 1'600'000'000);
+  EXPECT_TRUE(model.at("owned_by").is_string());
+}
+
+// The chat template of a base model is the plain text: one user message
+// gets the tokens that its text gets as a completion prompt.
+TEST_F(Step07OpenAiApi, ChatAnswersWhatTheCompletionOfItsTemplateAnswers) {
+  const std::vector<int> expected = solo_text("Once upon a time", 20);
+  const Json chat = ok_json(post("/v1/chat/completions",
+                                 {{"model", "stories260K"},
+                                  {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+                                  {"max_tokens", 20}}));
+  EXPECT_TRUE(chat.at("id").get<std::string>().starts_with("chatcmpl-"));
+  EXPECT_EQ(chat.at("object"), "chat.completion");
+  const Json& choice = chat.at("choices").at(0);
+  EXPECT_EQ(choice.at("message").at("role"), "assistant");
+  EXPECT_EQ(choice.at("tokens").get<std::vector<int>>(), expected);
+  const Json completion = ok_json(post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 20}}));
+  EXPECT_EQ(choice.at("message").at("content"), completion.at("choices").at(0).at("text"));
+  EXPECT_EQ(chat.at("usage"), completion.at("usage"));
+
+  // Streamed: the role first, then deltas that add up to the same content.
+  const std::vector<Json> stream = chunks(post("/v1/chat/completions",
+                                               {{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+                                                {"max_tokens", 20},
+                                                {"stream", true}}));
+  ASSERT_FALSE(stream.empty());
+  EXPECT_EQ(stream.front().at("object"), "chat.completion.chunk");
+  EXPECT_EQ(stream.front().at("choices").at(0).at("delta").at("role"), "assistant");
+  std::string content;
+  std::vector<int> tokens;
+  for (const Json& chunk : stream) {
+    const Json& delta = chunk.at("choices").at(0).at("delta");
+    content += delta.value("content", "");
+    for (const Json& token : chunk.at("choices").at(0).at("tokens")) tokens.push_back(token.get<int>());
+  }
+  EXPECT_EQ(content, choice.at("message").at("content"));
+  EXPECT_EQ(tokens, expected);
+  EXPECT_FALSE(stream.back().at("choices").at(0).at("finish_reason").is_null());
+  expect_idle_after(3);
+}
+
+// n choices of one prompt: choice j is what seed + j draws alone, the same
+// on a second run, and every sample's blocks come back.
+TEST_F(Step07OpenAiApi, NChoicesAreTheSeedsSamplesAndCostOnePrefill) {
+  const Json body = {{"prompt", "Once upon a time"}, {"max_tokens", 16}, {"temperature", 0.9},
+                     {"seed", 40},                   {"n", 4}};
+  const Json four = ok_json(post("/v1/completions", body));
+  ASSERT_EQ(four.at("choices").size(), 4u);
+  EXPECT_EQ(four.at("choices"), ok_json(post("/v1/completions", body)).at("choices"))
+      << "the same seeded request drew other tokens";
+  int completion_tokens = 0;
+  std::set<std::vector<int>> distinct;
+  for (int j = 0; j < 4; ++j) {
+    const Json& choice = four.at("choices").at(static_cast<std::size_t>(j));
+    EXPECT_EQ(choice.at("index"), j);
+    Json alone_body = body;
+    alone_body["n"] = 1;
+    alone_body["seed"] = 40 + j;
+    const Json alone = ok_json(post("/v1/completions", alone_body));
+    EXPECT_EQ(choice.at("tokens"), alone.at("choices").at(0).at("tokens")) << "choice " << j;
+    EXPECT_EQ(choice.at("text"), alone.at("choices").at(0).at("text")) << "choice " << j;
+    completion_tokens += static_cast<int>(choice.at("tokens").size());
+    distinct.insert(choice.at("tokens").get<std::vector<int>>());
+  }
+  EXPECT_GT(distinct.size(), 1u) << "four samples at temperature 0.9 drew the same tokens";
+  EXPECT_EQ(four.at("usage").at("completion_tokens"), completion_tokens);
+  EXPECT_EQ(four.at("usage").at("prompt_tokens"), own_tokenizer_->encode("Once upon a time", true, false).size());
+
+  // Streamed: every choice's chunks, in any interleaving, add up to the whole answer's.
+  Json streamed_body = body;
+  streamed_body["stream"] = true;
+  std::map<int, std::vector<int>> streamed_tokens_of;  // choice -> its tokens
+  std::map<int, std::string> finish_of;
+  for (const Json& chunk : chunks(post("/v1/completions", streamed_body))) {
+    const Json& choice = chunk.at("choices").at(0);
+    for (const Json& token : choice.at("tokens")) streamed_tokens_of[choice.at("index").get<int>()].push_back(token);
+    if (!choice.at("finish_reason").is_null()) finish_of[choice.at("index").get<int>()] = choice.at("finish_reason");
+  }
+  ASSERT_EQ(streamed_tokens_of.size(), 4u);
+  EXPECT_EQ(finish_of.size(), 4u) << "a choice without its last chunk";
+  for (int j = 0; j < 4; ++j)
+    EXPECT_EQ(streamed_tokens_of[j], four.at("choices").at(static_cast<std::size_t>(j)).at("tokens").get<std::vector<int>>());
+  expect_idle_after(4 + 4 + 4 + 4);
+}
+
+// A stop string cuts the text before it, finishes the choice with "stop",
+// and ends the sample in the engine (its blocks come back at once).
+TEST_F(Step07OpenAiApi, StopStringsCutTheTextAndEndTheSample) {
+  const Json free = ok_json(post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 40}}));
+  const std::string text = free.at("choices").at(0).at("text");
+  ASSERT_GT(text.size(), 12u) << text;
+  const std::string stop = text.substr(6, 3);  // a piece of the greedy text
+  const std::string before = text.substr(0, text.find(stop));
+  for (const bool stream : {false, true}) {
+    const httplib::Result answer = post(
+        "/v1/completions",
+        {{"prompt", "Once upon a time"}, {"max_tokens", 40}, {"stop", {"never there", stop}}, {"stream", stream}});
+    std::string got;
+    std::string finish;
+    if (stream) {
+      for (const Json& chunk : chunks(answer)) {
+        got += chunk.at("choices").at(0).at("text").get<std::string>();
+        if (!chunk.at("choices").at(0).at("finish_reason").is_null())
+          finish = chunk.at("choices").at(0).at("finish_reason");
+      }
+    } else {
+      const Json whole = ok_json(answer);
+      got = whole.at("choices").at(0).at("text");
+      finish = whole.at("choices").at(0).at("finish_reason");
+      EXPECT_LT(whole.at("usage").at("completion_tokens").get<int>(), 40);
+    }
+    EXPECT_EQ(got, before) << "stream " << stream << ", stop '" << stop << "'";
+    EXPECT_EQ(finish, "stop") << "stream " << stream;
+  }
+  // The stopped samples finished as "stop" in the engine, not as cancelled.
+  const Json now = stats_once([](const Json& now) { return idle(now) && now.value("finished", 0) == 3; });
+  EXPECT_TRUE(idle(now)) << now.dump();
+  EXPECT_EQ(now.at("finished"), 3) << now.dump();
+  EXPECT_EQ(now.at("cancelled"), 0) << now.dump();
+}
+
+// logprobs at temperature 0: the sampled token is the most likely one.
+TEST_F(Step07OpenAiApi, LogprobsReportTheSampledDistribution) {
+  const Json completion =
+      ok_json(post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"logprobs", 2}}));
+  const Json& logprobs = completion.at("choices").at(0).at("logprobs");
+  ASSERT_EQ(logprobs.at("token_logprobs").size(), 8u) << logprobs.dump();
+  for (std::size_t i = 0; i < 8; ++i) {
+    const float logprob = logprobs.at("token_logprobs").at(i);
+    EXPECT_LE(logprob, 0.0f);
+    const Json& top = logprobs.at("top_logprobs").at(i);
+    ASSERT_GE(top.size(), 1u);  // two alternatives, fewer where two decode to the same text
+    float best = -1e30f;
+    for (const auto& [text, value] : top.items()) best = std::max(best, value.get<float>());
+    EXPECT_FLOAT_EQ(logprob, best) << "token " << i << " was not the most likely at temperature 0";
+  }
+  const Json chat = ok_json(post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                                          {"max_tokens", 5},
+                                                          {"logprobs", true},
+                                                          {"top_logprobs", 2}}));
+  const Json& content = chat.at("choices").at(0).at("logprobs").at("content");
+  ASSERT_EQ(content.size(), 5u);
+  for (const Json& entry : content) {
+    EXPECT_LE(entry.at("logprob").get<float>(), 0.0f);
+    EXPECT_TRUE(entry.at("bytes").is_array());
+    EXPECT_EQ(entry.at("top_logprobs").size(), 2u);
+  }
+  const Json plain = ok_json(post("/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}}));
+  EXPECT_TRUE(plain.at("choices").at(0).at("logprobs").is_null());
+}
+
+// stream_options.include_usage: "usage": null in every chunk, then a last
+// chunk with no choices and the usage.
+TEST_F(Step07OpenAiApi, AStreamEndsWithItsUsageWhenAsked) {
+  const std::vector<Json> stream =
+      chunks(post("/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 6}, {"n", 2},
+                                      {"stream", true}, {"stream_options", {{"include_usage", true}}}}));
+  ASSERT_GE(stream.size(), 2u);
+  for (std::size_t i = 0; i + 1 < stream.size(); ++i) EXPECT_TRUE(stream[i].at("usage").is_null()) << stream[i];
+  const Json& last = stream.back();
+  EXPECT_TRUE(last.at("choices").empty()) << last;
+  EXPECT_EQ(last.at("usage").at("completion_tokens"), 12);
+  EXPECT_EQ(last.at("usage").at("total_tokens"), last.at("usage").at("prompt_tokens").get<int>() + 12);
+}
+
+// OpenAI's error shape for every 4xx, with the field at fault; input too
+// large for the context is refused before any tokenizing.
+TEST_F(Step07OpenAiApi, ErrorsHaveOpenAisShapeAndOverlongInputIsRefusedAtOnce) {
+  const httplib::Result negative = post("/v1/completions", {{"prompt", "Once"}, {"max_tokens", -5}});
+  ASSERT_TRUE(negative);
+  EXPECT_EQ(negative->status, 400);
+  const Json error = Json::parse(negative->body).at("error");
+  EXPECT_EQ(error.at("param"), "max_tokens");
+  EXPECT_TRUE(error.contains("code"));
+  EXPECT_EQ(error.at("type"), "invalid_request_error");
+
+  const httplib::Result too_many = post("/v1/completions", {{"prompt", "Once"}, {"n", 5}});  // small_server(): 4 slots
+  ASSERT_TRUE(too_many);
+  EXPECT_EQ(too_many->status, 400) << too_many->body;
+  EXPECT_EQ(Json::parse(too_many->body).at("error").at("param"), "n");
+
+  const auto started = std::chrono::steady_clock::now();
+  const httplib::Result megabyte = post("/v1/chat/completions",
+                                        {{"messages", {{{"role", "user"}, {"content", std::string(1'000'000, 'x')}}}}});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ASSERT_TRUE(megabyte);
+  EXPECT_EQ(megabyte->status, 400) << megabyte->body.substr(0, 300);
+  EXPECT_EQ(Json::parse(megabyte->body).at("error").at("code"), "context_length_exceeded");
+  EXPECT_LT(seconds, 2.0) << "a prompt that cannot fit took " << seconds << " s to refuse";
+
+  const httplib::Result huge = client().Post("/v1/completions", std::string(2 << 20, ' '), "application/json");
+  ASSERT_TRUE(huge);
+  EXPECT_EQ(huge->status, 413);
+  EXPECT_TRUE(Json::parse(huge->body).at("error").at("message").is_string()) << huge->body;
+
+  const httplib::Result wrong_method = client().Get("/v1/chat/completions");
+  ASSERT_TRUE(wrong_method);
+  EXPECT_EQ(wrong_method->status, 405);
+  EXPECT_EQ(wrong_method->get_header_value("Allow"), "POST");
+  const Json now = stats();
+  EXPECT_EQ(now.at("finished"), 0) << "a bad request reached the engine";
+}
+
+// A client that leaves a stream of n = 3 cancels every sample.
+TEST_F(Step07OpenAiApi, LeavingAStreamOfNChoicesFreesEveryBlock) {
+  restart_slow();
+  leave_mid_stream(server_->port(), Json{{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"n", 3},
+                                         {"stream", true}}.dump());
+  const Json now = stats_once([](const Json& now) { return idle(now) && now.value("cancelled", 0) == 3; });
+  EXPECT_TRUE(idle(now)) << now.dump();
+  EXPECT_EQ(now.at("cancelled"), 3) << now.dump();
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "llm/errors.hpp"
+#include "step07_batching/serve/choice_assembler.hpp"
 
 namespace step07 {
 namespace {
@@ -29,21 +30,22 @@ constexpr std::size_t kMaxBodyBytes = 1 << 20;
 struct ChannelItem {
   enum class Kind {
     Accepted,  // Engine::submit took the request: the answer will be a 200
-    Token,     // a generated token (the last one has finish != None)
+    Token,     // a generated token of one sample (its last one has finish != None)
     Failed,    // the request ended without finishing: `failure` says why
   };
   Kind kind = Kind::Accepted;
-  int token = 0;
-  FinishReason finish = FinishReason::None;
-  ApiError failure;
+  TokenEvent token;  // Kind::Token: the engine's event
+  ApiError failure;  // Kind::Failed
 
-  static ChannelItem accepted() { return {Kind::Accepted, 0, FinishReason::None, {}}; }
-  static ChannelItem generated(int token, FinishReason finish) { return {Kind::Token, token, finish, {}}; }
-  static ChannelItem failed(ApiError failure) { return {Kind::Failed, 0, FinishReason::None, std::move(failure)}; }
-  bool ends_request() const { return kind == Kind::Failed || finish != FinishReason::None; }
+  static ChannelItem accepted() { return {Kind::Accepted, {}, {}}; }
+  static ChannelItem generated(const TokenEvent& event) { return {Kind::Token, event, {}}; }
+  static ChannelItem failed(ApiError failure) { return {Kind::Failed, {}, std::move(failure)}; }
 };
 
-const ApiError kShuttingDown{503, "the server is shutting down"};
+// An error that no request field caused: a route, the server, the engine.
+ApiError error_of(int status, std::string message) { return {status, std::move(message), {}, {}}; }
+
+const ApiError kShuttingDown = error_of(503, "the server is shutting down");
 
 std::int64_t unix_time_s() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -57,8 +59,10 @@ void answer_error(httplib::Response& response, const ApiError& error) {
 
 // The routes, for the 404 and 405 messages.
 bool known_path(const std::string& path) {
-  return path == "/v1/completions" || path == "/health" || path == "/v1/stats";
+  return path == "/v1/completions" || path == "/v1/chat/completions" || path == "/v1/models" || path == "/health" ||
+         path == "/v1/stats";
 }
+bool is_post_path(const std::string& path) { return path == "/v1/completions" || path == "/v1/chat/completions"; }
 
 // httplib's own refusals (no route, an unreadable request, a body too large)
 // arrive here with an empty body; answers the handlers wrote are left alone.
@@ -67,15 +71,19 @@ httplib::Server::HandlerResponse answer_refusal(const httplib::Request& request,
   if (response.status == 404 && known_path(request.path)) {
     // The path exists for another method: 405, as HTTP asks, with the method that works.
     response.status = 405;
-    response.set_header("Allow", request.path == "/v1/completions" ? "POST" : "GET");
-    answer_error(response, {405, fmt::format("{} {} is not allowed here (use {})", request.method, request.path,
-                                             response.get_header_value("Allow"))});
+    response.set_header("Allow", is_post_path(request.path) ? "POST" : "GET");
+    answer_error(response, error_of(405, fmt::format("{} {} is not allowed here (use {})", request.method, request.path,
+                                                 response.get_header_value("Allow"))));
   } else if (response.status == 404) {
-    answer_error(response, {404, fmt::format("no route {} {} (this server has POST /v1/completions, GET /health "
-                                             "and GET /v1/stats)",
-                                             request.method, request.path)});
+    answer_error(response, error_of(404, fmt::format("no route {} {} (this server has POST /v1/completions, POST "
+                                             "/v1/chat/completions, GET /v1/models, GET /health and GET /v1/stats)",
+                                                 request.method, request.path)));
+  } else if (response.status == 413) {
+    answer_error(response, error_of(413, fmt::format("the body is over {} bytes, more than any prompt that fits the context",
+                                                 kMaxBodyBytes)));
   } else {
-    answer_error(response, {response.status, fmt::format("the request was refused (HTTP {})", response.status)});
+    answer_error(response,
+                 error_of(response.status, fmt::format("the request was refused (HTTP {})", response.status)));
   }
   return httplib::Server::HandlerResponse::Handled;
 }
@@ -90,7 +98,7 @@ void answer_exception(const httplib::Request&, httplib::Response& response, std:
     what = error.what();
   } catch (...) {
   }
-  answer_error(response, {500, "internal error: " + what});
+  answer_error(response, error_of(500, "internal error: " + what));
 }
 
 }  // namespace
@@ -145,9 +153,14 @@ class CompletionServer::TokenChannel {
 // error instead, whichever way that happens.
 class CompletionServer::OpenStream {
  public:
-  OpenStream(std::atomic<int>& open_streams, const CompletionId& id, std::shared_ptr<TokenChannel> channel,
-             TextPieces pieces)
-      : open_streams_(open_streams), id_(id), channel_(std::move(channel)), pieces_(std::move(pieces)) {
+  OpenStream(std::atomic<int>& open_streams, const CompletionId& id, const CompletionRequest& request,
+             std::shared_ptr<TokenChannel> channel, const ServedModel& model)
+      : open_streams_(open_streams),
+        id_(id),
+        with_logprobs_(request.top_logprobs >= 0),
+        include_usage_(request.include_usage),
+        channel_(std::move(channel)),
+        choices_(model, request) {
     ++open_streams_;
   }
   // Runs on an httplib thread (the handler's, or the one releasing the
@@ -160,19 +173,24 @@ class CompletionServer::OpenStream {
 
   const CompletionId& id() const { return id_; }
   TokenChannel& channel() { return *channel_; }
-  // The events an item becomes: a token's, or an error's; after the last one, the end of the stream.
-  std::string events_for(const ChannelItem& item, const ServedModel& model) {
+  // The events an item becomes: a chunk of its choice (none for a token of
+  // a choice that has ended), or an error event; after the last choice's
+  // last chunk, the usage chunk when asked, and the end of the stream.
+  std::string events_for(const ChannelItem& item, CompletionServer& server) {
     std::string events;
     if (item.kind == ChannelItem::Kind::Failed) {
-      events = error_event(item.failure);
-    } else {
-      std::string text = pieces_.next(item.token);
-      if (item.ends_request()) text += pieces_.flush();
-      events = token_event(model, id_, item.token, text, item.finish);
-    }
-    if (item.ends_request()) {
       ended_ = true;
+      return error_event(item.failure) + std::string(kDoneEvent);
+    }
+    const TokenEvent& token = item.token;
+    const auto added = choices_.add(token.sample, token.token, token.finish, token.logprobs);
+    if (!added) return events;
+    if (added->stop_string_matched) server.post_stop(id_.request_id, token.sample);
+    events = chunk_event(server.served_, id_, added->delta, with_logprobs_, include_usage_);
+    if (choices_.all_ended()) {
+      if (include_usage_) events += usage_event(server.served_, id_, choices_.usage());
       events += kDoneEvent;
+      ended_ = true;
     }
     return events;
   }
@@ -181,14 +199,17 @@ class CompletionServer::OpenStream {
  private:
   std::atomic<int>& open_streams_;
   CompletionId id_;
+  bool with_logprobs_;
+  bool include_usage_;
   std::shared_ptr<TokenChannel> channel_;  // shared with the engine thread
-  TextPieces pieces_;
+  ChoiceAssembler choices_;
   bool ended_ = false;
 };
 
 CompletionServer::CompletionServer(llm::Model& model, std::string model_name, const llm::Tokenizer* tokenizer,
                                    const ServerOptions& options)
-    : served_(make_served_model(model.config(), std::move(model_name), tokenizer)),
+    : served_(make_served_model(model.config(), std::move(model_name), tokenizer,
+                                options.engine.scheduler.max_sequences, unix_time_s())),
       options_(options),
       engine_(std::make_unique<Engine>(model, options.engine, clock_)),
       http_(std::make_unique<httplib::Server>()) {
@@ -201,10 +222,15 @@ CompletionServer::~CompletionServer() { stop(); }
 // ---- HTTP handler threads ----
 
 void CompletionServer::add_routes() {
-  http_->Post("/v1/completions",
-              [this](const httplib::Request& request, httplib::Response& response) {
-                handle_completion(request, response);
-              });
+  http_->Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
+    handle_completion(Endpoint::Completions, request, response);
+  });
+  http_->Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
+    handle_completion(Endpoint::ChatCompletions, request, response);
+  });
+  http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
+    response.set_content(models_json(served_), kJsonType);
+  });
   http_->Get("/health", [](const httplib::Request&, httplib::Response& response) {
     response.set_content(R"({"status":"ok"})", kJsonType);
   });
@@ -228,23 +254,26 @@ void CompletionServer::add_routes() {
   });
 }
 
-void CompletionServer::handle_completion(const httplib::Request& http_request, httplib::Response& response) {
-  ParsedCompletion parsed = parse_completion_request(http_request.body, served_);
+void CompletionServer::handle_completion(Endpoint endpoint, const httplib::Request& http_request,
+                                         httplib::Response& response) {
+  ParsedCompletion parsed = endpoint == Endpoint::Completions ? parse_completion_request(http_request.body, served_)
+                                                              : parse_chat_request(http_request.body, served_);
   if (const auto* error = std::get_if<ApiError>(&parsed)) return answer_error(response, *error);
   const CompletionRequest& completion = std::get<CompletionRequest>(parsed);
-  const CompletionId id{next_request_id_++, unix_time_s()};
+  const CompletionId id{endpoint, next_request_id_++, unix_time_s()};
   auto channel = std::make_shared<TokenChannel>();
   // A stream counts as open before its request can reach the engine, so
   // stop() never misses one.
   std::shared_ptr<OpenStream> stream;
-  if (completion.stream)
-    stream = std::make_shared<OpenStream>(open_streams_, id, channel, TextPieces(served_, completion.prompt.back()));
+  if (completion.stream) stream = std::make_shared<OpenStream>(open_streams_, id, completion, channel, served_);
 
   Request request;
   request.id = id.request_id;
   request.prompt = completion.prompt;
   request.max_tokens = completion.max_tokens;
   request.sampling = completion.sampling;
+  request.n = completion.n;
+  request.top_logprobs = completion.top_logprobs;
   request.arrival_ms = clock_.now_ms();
   post_submission(std::move(request), channel);
 
@@ -280,22 +309,34 @@ void CompletionServer::post_cancellation(int request_id) {
   inbox_ready_.notify_one();
 }
 
+void CompletionServer::post_stop(int request_id, int sample) {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    stops_.push_back({request_id, sample});
+  }
+  inbox_ready_.notify_one();
+}
+
 void CompletionServer::answer_when_finished(httplib::Response& response, const CompletionId& id,
                                             const CompletionRequest& request, TokenChannel& channel) {
-  FinishedCompletion completion;
-  completion.prompt_tokens = static_cast<int>(request.prompt.size());
-  TextPieces pieces(served_, request.prompt.back());
-  for (ChannelItem item = channel.pop();; item = channel.pop()) {
+  ChoiceAssembler assembler(served_, request);
+  std::vector<ChoiceDelta> choices(static_cast<std::size_t>(request.n));  // [n] each choice whole
+  for (std::size_t index = 0; index < choices.size(); ++index) choices[index].index = static_cast<int>(index);
+  while (!assembler.all_ended()) {
+    const ChannelItem item = channel.pop();
     if (item.kind == ChannelItem::Kind::Failed) return answer_error(response, item.failure);
-    completion.tokens.push_back(item.token);
-    completion.text += pieces.next(item.token);
-    if (item.ends_request()) {
-      completion.text += pieces.flush();
-      completion.finish = item.finish;
-      break;
-    }
+    const TokenEvent& token = item.token;
+    const auto added = assembler.add(token.sample, token.token, token.finish, token.logprobs);
+    if (!added) continue;  // a token made after its choice's stop string
+    if (added->stop_string_matched) post_stop(id.request_id, token.sample);
+    ChoiceDelta& choice = choices[static_cast<std::size_t>(token.sample)];
+    choice.text += added->delta.text;
+    choice.tokens.insert(choice.tokens.end(), added->delta.tokens.begin(), added->delta.tokens.end());
+    choice.logprobs.insert(choice.logprobs.end(), added->delta.logprobs.begin(), added->delta.logprobs.end());
+    choice.finish = added->delta.finish;
   }
-  response.set_content(completion_json(served_, id, completion), kJsonType);
+  response.set_content(completion_json(served_, id, choices, assembler.usage(), request.top_logprobs >= 0),
+                       kJsonType);
 }
 
 void CompletionServer::answer_as_stream(httplib::Response& response, std::shared_ptr<OpenStream> stream) {
@@ -307,7 +348,8 @@ void CompletionServer::answer_as_stream(httplib::Response& response, std::shared
     if (items.empty()) return sink.write(kKeepAliveEvent.data(), kKeepAliveEvent.size());
     std::string events;
     for (const ChannelItem& item : items)
-      if (!stream->ended()) events += stream->events_for(item, served_);  // nothing follows the last
+      if (!stream->ended()) events += stream->events_for(item, *this);  // nothing follows the last
+    if (events.empty()) return true;  // only tokens of choices that had ended
     if (!sink.write(events.data(), events.size())) return false;
     if (stream->ended()) sink.done();
     return true;
@@ -328,6 +370,7 @@ void CompletionServer::run_engine() {
   for (;;) {
     Inbox inbox = wait_for_inbox();
     for (int request_id : inbox.cancellations) cancel(request_id);
+    for (const StopRequest& stop : inbox.stops) stop_sample(stop);
     for (Submission& submission : inbox.submissions) {
       if (inbox.stopping)
         submission.channel->push(ChannelItem::failed(kShuttingDown));
@@ -350,34 +393,44 @@ CompletionServer::Inbox CompletionServer::wait_for_inbox() {
   std::unique_lock lock(inbox_mutex_);
   // With requests in the engine it steps at once: new ones join at the next iteration.
   if (!engine_->has_work())
-    inbox_ready_.wait(lock, [&] { return stopping_ || !submissions_.empty() || !cancellations_.empty(); });
-  return {std::exchange(submissions_, {}), std::exchange(cancellations_, {}), stopping_};
+    inbox_ready_.wait(lock, [&] {
+      return stopping_ || !submissions_.empty() || !cancellations_.empty() || !stops_.empty();
+    });
+  return {std::exchange(submissions_, {}), std::exchange(cancellations_, {}), std::exchange(stops_, {}), stopping_};
 }
 
 void CompletionServer::admit(Submission& submission) {
   const int request_id = submission.request.id;
+  const int samples = submission.request.n;
   try {
     engine_->submit(std::move(submission.request));
   } catch (const llm::InputError& error) {
-    submission.channel->push(ChannelItem::failed({400, error.what()}));
+    submission.channel->push(ChannelItem::failed(error_of(400, error.what())));
     return;
   } catch (const std::exception& error) {
     submission.channel->push(
-        ChannelItem::failed({500, fmt::format("the engine could not take the request: {}", error.what())}));
+        ChannelItem::failed(error_of(500, fmt::format("the engine could not take the request: {}", error.what()))));
     return;
   }
-  channels_[request_id] = submission.channel;
+  live_[request_id] = {submission.channel, samples};
   submission.channel->push(ChannelItem::accepted());
 }
 
 void CompletionServer::cancel(int request_id) {
   // The request may have finished since its client left: nothing to free then.
-  if (channels_.erase(request_id) == 0) return;
+  if (live_.erase(request_id) == 0) return;
   try {
     engine_->cancel(request_id);
   } catch (const std::exception& error) {
     fmt::print(stderr, "server: cancelling request {} failed: {}\n", request_id, error.what());
   }
+}
+
+void CompletionServer::stop_sample(const StopRequest& stop) {
+  const auto found = live_.find(stop.request_id);
+  // The sample may have ended by itself meanwhile (the end token, max_tokens): nothing to do then.
+  if (found == live_.end() || !engine_->stop_sample(stop.request_id, stop.sample)) return;
+  if (--found->second.live_samples == 0) live_.erase(found);
 }
 
 void CompletionServer::step_engine() {
@@ -387,29 +440,29 @@ void CompletionServer::step_engine() {
     // Which request broke the iteration is unknown, and so is the engine's
     // state halfway through it: every request in it fails (and is cancelled,
     // freeing its blocks), and the server goes on with the next ones.
-    const long long live = static_cast<long long>(channels_.size());
-    end_live_requests({500, fmt::format("the engine failed: {}", error.what())});
+    const long long live = static_cast<long long>(live_.size());
+    end_live_requests(error_of(500, fmt::format("the engine failed: {}", error.what())));
     failed_ += live;
   }
 }
 
 void CompletionServer::deliver(const TokenEvent& event) {
-  const auto found = channels_.find(event.request_id);
-  if (found == channels_.end()) return;  // cancelled in this iteration
-  found->second->push(ChannelItem::generated(event.token, event.finish));
-  if (event.finish != FinishReason::None) channels_.erase(found);
+  const auto found = live_.find(event.request_id);
+  if (found == live_.end()) return;  // cancelled in this iteration
+  found->second.channel->push(ChannelItem::generated(event));
+  if (event.finish != FinishReason::None && --found->second.live_samples == 0) live_.erase(found);
 }
 
 void CompletionServer::end_live_requests(const ApiError& reason) {
-  for (auto& [request_id, channel] : channels_) {
+  for (auto& [request_id, live] : live_) {
     try {
       engine_->cancel(request_id);
     } catch (const std::exception& error) {
       fmt::print(stderr, "server: cancelling request {} failed: {}\n", request_id, error.what());
     }
-    channel->push(ChannelItem::failed(reason));
+    live.channel->push(ChannelItem::failed(reason));
   }
-  channels_.clear();
+  live_.clear();
 }
 
 void CompletionServer::collect_finished() {
@@ -545,8 +598,8 @@ class SignalPipe {
 void serve_until_signal(CompletionServer& server) {
   const SignalPipe signals;
   server.start();
-  fmt::print("serving {} on http://{}:{} (POST /v1/completions, GET /health, GET /v1/stats); "
-             "Ctrl-C stops\n",
+  fmt::print("serving {} on http://{}:{} (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
+             "GET /health, GET /v1/stats); Ctrl-C stops\n",
              server.served_model().name, server.host(), server.port());
   std::fflush(stdout);
   signals.wait();

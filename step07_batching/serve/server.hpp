@@ -1,23 +1,32 @@
 #pragma once
-// CompletionServer: the continuous-batching engine behind an OpenAI-style
+// CompletionServer: the continuous-batching engine behind an OpenAI-compatible
 // HTTP API (completion_api.hpp), on loopback:
-//   POST /v1/completions   a completion, whole or streamed as server-sent events
-//   GET  /health           {"status": "ok"}
-//   GET  /v1/stats         running, waiting, blocks_used, finished, cancelled, failed, preemptions
+//   POST /v1/completions       a completion, whole or streamed as server-sent events
+//   POST /v1/chat/completions  the same for a conversation (its chat template: chat_prompt)
+//   GET  /v1/models            the model served
+//   GET  /health               {"status": "ok"}
+//   GET  /v1/stats             running, waiting, blocks_used, finished, cancelled, failed, preemptions
 //
 // Threads. The engine is single-threaded, so exactly one thread owns it:
 //   HTTP handler threads (httplib's pool)  parse and check a request, post it
 //       to the inbox, then wait on the request's own channel for its tokens
-//       and write them out (one JSON answer, or one event per token);
-//   the engine thread  takes the inbox (submissions, cancellations), calls
-//       Engine::submit / cancel / step, and its token listener pushes every
-//       token into its request's channel; it sleeps when nothing is to run;
+//       and write them out (one JSON answer, or chunks as they come);
+//   the engine thread  takes the inbox (submissions, cancellations, stops),
+//       calls Engine::submit / cancel / stop_sample / step, and its token
+//       listener pushes every token into its request's channel; it sleeps
+//       when nothing is to run;
 //   the listening thread  httplib's accept loop.
-// A streaming client that goes away makes its handler post a cancellation
-// (the next write fails: a token's, or a keep-alive comment's while the
-// request waits), and the engine frees the request's KV blocks at its next
-// iteration. A client of a whole answer that leaves is only noticed when the
-// answer is written: its request runs to its end, which max_tokens bounds.
+// A request with n > 1 is one engine request whose samples fork after its
+// prompt (Engine::fork_samples): its channel carries every sample's tokens,
+// and the handler assembles them into n choices (ChoiceAssembler). A stop
+// string is matched on the handler thread, which then posts a stop for
+// that sample: the engine ends it and frees its blocks at its next
+// iteration. A streaming client that goes away makes its handler post a
+// cancellation (the next write fails: a token's, or a keep-alive comment's
+// while the request waits), and the engine frees the request's KV blocks at
+// its next iteration. A client of a whole answer that leaves is only noticed
+// when the answer is written: its request runs to its end, which max_tokens
+// bounds.
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -64,8 +73,8 @@ struct ServerStats {
   int running = 0;            // requests with a cache slot
   int waiting = 0;            // requests queued for one
   int blocks_used = 0;        // KV blocks held (0 when nothing runs)
-  long long finished = 0;     // requests that ended with "stop" or "length"
-  long long cancelled = 0;    // requests dropped before their end: the client left, an engine error, shutdown
+  long long finished = 0;     // samples (a request has n) that ended with "stop" or "length"
+  long long cancelled = 0;    // samples dropped before their end: the client left, an engine error, shutdown
   long long failed = 0;       // requests ended by an engine error (a 500 or an error event)
   long long preemptions = 0;  // times a running request's K/V were thrown away to make room
 };
@@ -102,6 +111,11 @@ class CompletionServer {
   class TokenChannel;  // one request's items, from the engine thread to its handler (server.cpp)
   class OpenStream;    // a streamed answer, from before its request reaches the engine to its last write
 
+  // One sample to end early (a stop string matched in its text).
+  struct StopRequest {
+    int request_id = 0;
+    int sample = 0;
+  };
   // A checked request on its way to the engine.
   struct Submission {
     Request request;                        // with the id and arrival time the server gave it
@@ -111,14 +125,21 @@ class CompletionServer {
   struct Inbox {
     std::vector<Submission> submissions;
     std::vector<int> cancellations;  // request ids whose client went away
+    std::vector<StopRequest> stops;
     bool stopping = false;
+  };
+  // A request in the engine, as the engine thread tracks it.
+  struct LiveRequest {
+    std::shared_ptr<TokenChannel> channel;  // shared with the handler that waits on it
+    int live_samples = 0;                   // n, less each sample that has ended
   };
 
   // HTTP handler threads.
   void add_routes();
-  void handle_completion(const httplib::Request& http_request, httplib::Response& response);
+  void handle_completion(Endpoint endpoint, const httplib::Request& http_request, httplib::Response& response);
   void post_submission(Request request, std::shared_ptr<TokenChannel> channel);
   void post_cancellation(int request_id);
+  void post_stop(int request_id, int sample);
   void answer_when_finished(httplib::Response& response, const CompletionId& id, const CompletionRequest& request,
                             TokenChannel& channel);
   void answer_as_stream(httplib::Response& response, std::shared_ptr<OpenStream> stream);
@@ -128,6 +149,7 @@ class CompletionServer {
   Inbox wait_for_inbox();
   void admit(Submission& submission);
   void cancel(int request_id);
+  void stop_sample(const StopRequest& stop);
   void step_engine();
   void deliver(const TokenEvent& event);  // the engine's token listener
   void end_live_requests(const ApiError& reason);
@@ -157,11 +179,12 @@ class CompletionServer {
   std::condition_variable inbox_ready_;  // the engine thread sleeps on it when it has nothing to run
   std::vector<Submission> submissions_;
   std::vector<int> cancellations_;
+  std::vector<StopRequest> stops_;
   bool stopping_ = false;
 
-  // The engine thread's own: the channel of every request in the engine, by id.
-  std::unordered_map<int, std::shared_ptr<TokenChannel>> channels_;
-  long long finished_ = 0;   // stop/length records taken from the engine so far
+  // The engine thread's own: every request in the engine, by id.
+  std::unordered_map<int, LiveRequest> live_;
+  long long finished_ = 0;   // stop/length records (one per sample) taken from the engine so far
   long long cancelled_ = 0;  // cancelled records taken so far
   long long failed_ = 0;     // requests ended by an engine error
 

@@ -50,6 +50,13 @@ class Tokenizer {
   std::string decode_printable(int previous, int token) const;
 
   int vocab_size() const { return static_cast<int>(pieces_.size()); }
+  // The longest piece's length in bytes (at least 1), computed once when the
+  // vocabulary is built. No token encodes more of a text than its piece's
+  // bytes (a byte-fallback token's piece "<0xXX>" stands for one byte), so a
+  // text of B bytes encodes to at least ceil(B / max_piece_bytes()) tokens:
+  // a bound known without encoding, with which a server refuses a prompt too
+  // long for the context before it spends any time tokenizing it.
+  int max_piece_bytes() const { return max_piece_bytes_; }
   const std::string& piece(int token) const;
   float score(int token) const { return scores_.at(static_cast<std::size_t>(token)); }
 
@@ -61,10 +68,13 @@ class Tokenizer {
   // The token that tokens `left` and `right`, adjacent, merge into; -1 when
   // their concatenation is not in the vocabulary or scores too low to merge.
   int merge_of(int left, int right) const;
+  // Sets max_piece_bytes_ from pieces_ (once they are all in).
+  void measure_longest_piece();
 
   std::vector<std::string> pieces_;  // [vocab_size]
   std::vector<float> scores_;        // [vocab_size] merge priority
   std::unordered_map<std::string, int> piece_to_id_;
+  int max_piece_bytes_ = 1;  // the longest of pieces_ in bytes, at least 1
 };
 
 // Writes `tokenizer` in the same tokenizer.bin format (loadable by run.c and

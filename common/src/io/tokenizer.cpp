@@ -60,6 +60,7 @@ Tokenizer Tokenizer::read(std::istream& in, int vocab_size, const std::string& n
         "(wrong tokenizer for this model?)",
         name, vocab_size));
   for (int i = vocab_size - 1; i >= 0; --i) t.piece_to_id_[t.pieces_[static_cast<std::size_t>(i)]] = i;
+  t.measure_longest_piece();
   return t;
 }
 
@@ -77,7 +78,14 @@ Tokenizer Tokenizer::byte_level(int vocab_size) {
   // they decode to nothing and are never produced by encode().
   for (int i = 259; i < vocab_size; ++i) t.pieces_[static_cast<std::size_t>(i)] = "";
   for (int i = 0; i < 259; ++i) t.piece_to_id_[t.pieces_[static_cast<std::size_t>(i)]] = i;
+  t.measure_longest_piece();
   return t;
+}
+
+void Tokenizer::measure_longest_piece() {
+  max_piece_bytes_ = 1;
+  for (const std::string& piece : pieces_)
+    max_piece_bytes_ = std::max(max_piece_bytes_, static_cast<int>(piece.size()));
 }
 
 const std::string& Tokenizer::piece(int token) const {
