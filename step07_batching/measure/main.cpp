@@ -16,9 +16,13 @@
 //   5. the engine behind the HTTP server on loopback, loaded by the streaming
 //      client with part 2's trace (what serving over HTTP costs);
 //   6. the trace behind one long shared system prompt, with the engine's
-//      prefix cache off and on (first-token latency, rows computed, hits).
-// Two more modes use the same engine: --serve PORT (an OpenAI-style
-// completions server on localhost) and --load PORT (the trace against it).
+//      prefix cache off and on (first-token latency, rows computed, hits);
+//   7. n samples of one prompt (OpenAI's `n`, n = 1, 4, 8): forked from one
+//      prefill, sharing the prompt's blocks, against n separate requests
+//      (prefill rows, peak KV blocks, copies, wall time).
+// Two more modes use the same engine: --serve PORT (an OpenAI-compatible
+// server on localhost: completions, chat completions, models) and --load PORT
+// (the trace against it).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -36,6 +40,7 @@
 #include "step07_batching/measure/batch_scaling.hpp"
 #include "step07_batching/measure/chunked_prefill.hpp"
 #include "step07_batching/measure/loopback_serving.hpp"
+#include "step07_batching/measure/parallel_sampling.hpp"
 #include "step07_batching/measure/policy_comparison.hpp"
 #include "step07_batching/measure/prefix_caching.hpp"
 #include "step07_batching/measure/rate_sweep.hpp"
@@ -75,6 +80,7 @@ struct Step07Options {
   step07::BatchScalingOptions scaling;     // part 1: --scaling-rows, --scaling-context
   bool loopback = true;                    // part 5 (--no-loopback skips it)
   step07::PrefixCachingOptions prefix;     // part 6: --system-prompt-fraction, --prefix-load
+  step07::ParallelSamplingOptions sampling;  // part 7: --samples, --sampling-prompt-tokens, --sampling-max-tokens
   bool prefix_cache = true;                // --serve: the engine's prefix cache (--no-prefix-cache: off)
   // The serving modes.
   int serve_port = -1;           // --serve PORT: run the server until Ctrl-C
@@ -106,7 +112,8 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
                       1, 1 << 20)
             ->capture_default_str();
         llm::in_range(app.add_option("--repeats", options.repeats,
-                                     fmt::format("runs per policy, the median run is reported (default {}, --full {})",
+                                     fmt::format("runs per policy and per parallel sampling row, the median run is "
+                                                 "reported (default {}, --full {})",
                                                  kDefaultRun.repeats, kFullRun.repeats)),
                       1, 100);
         llm::in_range(app.add_option("--loads", options.loads,
@@ -147,10 +154,11 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
                                      "offline requests/s"),
                       0.001, 100.0)
             ->capture_default_str();
+        step07::add_parallel_sampling_flags(app, options.sampling);
         app.add_flag("!--no-prefix-cache", options.prefix_cache,
                      "--serve: requests do not share the cached blocks of a common prompt prefix");
         llm::in_range(app.add_option("--serve", options.serve_port,
-                                     "serve POST /v1/completions on 127.0.0.1:PORT until Ctrl-C (0: any free port)"),
+                                     "serve the OpenAI-compatible API on 127.0.0.1:PORT until Ctrl-C (0: any free port)"),
                       0, 65535);
         llm::in_range(
             app.add_option("--load", options.load_port, "replay the trace against a server on 127.0.0.1:PORT"), 1,
@@ -182,7 +190,11 @@ void apply_run_size(Step07Options& options) {
     options.chunking.chunk_tokens = options.chunk_sizes;
   else if (!options.common.full)
     options.chunking.chunk_tokens = {std::max(kDefaultChunkTokens, options.limits.max_sequences)};
-  if (options.common.quick) step07::apply_quick(options.scaling);
+  options.sampling.repeats = options.repeats;
+  if (options.common.quick) {
+    step07::apply_quick(options.scaling);
+    step07::apply_quick(options.sampling);
+  }
 }
 
 // Prompts from the tokenizer when a model file came with one (a trained
@@ -225,6 +237,9 @@ llm::Results make_results(const Step07Options& options, const llm::LoadedModel& 
   results.set_config("repeats", static_cast<long long>(options.repeats));
   results.set_config("system_prompt_fraction", options.prefix.system_prompt_fraction);
   results.set_config("prefix_load", options.prefix.load_factor);
+  results.set_config("samples", fmt::format("{}", fmt::join(options.sampling.samples, ",")));
+  results.set_config("sampling_prompt_tokens", static_cast<long long>(options.sampling.prompt_tokens));
+  results.set_config("sampling_max_tokens", static_cast<long long>(options.sampling.max_tokens));
   results.set_config("clock", std::string("steady clock; idle gaps before an arrival skipped, never work"));
   results.set_config("speedup_baseline", std::string("output tokens/s of static batching on the same device"));
   results.set_config("quick", options.common.quick);
@@ -237,10 +252,12 @@ llm::Results make_results(const Step07Options& options, const llm::LoadedModel& 
   results.add_note("speedup of the HTTP row = its output tokens/s / the in-process continuous run's");
   results.add_note("speedup of prefix cache rows = p50 TTFT with the prefix cache off / with this row's setting (their "
                    "time is that p50)");
+  results.add_note("speedup of parallel sampling rows = wall time of n independent requests / this row's, same device "
+                   "and n (their time is the greedy run's wall time)");
   return results;
 }
 
-// Parts 1-6 on one device. Every run's tokens are checked against the
+// Parts 1-7 on one device. Every run's tokens are checked against the
 // requests run alone on the baseline model (contiguous cache).
 struct DeviceParts {
   step07::BatchScaling scaling;
@@ -249,6 +266,7 @@ struct DeviceParts {
   std::vector<step07::ChunkedPrefillRow> chunked;
   std::optional<step07::LoopbackRun> loopback;
   std::vector<step07::PrefixCachingRow> prefix;
+  std::vector<step07::ParallelSamplingRow> sampling;
 };
 
 // The parts' scenarios, made once for every device.
@@ -256,10 +274,11 @@ struct Scenarios {
   std::vector<step07::Request> trace;         // parts 2, 3, 5
   std::vector<step07::Request> long_prompts;  // part 4 (arrival times given per device)
   std::vector<step07::Request> shared_system; // part 6 (arrival times given per device)
+  step07::Request sampling_prompt;            // part 7: the prompt its n samples complete
 };
 
 // Progress lines per device: the solo runs, then each part.
-int progress_parts(const Step07Options& options) { return 6 + (options.loopback ? 1 : 0); }
+int progress_parts(const Step07Options& options) { return 7 + (options.loopback ? 1 : 0); }
 
 DeviceParts run_device(const std::string& device, const Step07Options& options, const llm::LoadedModel& loaded,
                        const Scenarios& scenarios, const std::vector<int>& policy_ids, llm::RunProgress& progress) {
@@ -300,6 +319,11 @@ DeviceParts run_device(const std::string& device, const Step07Options& options, 
   parts.prefix = step07::compare_prefix_caching(device, *model, shared_system,
                                                 step07::solo_outputs(*baseline, shared_system), options.limits,
                                                 options.prefix);
+  progress.start(fmt::format("{}: parallel sampling, n = {} forked and as separate requests", device,
+                             fmt::join(options.sampling.samples, ", ")));
+  const std::vector<int> sampling_solo = step07::solo_outputs(*baseline, {scenarios.sampling_prompt}).front();
+  parts.sampling = step07::compare_parallel_sampling(device, *model, scenarios.sampling_prompt, sampling_solo,
+                                                     options.limits, options.sampling);
   return parts;
 }
 
@@ -325,8 +349,10 @@ void report(llm::Results& results, const step05::LengthSummary& lengths, int n_r
   std::vector<step07::ChunkedPrefillRow> chunked;
   std::vector<step07::LoopbackRun> loopback;
   std::vector<step07::PrefixCachingRow> prefix;
+  std::vector<step07::ParallelSamplingRow> sampling;
   for (const DeviceParts& parts : devices) {
     prefix.insert(prefix.end(), parts.prefix.begin(), parts.prefix.end());
+    sampling.insert(sampling.end(), parts.sampling.begin(), parts.sampling.end());
     scaling.push_back(parts.scaling);
     runs.insert(runs.end(), parts.policies.begin(), parts.policies.end());
     sweep.insert(sweep.end(), parts.sweep.begin(), parts.sweep.end());
@@ -340,6 +366,7 @@ void report(llm::Results& results, const step05::LengthSummary& lengths, int n_r
   step07::add_chunked_prefill(results, chunked);
   step07::add_loopback_rows(results, loopback);
   step07::add_prefix_caching(results, prefix);
+  step07::add_parallel_sampling(results, sampling);
   fmt::print("{}\n", results.format_table());
   step07::print_batch_scaling(scaling);
   step07::print_trace(lengths);
@@ -348,9 +375,10 @@ void report(llm::Results& results, const step05::LengthSummary& lengths, int n_r
   step07::print_chunked_prefill(chunked, chunking);
   step07::print_loopback(loopback);
   step07::print_prefix_caching(prefix);
+  step07::print_parallel_sampling(sampling);
 }
 
-// --serve PORT: continuous batching behind POST /v1/completions until Ctrl-C.
+// --serve PORT: continuous batching behind the OpenAI-compatible API until Ctrl-C.
 int serve(const Step07Options& options, const llm::LoadedModel& loaded, const llm::DeviceSelection& devices) {
   const auto model = step05::make_paged_model_on(devices.cuda ? "cuda" : "cpu", loaded.weights);
   step07::ServerOptions server_options;
@@ -392,8 +420,10 @@ int run_step07(int argc, char** argv) {
   const std::vector<step07::Request> trace = make_trace(options, loaded, prompts);
   if (options.serve_port >= 0) return serve(options, loaded, devices);
   if (options.load_port > 0) return load(options, trace);
+  step07::check_parallel_sampling_options(options.sampling, options.limits.max_sequences, context);
   const Scenarios scenarios{trace, step07::with_long_prompts(trace, options.chunking, prompts, context),
-                            step07::with_system_prompt(trace, options.prefix, prompts, context)};
+                            step07::with_system_prompt(trace, options.prefix, prompts, context),
+                            step07::parallel_sampling_request(options.sampling, prompts)};
 
   const std::vector<std::string> device_names = llm::selected_device_names(devices);
   llm::RunProgress progress("step07_batching", static_cast<int>(device_names.size()) * progress_parts(options));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
 
 #include "llm/harness/result_rows.hpp"
 
@@ -290,6 +291,110 @@ void print_prefix_caching(const std::vector<PrefixCachingRow>& rows) {
                row.blocks.prefix_queried_blocks, 100.0 * row.hit_rate(), row.check.ok() ? "same" : "DIFFER");
   fmt::print("rows run: every row of every forward; prefill: those that sample no token or are more than one; hit "
              "rate: blocks shared from the cache / full prompt blocks the admissions asked for.\n");
+}
+
+namespace {
+
+const char* way_name(const ParallelSamplingRow& row) { return row.forked ? "forked" : "independent"; }
+
+// The independent requests' row of the same device and n (nullptr when absent).
+const ParallelSamplingRow* independent_of(const std::vector<ParallelSamplingRow>& rows,
+                                          const ParallelSamplingRow& row) {
+  for (const ParallelSamplingRow& candidate : rows)
+    if (candidate.device == row.device && candidate.n == row.n && !candidate.forked) return &candidate;
+  return nullptr;
+}
+
+// Wall time of the independent requests / this row's: what forking saves.
+double over_independent(const std::vector<ParallelSamplingRow>& rows, const ParallelSamplingRow& row) {
+  const ParallelSamplingRow* independent = independent_of(rows, row);
+  return independent != nullptr && row.wall.median_ms > 0 ? independent->wall.median_ms / row.wall.median_ms : 1.0;
+}
+
+// The columns of a part 7 row, each through put(key, value).
+template <typename Put>
+void put_sampling_columns(Put put, const ParallelSamplingRow& row) {
+  put("n", static_cast<long long>(row.n));
+  put("way", std::string(way_name(row)));
+  put("prompt_tokens", static_cast<long long>(row.prompt_tokens));
+  put("generated_per_sample", static_cast<long long>(row.generated));
+  put("block_size", static_cast<long long>(row.block_size));
+  put("prefill_rows", row.prefill_rows);
+  put("rows_computed", row.rows_computed);
+  put("peak_blocks", static_cast<long long>(row.peak_blocks));
+  put("predicted_peak_blocks", static_cast<long long>(row.predicted_blocks));
+  put("copy_on_write", row.copy_on_write);
+  put("preemptions", row.preemptions);
+  put("output_tokens", row.output_tokens);
+  put("wall_ms", row.wall.median_ms);
+  put("wall_min_ms", row.wall.min_ms);
+  put("wall_max_ms", row.wall.max_ms);
+  put("runs", static_cast<long long>(row.wall.runs));
+  put("prefill_forwards_ms", row.prefill_ms);
+  put("decode_forwards_ms", row.decode_ms);
+  put("tokens_per_s", row.tokens_per_s());
+  put("greedy_identical", row.greedy.ok());
+  // The float's shortest decimal (0.8, not 0.800000011920929).
+  put("sampled_temperature", std::stod(fmt::format("{}", row.temperature)));
+  put("sampled_identical", row.sampled.ok());
+}
+
+}  // namespace
+
+void add_parallel_sampling(llm::Results& results, const std::vector<ParallelSamplingRow>& rows) {
+  llm::JsonTable table{"parallel_sampling", {}};
+  for (const ParallelSamplingRow& row : rows) {
+    llm::ResultRow result;
+    result.device = row.device;
+    result.id = row.n;
+    result.variant = fmt::format("{} n={}", way_name(row), row.n);
+    result.time_ms = row.wall.median_ms;
+    result.speedup = over_independent(rows, row);
+    result.ok = row.ok();
+    result.throughput_key = "tokens_per_s";
+    result.throughput = row.tokens_per_s();
+    result.extra["kind"] = std::string("parallel_sampling");
+    result.extra["time_is"] = std::string("wall time of the greedy run, first submit to last token");
+    result.extra["speedup_over"] = std::string("n independent requests with the same prompt");
+    put_sampling_columns([&](const std::string& key, llm::JsonScalar value) { result.extra[key] = std::move(value); },
+                         row);
+    if (!row.greedy.ok())
+      llm::report_failed_check(row.device + " greedy " + result.variant, row.greedy.first_difference);
+    if (!row.sampled.ok())
+      llm::report_failed_check(row.device + " sampled " + result.variant + " (sample j vs seed + j alone)",
+                               row.sampled.first_difference);
+    results.add_row(std::move(result));
+
+    llm::JsonObject object = {{"device", row.device}};
+    put_sampling_columns(
+        [&](const std::string& key, llm::JsonScalar value) { object.emplace_back(key, std::move(value)); }, row);
+    table.rows.push_back(std::move(object));
+  }
+  results.add_table(std::move(table));
+}
+
+void print_parallel_sampling(const std::vector<ParallelSamplingRow>& rows) {
+  if (rows.empty()) return;
+  const ParallelSamplingRow& first = rows.front();
+  fmt::print("\nparallel sampling: n completions of one {}-token prompt, {} tokens each, KV blocks of {} positions, "
+             "prefix cache off (greedy runs timed, median of {}):\n",
+             first.prompt_tokens, first.generated, first.block_size, first.wall.runs);
+  fmt::print("{:<6} {:>3} {:<12} {:>8} {:>9} {:>18} {:>5} {:>8} {:>10} {:>21} {:>9} {:>10} {:>7}\n", "device", "n",
+             "way", "prefill", "rows run", "peak / predicted", "CoW", "preempt", "wall ms", "prefill / decode ms",
+             "tok/s", "vs indep.", "tokens");
+  for (const ParallelSamplingRow& row : rows)
+    fmt::print(
+        "{:<6} {:>3} {:<12} {:>8} {:>9} {:>8} / {:>7} {:>5} {:>8} {:>10.2f} {:>9.2f} / {:>9.2f} {:>9.0f} {:>9.2f}x "
+        "{:>7}\n",
+        row.device, row.n, way_name(row), row.prefill_rows, row.rows_computed, row.peak_blocks, row.predicted_blocks,
+        row.copy_on_write, row.preemptions, row.wall.median_ms, row.prefill_ms, row.decode_ms, row.tokens_per_s(),
+        over_independent(rows, row), row.ok() ? "same" : "DIFFER");
+  fmt::print("forked: one request with n samples (one prefill; the samples share the prompt's blocks, copy on write); "
+             "independent: n requests with the same prompt. peak: the most KV blocks held at once; CoW: blocks "
+             "copied on a write to a shared block; prefill / decode ms: the median run's forwards with prefill rows, "
+             "and the others. tokens: greedy samples vs the solo run, sampled sample j (T {}) vs "
+             "an n = 1 request seeded seed + j.\n",
+             first.temperature);
 }
 
 namespace {

@@ -6,6 +6,7 @@
 #include "llm/harness/results.hpp"
 #include "step05_paged_attention/measure/request_trace.hpp"
 #include "step07_batching/measure/chunked_prefill.hpp"
+#include "step07_batching/measure/parallel_sampling.hpp"
 #include "step07_batching/measure/prefix_caching.hpp"
 #include "step07_batching/serve/load_client.hpp"
 #include "step07_batching/measure/loopback_serving.hpp"
@@ -56,6 +57,14 @@ void print_loopback(const std::vector<LoopbackRun>& runs);
 // to solo) and the JSON table "prefix_caching".
 void add_prefix_caching(llm::Results& results, const std::vector<PrefixCachingRow>& rows);
 void print_prefix_caching(const std::vector<PrefixCachingRow>& rows);
+
+// 7. Parallel sampling: results rows (kind "parallel_sampling", variant
+// "forked n=N" / "independent n=N", id N; time = the greedy run's median wall
+// time, speedup = the independent requests' time / this row's, same device
+// and n; ok = greedy samples equal to solo and sampled ones to seed + j
+// alone) and the JSON table "parallel_sampling".
+void add_parallel_sampling(llm::Results& results, const std::vector<ParallelSamplingRow>& rows);
+void print_parallel_sampling(const std::vector<ParallelSamplingRow>& rows);
 
 // --load: what was sent and how it went, then the latency table as the
 // client measured it. Returns false when any request failed.

@@ -2,7 +2,7 @@
 // The wire format of the server's OpenAI-compatible API, shared by the server
 // (server.hpp), which reads requests and writes responses, and the load client
 // (load_client.hpp), which does the opposite. Official OpenAI client
-// libraries talk to it unchanged (scripts/openai_client_check.mjs).
+// libraries talk to it unchanged (scripts/openai_client/check.mjs).
 //
 //   POST /v1/completions       prompt -> text         ("text_completion", "cmpl-<id>")
 //   POST /v1/chat/completions  messages -> message    ("chat.completion", "chatcmpl-<id>")
