@@ -6,7 +6,6 @@
 // chunks and the usage event, parsed back and checked field by field.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -349,15 +348,13 @@ TEST(Step07ApiRequest, AMegabyteOfPromptIsRefusedWithoutTokenizingIt) {
         endpoint == Endpoint::Completions
             ? Json{{"prompt", megabyte}}.dump()
             : Json{{"messages", {{{"role", "user"}, {"content", megabyte}}}}}.dump();
-    const auto start = std::chrono::steady_clock::now();
     const ApiError error = refused(endpoint, body);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    // The bound's message (bytes), not the exact check's (tokens): the text was never encoded.
+    // The bound's message (bytes), not the exact check's (tokens): the text
+    // was never encoded. (What that saves is time, which a test does not
+    // measure: the refusal's cost is reading the JSON.)
     EXPECT_TRUE(HasSubstr(error.message, "a prompt of 1048576 bytes is at least 174764 tokens")) << error.message;
     EXPECT_EQ(error.code, "context_length_exceeded");
     EXPECT_EQ(error.param, endpoint == Endpoint::Completions ? "prompt" : "messages");
-    // Reading a megabyte of JSON takes milliseconds (tens under the sanitizers).
-    EXPECT_LT(seconds, 0.5);
   }
 }
 
