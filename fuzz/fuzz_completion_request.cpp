@@ -158,12 +158,8 @@ void answer(const step07::CompletionRequest& request) {
       check(delta.index == static_cast<int>(choice) && delta.tokens == std::vector<int>{token}, "a delta's choice");
       check(delta.text_offset == whole[choice].text.size(), "a delta's text_offset");
       check(delta.logprobs.size() == (with_logprobs ? 1u : 0u), "a delta's logprobs");
-      step07::ChoiceDelta& all = whole[choice];
-      all.index = delta.index;
-      all.text += delta.text;
-      all.tokens.push_back(token);
-      all.logprobs.insert(all.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
-      all.finish = delta.finish;
+      whole[choice].index = delta.index;
+      whole[choice].append(delta);
       const std::string event = step07::chunk_event(model, id, delta, with_logprobs, request.include_usage);
       const Json chunk = parsed_json(std::string_view(event).substr(6), "a chunk is not JSON");
       check(chunk.at("choices").size() == 1, "a chunk without its one choice");

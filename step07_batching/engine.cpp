@@ -93,11 +93,7 @@ bool Engine::cancel(int request_id) {
   std::vector<RequestState*> samples;  // every live sample of the request (finish() edits live_)
   for (const auto& live : live_)
     if (live->request.id == request_id) samples.push_back(live.get());
-  for (RequestState* sample : samples) {
-    const auto queued = std::find(waiting_.begin(), waiting_.end(), sample);
-    if (queued != waiting_.end()) waiting_.erase(queued);
-    finish(*sample, FinishReason::Cancelled);
-  }
+  for (RequestState* sample : samples) end_early(*sample, FinishReason::Cancelled);
   return !samples.empty();
 }
 
@@ -106,11 +102,16 @@ bool Engine::stop_sample(int request_id, int sample) {
     return live->request.id == request_id && live->sample == sample;
   });
   if (found == live_.end()) return false;
-  RequestState& request = **found;
-  const auto queued = std::find(waiting_.begin(), waiting_.end(), &request);
-  if (queued != waiting_.end()) waiting_.erase(queued);  // preempted: its tokens are kept, its K/V were dropped
-  finish(request, FinishReason::Stop);
+  end_early(**found, FinishReason::Stop);
   return true;
+}
+
+// A waiting request (never admitted, or preempted: its tokens kept, its K/V
+// dropped) leaves the queue first; finish() releases a running one's slot.
+void Engine::end_early(RequestState& request, FinishReason reason) {
+  const auto queued = std::find(waiting_.begin(), waiting_.end(), &request);
+  if (queued != waiting_.end()) waiting_.erase(queued);
+  finish(request, reason);
 }
 
 int Engine::step() {

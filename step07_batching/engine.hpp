@@ -140,6 +140,7 @@ class Engine {
   TokenEvent token_event(const RequestState& request, int token, std::span<const float> logits, FinishReason finish,
                          double now) const;
   void finish(RequestState& request, FinishReason reason);  // frees its slot and blocks, records it
+  void end_early(RequestState& request, FinishReason reason);  // cancel / stop_sample: waiting or running
   // Prefix caching: the blocks rows first_position.. of `request` filled enter the prefix cache.
   void publish_filled_blocks(const RequestState& request, int first_position);
 

@@ -714,6 +714,13 @@ std::string TextPieces::next(int token) {
 
 std::string TextPieces::flush() { return std::exchange(held_back_, {}); }
 
+void ChoiceDelta::append(const ChoiceDelta& later) {
+  text += later.text;
+  tokens.insert(tokens.end(), later.tokens.begin(), later.tokens.end());
+  logprobs.insert(logprobs.end(), later.logprobs.begin(), later.logprobs.end());
+  finish = later.finish;
+}
+
 StopMatcher::StopMatcher(std::vector<std::string> stop) : stop_(std::move(stop)) {
   // An empty stop string would match before any text: the parser refuses
   // them, and the matcher ignores them.

@@ -201,6 +201,9 @@ struct ChoiceDelta {
   std::vector<LoggedToken> logprobs;         // [tokens] when the request asked for logprobs
   FinishReason finish = FinishReason::None;  // None until the choice's end
   bool first = false;                        // a chat stream's first chunk of the choice: "role": "assistant"
+
+  // A whole answer's choice grows by each of its deltas in turn.
+  void append(const ChoiceDelta& later);
 };
 
 struct Usage {

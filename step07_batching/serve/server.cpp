@@ -329,11 +329,7 @@ void CompletionServer::answer_when_finished(httplib::Response& response, const C
     const auto added = assembler.add(token.sample, token.token, token.finish, token.logprobs);
     if (!added) continue;  // a token made after its choice's stop string
     if (added->stop_string_matched) post_stop(id.request_id, token.sample);
-    ChoiceDelta& choice = choices[static_cast<std::size_t>(token.sample)];
-    choice.text += added->delta.text;
-    choice.tokens.insert(choice.tokens.end(), added->delta.tokens.begin(), added->delta.tokens.end());
-    choice.logprobs.insert(choice.logprobs.end(), added->delta.logprobs.begin(), added->delta.logprobs.end());
-    choice.finish = added->delta.finish;
+    choices[static_cast<std::size_t>(token.sample)].append(added->delta);
   }
   response.set_content(completion_json(served_, id, choices, assembler.usage(), request.top_logprobs >= 0),
                        kJsonType);
