@@ -46,7 +46,7 @@ struct ParallelSamplingOptions {
 
 // --samples LIST, --sampling-prompt-tokens N, --sampling-max-tokens N (main.cpp's command line).
 void add_parallel_sampling_flags(CLI::App& app, ParallelSamplingOptions& options);
-// --quick: a 60-token prompt and 16 tokens per sample (a fraction of a second on one core).
+// --quick: a 60-token prompt (ending inside a block of 16) and 16 tokens per sample.
 void apply_quick(ParallelSamplingOptions& options);
 // InputError for options no run can serve: no n, an n outside 1..max_sequences
 // (a sample runs in a slot of its own), a prompt and its tokens past the
