@@ -4,6 +4,9 @@
 // the packed codes and dequantizing in registers (no dequantized copy of W is
 // ever written to memory: that would cost the bytes quantization saves).
 //
+// Two families of kernels, by matrix.format.activations: fp32 x (every
+// weight dequantized to fp32 in registers) and int8 x (int8_activations.hpp:
+// integer dot products; the weights stay integers).
 // For 1-16 rows every weight is read from memory once and applied to every
 // row (in register tiles of up to 4 rows; the codes of a block of outputs stay
 // in L1 from one tile to the next); more rows are done 16 at a time.
@@ -21,18 +24,25 @@ namespace step06 {
 
 enum class SimdLevel { Portable, Avx2, Avx512 };
 std::string simd_name(SimdLevel level);  // "portable", "avx2", "avx512"
-// The best level this CPU runs (AVX-512F+BW, AVX2+FMA, else portable).
-SimdLevel detected_simd();
-// True when this CPU can run `level` (tests run every level it can).
-bool simd_supported(SimdLevel level);
+// The best level this CPU runs for a product with `activations`: AVX-512F+BW
+// (and, for int8 activations, AVX-512 VNNI: its kernels are built on
+// vpdpbusd), else AVX2+FMA, else portable.
+SimdLevel detected_simd(ActivationFormat activations = ActivationFormat::Fp32);
+// True when this CPU can run `level`'s kernels for `activations` (tests run
+// every level it can).
+bool simd_supported(SimdLevel level, ActivationFormat activations = ActivationFormat::Fp32);
 
-// y [rows, out_features] = x [rows, in_features] . dequantize(matrix)^T,
-// with the kernel of `level` (InputError when the CPU cannot run it).
+// y [rows, out_features] = x [rows, in_features] . dequantize(matrix)^T, with
+// the kernel of `level` (InputError when the CPU cannot run it). With int8
+// activations (matrix.format.activations) x is first rounded to int8 blocks
+// (int8_activations.hpp) and y is the product with those rounded values.
 void quantized_matmul(const QuantizedMatrix& matrix, const float* x, int rows, float* y, SimdLevel level);
 
 class QuantizedLinear final : public llm::Linear {
  public:
-  explicit QuantizedLinear(QuantizedMatrix matrix, SimdLevel level = detected_simd());
+  // The best level this CPU runs for the matrix's activation format.
+  explicit QuantizedLinear(QuantizedMatrix matrix);
+  QuantizedLinear(QuantizedMatrix matrix, SimdLevel level);
   void forward(const float* x, int rows, float* y) const override;
   int in_features() const override { return matrix_.in_features; }
   int out_features() const override { return matrix_.out_features; }

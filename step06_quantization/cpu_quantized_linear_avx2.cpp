@@ -23,22 +23,6 @@ namespace {
 constexpr int outputs_at_once(int rows) { return std::clamp(8 / (chains_per_row(rows) * rows), 1, 4); }
 constexpr int kAvx2TileRows = 4;
 
-// sums[i] = the sum of the 8 lanes of v[i]. Four vectors at a time: two
-// rounds of vhaddps (pairwise sums of neighbours, interleaving two vectors)
-// leave [v0 v1 v2 v3] partial sums in each 128-bit half; adding the halves
-// finishes them: 4 results for 5 instructions instead of 4 x 5.
-template <int kCount>
-STEP06_AVX2_INLINE void sum_each_avx2(const __m256 (&v)[kCount], float (&sums)[kCount]) {
-  for (int first = 0; first < kCount; first += 4) {
-    __m256 four[4];
-    for (int i = 0; i < 4; ++i) four[i] = first + i < kCount ? v[first + i] : _mm256_setzero_ps();
-    const __m256 pairs = _mm256_hadd_ps(_mm256_hadd_ps(four[0], four[1]), _mm256_hadd_ps(four[2], four[3]));
-    alignas(16) float four_sums[4];
-    _mm_store_ps(four_sums, _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1)));
-    for (int i = 0; i < 4 && first + i < kCount; ++i) sums[first + i] = four_sums[i];
-  }
-}
-
 // int8 per channel: w = q * scale with one scale per output feature, so the
 // kernel sums q * x over the row and multiplies by the scale once at the end.
 // A 32-column unit is 4 vectors of 8: vpmovsxbd widens 8 int8 codes straight

@@ -37,46 +37,6 @@ constexpr CodeMinusZeroTable make_code_minus_zero_table() {
 }
 constexpr CodeMinusZeroTable kCodeMinusZero = make_code_minus_zero_table();
 
-// sums[i] = the sum of the 16 lanes of v[i], for many vectors at once (what
-// _mm512_reduce_add_ps does for one in ~8 instructions). Four vectors fold
-// into one in two rounds of vshuff32x4 (moves whole 128-bit lanes) + add: each
-// 128-bit lane k then holds 4 partial sums of v[k]. Two such vectors finish
-// with vunpcklps/vunpckhps + add and a swap of 64-bit halves + add: element 0
-// of lane k is the sum of the first's v[k], element 1 the second's. 8 results
-// for 23 instructions instead of 8 x 8.
-template <int kCount>
-STEP06_AVX512_INLINE void sum_each_avx512(const __m512 (&v)[kCount], float (&sums)[kCount]) {
-  if constexpr (kCount == 1) {
-    sums[0] = _mm512_reduce_add_ps(v[0]);
-  } else {
-    for (int first = 0; first < kCount; first += 8) {
-      __m512 eight[8];  // v[first .. first + 7], zeros past the end
-      for (int i = 0; i < 8; ++i) eight[i] = first + i < kCount ? v[first + i] : _mm512_setzero_ps();
-      __m512 quads[2];  // quads[h]: 128-bit lane k holds 4 partial sums of eight[4h + k]
-      quads[1] = _mm512_setzero_ps();
-      for (int h = 0; h < (first + 4 < kCount ? 2 : 1); ++h) {
-        const __m512* four = eight + 4 * h;
-        // [a.L0+a.L2, a.L1+a.L3, b.L0+b.L2, b.L1+b.L3] for the pairs (a, b) = (v0, v1), (v2, v3).
-        const __m512 v01 = _mm512_add_ps(_mm512_shuffle_f32x4(four[0], four[1], 0x44),
-                                         _mm512_shuffle_f32x4(four[0], four[1], 0xEE));
-        const __m512 v23 = _mm512_add_ps(_mm512_shuffle_f32x4(four[2], four[3], 0x44),
-                                         _mm512_shuffle_f32x4(four[2], four[3], 0xEE));
-        // Lanes 0+1 of v01 are v0's, 2+3 v1's: pick even lanes, odd lanes, add.
-        quads[h] = _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, 0x88), _mm512_shuffle_f32x4(v01, v23, 0xDD));
-      }
-      // Per 128-bit lane, [a0 a1 a2 a3] and [b0 b1 b2 b3] -> [a0+a2, b0+b2, a1+a3, b1+b3] -> [sum a, sum b, ..].
-      __m512 pairs = _mm512_add_ps(_mm512_unpacklo_ps(quads[0], quads[1]), _mm512_unpackhi_ps(quads[0], quads[1]));
-      pairs = _mm512_add_ps(pairs, _mm512_permute_ps(pairs, 0x4E));  // 0x4E: swap the 64-bit halves of each lane
-      alignas(64) float lanes[16];
-      _mm512_store_ps(lanes, pairs);
-      for (int k = 0; k < 4; ++k) {
-        if (first + k < kCount) sums[first + k] = lanes[4 * k];
-        if (first + 4 + k < kCount) sums[first + 4 + k] = lanes[4 * k + 1];
-      }
-    }
-  }
-}
-
 // int8 per channel, as on AVX2 with vectors twice as wide: a 32-column unit is
 // 2 vectors (vpmovsxbd: 16 int8 codes from memory to 16 int32 lanes;
 // vcvtdq2ps), each FMA'd into every row of the tile, for 4 output features

@@ -675,6 +675,8 @@ void require_device() {
 void check_matrix(const QuantizedMatrix& q) {
   const QuantFormat& f = q.format;
   if (q.out_features <= 0 || q.in_features <= 0) input_error("the matrix has no weights");
+  if (q.format.int8_activations())
+    input_error(text(q.format.name(), ": int8 activations are CPU kernels only (the GPU kernels are W8A16 / W4A16)"));
   if (q.group_columns != f.group_columns(q.in_features) ||
       q.groups_per_row != ceil_div(q.in_features, q.group_columns) ||
       q.padded_in != q.groups_per_row * q.group_columns)

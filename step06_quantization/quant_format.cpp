@@ -38,9 +38,9 @@ int code_min(QuantScheme scheme) {
 }
 int code_max(QuantScheme scheme) { return scheme == QuantScheme::Int8PerChannel ? 127 : 15; }
 
-}  // namespace
+constexpr std::string_view kInt8ActivationsSuffix = "-a8";
 
-std::string QuantFormat::name() const {
+std::string weights_name(QuantScheme scheme, int group_size) {
   switch (scheme) {
     case QuantScheme::Int8PerChannel: return "int8";
     case QuantScheme::Int4Asymmetric: return fmt::format("int4-g{}", group_size);
@@ -51,18 +51,39 @@ std::string QuantFormat::name() const {
   return "unknown";
 }
 
-QuantFormat QuantFormat::parse(std::string_view name) {
+// The weights part of a name ("int4-g64" of "int4-g64-a8").
+QuantFormat parse_weights(std::string_view full_name, std::string_view name) {
   const auto group_after = [&](std::string_view prefix) {
-    return parse_group_size(name, name.substr(prefix.size()));
+    return parse_group_size(full_name, name.substr(prefix.size()));
   };
   if (name == "int8") return {QuantScheme::Int8PerChannel, 0};
   if (name == "nf4") return {QuantScheme::NF4, kNf4DefaultBlock};
   if (name.starts_with("nf4-g")) return {QuantScheme::NF4, group_after("nf4-g")};
   if (name.starts_with("int4sym-g")) return {QuantScheme::Int4Symmetric, group_after("int4sym-g")};
   if (name.starts_with("int4-g")) return {QuantScheme::Int4Asymmetric, group_after("int4-g")};
-  throw llm::InputError(fmt::format(
-      "unsupported quantization format '{}' (supported: int8, int4-gN, int4sym-gN, nf4, nf4-gN; N a multiple of 32)",
-      name));
+  throw llm::InputError(
+      fmt::format("unsupported quantization format '{}' (supported: int8, int4-gN, int4sym-gN, nf4, nf4-gN; N a "
+                  "multiple of 32; '-a8' after any but nf4 for int8 activations)",
+                  full_name));
+}
+
+}  // namespace
+
+std::string QuantFormat::name() const {
+  const std::string weights = weights_name(scheme, group_size);
+  return int8_activations() ? weights + std::string(kInt8ActivationsSuffix) : weights;
+}
+
+QuantFormat QuantFormat::parse(std::string_view name) {
+  if (!name.ends_with(kInt8ActivationsSuffix)) return parse_weights(name, name);
+  QuantFormat format = parse_weights(name, name.substr(0, name.size() - kInt8ActivationsSuffix.size()));
+  if (format.scheme == QuantScheme::NF4)
+    throw llm::InputError(fmt::format(
+        "quantization format '{}': NF4's levels are not integers, so its products cannot run as integer dot "
+        "products; int8 activations go with int8, int4-gN and int4sym-gN",
+        name));
+  format.activations = ActivationFormat::Int8Blocks;
+  return format;
 }
 
 GroupParams choose_group_params(QuantScheme scheme, std::span<const float> values) {

@@ -23,9 +23,23 @@
 #include <string_view>
 #include <vector>
 
+#include "llm/huge_page_allocator.hpp"
+
 namespace step06 {
 
 enum class QuantScheme : std::uint8_t { Int8PerChannel, Int4Asymmetric, Int4Symmetric, NF4 };
+
+// What the product does with its input x (the activations):
+//   Fp32        x stays fp32 and every weight is dequantized to fp32 in
+//               registers, then multiplied in fp32 (W8A32 / W4A32: the
+//               product costs instructions per weight, see section 6.2)
+//   Int8Blocks  x is rounded to int8 once per product, in blocks of 32
+//               columns with an fp32 scale each (int8_activations.hpp), and
+//               the product multiplies integers with integer dot-product
+//               instructions (W8A8 / W4A8): the weights stay integers
+// The weights are stored the same way in both; the name says which product
+// runs ("int8" and "int8-a8" are the same bytes).
+enum class ActivationFormat : std::uint8_t { Fp32, Int8Blocks };
 
 // The 16 levels of NF4 (QLoRA, Dettmers et al. 2023): quantiles of a standard
 // normal distribution, scaled to [-1, 1], with an exact 0. Weights of trained
@@ -39,18 +53,22 @@ inline constexpr std::array<float, 16> kNf4Levels = {
 struct QuantFormat {
   QuantScheme scheme = QuantScheme::Int8PerChannel;
   int group_size = 0;  // input columns per scale; 0 for int8 per channel (the whole row)
+  ActivationFormat activations = ActivationFormat::Fp32;
 
-  // "int8", "int4-g128" (asymmetric), "int4sym-g64", "nf4" (group 64).
+  // "int8", "int4-g128" (asymmetric), "int4sym-g64", "nf4" (group 64); with
+  // int8 activations "-a8" follows ("int8-a8", "int4sym-g32-a8").
   std::string name() const;
   int bits() const { return scheme == QuantScheme::Int8PerChannel ? 8 : 4; }
   bool has_zero_points() const { return scheme == QuantScheme::Int4Asymmetric; }
+  bool int8_activations() const { return activations == ActivationFormat::Int8Blocks; }
   // Columns per group of a row of `in_features` (the row itself for int8).
   int group_columns(int in_features) const { return group_size == 0 ? in_features : group_size; }
 
   // Parses a name as name() prints it. Throws llm::InputError for an unknown
-  // format ("supported: int8, int4-gN, int4sym-gN, nf4") or a group size that
+  // format ("supported: int8, int4-gN, int4sym-gN, nf4"), a group size that
   // is not a multiple of 32 between 32 and 1024 (a group is whole 16-byte packs
-  // of 32 codes: what the SIMD and CUDA kernels unpack at once).
+  // of 32 codes: what the SIMD and CUDA kernels unpack at once), or NF4 with
+  // int8 activations (its levels are not integers: no integer dot product).
   static QuantFormat parse(std::string_view name);
   auto operator<=>(const QuantFormat&) const = default;
 };
@@ -86,9 +104,13 @@ struct QuantizedMatrix {
   //   int8: [out_features, padded_in] int8 values (two's complement bytes)
   //   4-bit: [out_features, padded_in / 2] bytes; byte j of a row holds
   //          column 2j in its low nibble and column 2j + 1 in its high nibble
-  std::vector<std::uint8_t> packed;
-  std::vector<float> scales;        // [out_features, groups_per_row]
-  std::vector<std::uint8_t> zeros;  // [out_features, groups_per_row] int4 asymmetric only, else empty
+  // Codes, scales and zero points are what a decode token streams through:
+  // on huge pages, as the fp32 weights of llm::DenseLinear (with 4 KiB
+  // pages a pass misses the TLB every 4 KiB and the CPU's prefetchers stop
+  // at every page boundary; llm/huge_page_allocator.hpp).
+  llm::HugePageVector<std::uint8_t> packed;
+  llm::HugePageVector<float> scales;        // [out_features, groups_per_row]
+  llm::HugePageVector<std::uint8_t> zeros;  // [out_features, groups_per_row] int4 asymmetric only, else empty
   // AWQ: the matrix stores Q(W diag(s)); the product divides x by s first:
   // y = Q(W diag(s)) (x / s). [in_features] or empty (no input scaling).
   std::vector<float> input_scales;

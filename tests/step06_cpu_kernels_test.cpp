@@ -17,21 +17,19 @@
 #include <cmath>
 #include <cstdint>
 #include <iostream>
-#include <limits>
 #include <string>
 #include <vector>
 
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
 #include "step06_quantization/cpu_quantized_linear.hpp"
-#include "step06_quantization/quant_algorithms.hpp"
 #include "step06_quantization/quant_format.hpp"
+#include "step06_test_matrices.hpp"  // random_matrix, random_input_scales, run_kernel, kNaN
 #include "test_support.hpp"
 
 namespace step06 {
 namespace {
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr int kMaxRows = 33;
 const std::vector<int> kRowCounts = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33};
 const std::vector<int> kOutFeatures = {1, 3, 17, 100};
@@ -52,14 +50,6 @@ const std::vector<SimdLevel> kLevels = {SimdLevel::Portable, SimdLevel::Avx2, Si
 constexpr double kToleranceOfMagnitude = 2e-6;
 
 bool runs(SimdLevel level) { return simd_supported(level); }
-
-// Fresh RTN weights [out, in] in [-1, 1], with an all-zero group (scale 0:
-// must read back as zeros) in row 1 when there is one.
-QuantizedMatrix random_matrix(const QuantFormat& format, int out, int in, std::uint64_t seed) {
-  std::vector<float> weights = llm::testing::random_vector(static_cast<std::size_t>(out) * in, seed);
-  if (out > 1) std::fill_n(weights.begin() + in, format.group_columns(in), 0.0f);
-  return quantize_rtn({weights, out, in}, format);
-}
 
 // y = x . dequantize(m)^T in double, [rows, out], and the magnitude of each
 // output, A = sum_i |w~_i x_i| (what fp32 rounding errors scale with).
@@ -91,13 +81,6 @@ Reference reference_product(const QuantizedMatrix& m, const std::vector<float>& 
 llm::Tolerance tolerance_for(const Reference& reference, std::size_t count, double factor = 1.0) {
   const double largest = *std::max_element(reference.magnitude.begin(), reference.magnitude.begin() + count);
   return {factor * kToleranceOfMagnitude * largest, 0.0};
-}
-
-// The kernel's y for the first `rows` rows of x, poisoned with NaN before the call.
-std::vector<float> run_kernel(const QuantizedMatrix& m, const std::vector<float>& x, int rows, SimdLevel level) {
-  std::vector<float> y(static_cast<std::size_t>(rows) * m.out_features, kNaN);
-  quantized_matmul(m, x.data(), rows, y.data(), level);
-  return y;
 }
 
 std::span<const float> first(const std::vector<float>& values, std::size_t count) { return {values.data(), count}; }
@@ -168,10 +151,7 @@ TEST_P(Step06CpuKernels, InputScalesGiveTheDequantizedProduct) {
   for (int in : {100, 288}) {
     if (in < format().group_size) continue;
     QuantizedMatrix m = random_matrix(format(), 17, in, 7 + in);
-    // AWQ's scales: positive, a few times apart (x / s is what the product reads).
-    const std::vector<float> noise = llm::testing::random_vector(static_cast<std::size_t>(in), 99 + in);
-    m.input_scales.resize(static_cast<std::size_t>(in));
-    for (int j = 0; j < in; ++j) m.input_scales[j] = std::exp2(2.0f * noise[j]);  // in [1/4, 4]
+    m.input_scales = random_input_scales(in, 99 + in);
     const std::vector<float> x = llm::testing::random_vector(static_cast<std::size_t>(kMaxRows) * in, 5 + in);
     const Reference reference = reference_product(m, x, kMaxRows);
     for (int rows : {1, 5, 16, 17}) {

@@ -14,6 +14,7 @@
 #include "step06_quantization/measure/cpu_bandwidth.hpp"
 #include "step06_quantization/cpu_quantized_linear.hpp"
 #include "step06_quantization/cuda_quantized_kernels.hpp"
+#include "step06_quantization/int8_activations.hpp"
 #include "step06_quantization/quant_algorithms.hpp"
 #include "step06_quantization/measure/weight_formats.hpp"
 
@@ -55,6 +56,18 @@ KernelCell new_cell(const std::string& device, const KernelShape& shape, int var
 // a few ulps per add over up to 11008 terms of O(1/sqrt(in)) products.
 constexpr llm::Tolerance kKernelTolerance = {1e-4, 1e-4};
 
+// x [rows, in_features] as the int8-activation kernels see it: each value
+// replaced by its int8 block code times the block's scale.
+std::vector<float> rounded_to_int8_blocks(const std::vector<float>& x, int rows, int in_features) {
+  Int8Activations activations;
+  quantize_activations(x.data(), rows, in_features, {}, activations);
+  std::vector<float> rounded(x.size());
+  for (int r = 0; r < rows; ++r)
+    for (int column = 0; column < in_features; ++column)
+      rounded[static_cast<std::size_t>(r) * in_features + column] = activations.value(r, column);
+  return rounded;
+}
+
 void run_cpu_shape(const KernelShape& shape, const std::vector<float>& weight, const KernelTableOptions& options,
                    llm::CpuCacheFlusher* flusher, std::vector<KernelCell>& cells) {
   const llm::DenseLinear fp32(weight, shape.out_features, shape.in_features);
@@ -88,7 +101,12 @@ void run_cpu_shape(const KernelShape& shape, const std::vector<float>& weight, c
       const std::vector<float> x = random_matrix(rows, shape.in_features, options.seed + 1000 + rows);
       std::vector<float> y(static_cast<std::size_t>(rows) * shape.out_features, NAN);  // poisoned
       std::vector<float> y_reference(y.size());
-      reference.forward(x.data(), rows, y_reference.data());
+      // With int8 activations the kernel multiplies x rounded to int8 blocks:
+      // the reference is the product with those rounded values (the
+      // rounding's effect on the model is part 3's measure, not an error).
+      reference.forward(format.int8_activations() ? rounded_to_int8_blocks(x, rows, shape.in_features).data()
+                                                  : x.data(),
+                        rows, y_reference.data());
       const llm::TimingStats time =
           time_product([&] { quantized.forward(x.data(), rows, y.data()); }, options.repeats, flusher);
       KernelCell cell = new_cell("cpu", shape, id, format.name(), rows);
@@ -107,9 +125,11 @@ void run_cuda_shape(const KernelShape& shape, const std::vector<float>& weight, 
   bool cublas_rows_added = false;
   for (const QuantFormat& format : options.formats) {
     const int id = variant_id_of(format);
-    if (format.group_size > shape.in_features) {
+    if (format.group_size > shape.in_features || format.int8_activations()) {
       KernelCell skipped = new_cell("cuda", shape, id, format.name(), 0);
-      skipped.skipped = fmt::format("{} input columns: fewer than one group", shape.in_features);
+      skipped.skipped = format.int8_activations()
+                            ? std::string("int8 activations: CPU kernels only (the GPU's are W8A16 / W4A16)")
+                            : fmt::format("{} input columns: fewer than one group", shape.in_features);
       cells.push_back(skipped);
       continue;
     }

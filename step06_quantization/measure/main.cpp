@@ -50,11 +50,13 @@ struct RunSizeSettings {
   int small_decode_positions;  // part 2 on the small preset
   int small_repeats;
 };
-// Formats: --quick fp32, int8, int4-g32, int4-g128; the default fp32, int8,
-// int4-g64 and nf4 (int8 vs int4 vs NormalFloat, each fitting a 64-column
-// layer); --full every row of --list.
-constexpr RunSizeSettings kQuickRun{"0,1,2,4", "1,4", 1, 4, 2, 8, 1};
-constexpr RunSizeSettings kDefaultRun{"0,1,3,6", "1,16", 3, 8, 4, 32, 3};
+// Formats: --quick fp32, int8, int4-g32, int4-g128 and int8 activations with
+// int8 and int4sym-g32 weights; the default fp32, int8, int4-g64 and nf4
+// (int8 vs int4 vs NormalFloat, each fitting a 64-column layer), and int8 and
+// int4-g64 again with int8 activations (the same bytes, the other product);
+// --full every row of --list.
+constexpr RunSizeSettings kQuickRun{"0,1,2,4,8,9", "1,4", 1, 4, 2, 8, 1};
+constexpr RunSizeSettings kDefaultRun{"0,1,3,6,8,10", "1,16", 3, 8, 4, 32, 3};
 constexpr RunSizeSettings kFullRun{"all", "1,4,16", 5, 16, 8, 128, 5};
 
 struct Step06Options {
@@ -103,7 +105,7 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
                                                  kDefaultRun.heldout_sequences, kFullRun.heldout_sequences)),
                       1, 4096);
       },
-      [] { llm::print_variant_list(step06::weight_formats(), 12); },
+      [] { llm::print_variant_list(step06::weight_formats(), 15); },
       {{{"--temperature", "--top-p"},
         "its decode is greedy, and its calibration and held-out text is sampled at temperature 1 without top-p"},
        // The fp16 row runs on CUDA whatever --dtype says: it is a baseline, as fp32 is.

@@ -232,7 +232,8 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
   if (options.int8_kv_rows) {
     variants.push_back({.int8_kv = true});
     for (const QuantFormat& format : options.formats)
-      if (format.scheme == QuantScheme::Int8PerChannel) variants.push_back({.weights = format, .int8_kv = true});
+      if (format.scheme == QuantScheme::Int8PerChannel && !format.int8_activations())
+        variants.push_back({.weights = format, .int8_kv = true});
   }
 
   // Quantize each (format, algorithm) once; every device runs the same codes.
@@ -316,13 +317,15 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
     if (device != "cpu") run_row({.dense_dtype = llm::cuda::WeightDtype::Float16}, nullptr);
     for (const ModelVariant& variant : variants) {
       const auto key = std::pair{format_name(variant.weights), variant.algorithm};
-      if (const auto found = skipped.find(key); found != skipped.end()) {
+      const bool cpu_only = device != "cpu" && variant.weights && variant.weights->int8_activations();
+      if (const auto found = skipped.find(key); found != skipped.end() || cpu_only) {
         ModelRow row;
         row.device = device;
         row.model = model_name;
         row.variant = variant;
-        row.skipped = found->second;
-        row.ok = true;  // not run: a format that does not fit this model's layers
+        row.skipped = cpu_only ? std::string("int8 activations: CPU kernels only (the GPU's are W8A16 / W4A16)")
+                               : found->second;
+        row.ok = true;  // not run: a format that does not fit this model's layers, or not this device's
         rows.push_back(std::move(row));
         continue;
       }

@@ -211,14 +211,15 @@ void add_target(std::vector<Target>& targets, std::string name, std::optional<bo
   targets.push_back({std::move(name), !met ? "not measured" : *met ? "met" : "missed", std::move(measured)});
 }
 
-// CPU, one thread, small preset: int8 >= 2.5x, the best 4-bit format >= 4x fp32 tokens/s.
+// CPU, one thread, small preset: the faster int8 product (fp32 or int8
+// activations) >= 2.5x, the best 4-bit format >= 4x fp32 tokens/s.
 void cpu_decode_targets(const std::vector<ModelRow>* speed, std::vector<Target>& targets) {
   std::optional<ModelRow> int8_row, best_int4;
   if (speed != nullptr)
     for (const ModelRow& row : *speed) {
       if (row.device != "cpu" || !row.skipped.empty() || row.variant.int8_kv || !row.variant.weights) continue;
       const std::string format = row.variant.weights->name();
-      if (format == "int8") int8_row = row;
+      if ((format == "int8" || format == "int8-a8") && (!int8_row || row.speedup > int8_row->speedup)) int8_row = row;
       if (is_int4(format) && (!best_int4 || row.speedup > best_int4->speedup)) best_int4 = row;
     }
   const auto describe_row = [](const ModelRow& row) {

@@ -23,6 +23,16 @@ const std::vector<llm::Variant<WeightFormat>>& weight_formats() {
       {5, "int4sym-g64", "int4 symmetric (no zero point), groups of 64", Backend::Any,
        QuantFormat::parse("int4sym-g64")},
       {6, "nf4", "4-bit NormalFloat levels, blocks of 64, absmax scale", Backend::Any, QuantFormat::parse("nf4")},
+      {7, "int4sym-g32", "int4 symmetric, groups of 32: llama.cpp's Q4_0 layout with an fp32 scale", Backend::Any,
+       QuantFormat::parse("int4sym-g32")},
+      // Int8 activations (W8A8, W4A8): the same weights, x rounded to int8
+      // blocks of 32, integer dot products. CPU only.
+      {8, "int8-a8", "int8 weights x int8 activations (blocks of 32): llama.cpp's Q8_0 x Q8_0 product",
+       Backend::Cpu, QuantFormat::parse("int8-a8")},
+      {9, "int4sym-g32-a8", "int4sym-g32 weights x int8 activations: llama.cpp's Q4_0 x Q8_0 product",
+       Backend::Cpu, QuantFormat::parse("int4sym-g32-a8")},
+      {10, "int4-g64-a8", "int4-g64 weights (zero points) x int8 activations", Backend::Cpu,
+       QuantFormat::parse("int4-g64-a8")},
       {kCublasFp16VariantId, "cublas-fp16", "CUDA kernel table only: cuBLAS GEMM, fp16 weights, fp32 accumulation",
        Backend::Cuda, std::nullopt},
       {kFp16ModelVariantId, "fp16", "CUDA model table only: the fp32 weights in fp16, 2 bytes a weight",
