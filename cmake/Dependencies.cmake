@@ -58,7 +58,8 @@ if(LLM_BUILD_BENCHMARKS)
 endif()
 
 # Step 07's server and load client: cpp-httplib and nlohmann-json (Debian:
-# libcpp-httplib-dev, nlohmann-json3-dev). Debian builds cpp-httplib as a
+# libcpp-httplib-dev, nlohmann-json3-dev; step 06 reads llama-bench's JSON
+# with the latter). Debian builds cpp-httplib as a
 # shared library with its TLS/zlib/brotli options on; its pkg-config file
 # carries the matching defines, so the header is read as the library was built.
 find_package(Threads REQUIRED)

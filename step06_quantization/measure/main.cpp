@@ -15,6 +15,8 @@
 //      cache against the fp32 model on held-out text: KL, top-1, perplexity.
 // The targets (CPU and CUDA speedups, GPTQ/AWQ below RTN) are printed and
 // written to the JSON as met or missed; only broken checks fail the run.
+// With --compare-llama-bench, llama.cpp's llama-bench decodes GGUFs of the
+// same checkpoint beside this model's CPU rows (measure/llama_bench.hpp).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -29,6 +31,7 @@
 #include "llm/harness/results.hpp"
 #include "llm/harness/step_command_line.hpp"
 #include "step06_quantization/measure/kernel_table.hpp"
+#include "step06_quantization/measure/llama_bench.hpp"
 #include "step06_quantization/measure/model_table.hpp"
 #include "step06_quantization/measure/report.hpp"
 #include "step06_quantization/measure/weight_formats.hpp"
@@ -70,6 +73,8 @@ struct Step06Options {
   bool no_quality = false;                  // --no-quality: speed only (a random-weight preset too big to calibrate)
   int calibration_sequences = 0;            // --calibration-sequences (GPTQ/AWQ; 0: by run size)
   int heldout_sequences = 0;                // --heldout-sequences (quality; 0: by run size)
+  std::string llama_bench;                  // --compare-llama-bench BIN: llama.cpp's llama-bench beside the CPU rows
+  std::vector<std::string> llama_ggufs;     // --llama-gguf FILE[,FILE...]: GGUFs of this model for llama-bench
 };
 
 std::optional<int> parse_options(int argc, char** argv, Step06Options& options) {
@@ -104,6 +109,13 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
                                      fmt::format("quality: held-out sequences (default {}, --full {})",
                                                  kDefaultRun.heldout_sequences, kFullRun.heldout_sequences)),
                       1, 4096);
+        app.add_option("--compare-llama-bench", options.llama_bench,
+                       "path to llama.cpp's llama-bench binary: time it on the --llama-gguf files beside this "
+                       "model's CPU decode rows (one thread each)");
+        app.add_option("--llama-gguf", options.llama_ggufs,
+                       "GGUF files of this same checkpoint for --compare-llama-bench, any llama.cpp type (F32, Q8_0, "
+                       "Q4_0 are paired with fp32, int8, 4-bit rows), comma-separated")
+            ->delimiter(',');
       },
       [] { llm::print_variant_list(step06::weight_formats(), 15); },
       {{{"--temperature", "--top-p"},
@@ -261,12 +273,13 @@ int run_step06(int argc, char** argv) {
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
   apply_run_size(options);
   const llm::DeviceSelection devices = llm::select_devices(options.common.device);
+  step06::check_llama_bench_request(options.llama_bench, options.llama_ggufs, devices.cpu);
   const llm::LoadedModel loaded = llm::load_model(options.common);
   const std::vector<int> prompt = llm::encode_prompt(loaded, options.common);
   const int positions = llm::generation_positions(options.common, loaded.weights.config, prompt.size());
   const Plan plan = plan_from(options, loaded, devices, prompt, positions);  // every flag checked before any work
 
-  llm::RunProgress progress("step06_quantization", 3);
+  llm::RunProgress progress("step06_quantization", 3 + static_cast<int>(options.llama_ggufs.size()));
   // 1. The kernels alone.
   progress.start("the quantized products alone, per shape, format and batch");
   const step06::KernelTable kernels = step06::run_kernel_table(plan.shapes, plan.kernels);
@@ -278,6 +291,12 @@ int run_step06(int argc, char** argv) {
   progress.start(fmt::format("{}: decode speed and quality against fp32 in every weight format", loaded.name));
   const std::vector<step06::ModelRow> this_model =
       step06::run_model_table(loaded.name, loaded.weights, plan.this_model);
+  // llama.cpp on the same checkpoint: as many decode forwards as this model's rows timed.
+  const int llama_decode_tokens = plan.this_model.decode_positions - static_cast<int>(plan.this_model.prompt.size());
+  const std::vector<step06::LlamaComparison> llama_comparisons = step06::pair_with_llama(
+      step06::run_llama_bench_files(options.llama_bench, options.llama_ggufs, llama_decode_tokens,
+                                    plan.this_model.repeats, progress),
+      this_model);
 
   llm::Results results = make_results(options, loaded, devices, plan);
   const double cuda_copy_gbps = devices.cuda ? llm::cuda::measure_copy_bandwidth_gbps() : 0.0;
@@ -292,6 +311,8 @@ int run_step06(int argc, char** argv) {
   speed_rows.insert(speed_rows.end(), this_model.begin(), this_model.end());
   step06::print_speed_table(speed_rows, kernels.cpu_read_gbps, cuda_copy_gbps);
   if (plan.this_model.quality) step06::print_quality_table(this_model, plan.trained_weights);
+  step06::print_llama_comparison(llama_comparisons, loaded.name, llama_decode_tokens, plan.this_model.repeats);
+  step06::add_llama_rows(results, llama_comparisons);
   step06::report_targets(results, {&kernels, &small_speed, &this_model, plan.trained_weights});
   return llm::finish_run(results, options.common, devices);
 }
