@@ -11,8 +11,8 @@
 // weights by x; the fp32 kernels needed a convert or a table lookup and then
 // an FMA per 16 weights. A vector of 64 codes is two 32-column blocks of x,
 // each with its own scale, so after the dot product the 16 int32 lanes are
-// converted to fp32 and multiplied by their lanes' scales (a prepared vector
-// of 16 lane scales per 64 columns: Int8Product::x_scales).
+// converted to fp32 and multiplied by their lanes' scales (16 lane scales per
+// 64 columns, prepared with the codes: Int8PairOfBlocks::lane_scales).
 #include "step06_quantization/cpu_quantized_linear_kernels.hpp"
 
 #include <algorithm>
@@ -30,8 +30,9 @@ namespace step06::cpu_kernels {
 namespace {
 
 constexpr int kTileRows = 4;
-// Output features at once: 4 x 4 rows = 16 accumulators, beside 4 vectors of
-// x codes and 4 of lane scales (32 registers).
+// Output features at once: 4 x 4 rows = 16 accumulators, beside 4 vectors
+// each of x codes, lane scales and lane starting values: 28 of the 32
+// registers, the rest for the weights being unpacked.
 constexpr int kOutputsAtOnce = 4;
 // Columns per vector of codes: two 32-column blocks of x.
 constexpr int kPairColumns = 2 * kActivationBlockColumns;
@@ -78,7 +79,7 @@ STEP06_AVX512_VNNI_INLINE void tile_rows(const Int8Product& p, int first_row,
   for (int r = 0; r < kRows; ++r) x_rows[r] = p.x_pairs + static_cast<std::size_t>(first_row + r) * p.pairs_per_row;
 }
 
-// sums_out[q * kRows + r] = the sum of the 16 lanes of sums[q][r].
+// totals[q * kRows + r] = the sum of the 16 lanes of sums[q][r].
 template <int kRows, int kOutputs>
 STEP06_AVX512_VNNI_INLINE void lane_totals(const __m512 (&sums)[kOutputs][kRows], float (&totals)[kOutputs * kRows]) {
   __m512 all_sums[kOutputs * kRows];
