@@ -143,11 +143,7 @@ TEST(Step01Llama2cFiles, APresetWrittenAsLlama2cFilesLoadsBackExactly) {
 // A stand-in for run.c: a shell script that prints its arguments (as the
 // "text") and a speed line on stderr, as run.c does.
 std::string fake_runc(const std::string& name, const std::string& body) {
-  const std::string path = llm::testing::temp_path(name);
-  const std::string script = "#!/bin/sh\n" + body + "\n";
-  llm::testing::write_bytes(path, std::vector<char>(script.begin(), script.end()));
-  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
-  return path;
+  return llm::testing::write_shell_script(name, body);
 }
 
 TEST(Step01Runc, PassesTheFilesGreedilyAndReadsTheSpeedAndTheText) {

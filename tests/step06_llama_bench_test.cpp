@@ -138,11 +138,7 @@ TEST(Step06LlamaBench, OutputThatIsNotADecodeTestIsAnError) {
 
 // A stand-in for llama-bench: a shell script `body`, executable.
 std::string fake_llama_bench(const std::string& name, const std::string& body) {
-  const std::string path = llm::testing::temp_path(name);
-  const std::string script = "#!/bin/sh\n" + body + "\n";
-  llm::testing::write_bytes(path, std::vector<char>(script.begin(), script.end()));
-  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
-  return path;
+  return llm::testing::write_shell_script(name, body);
 }
 
 TEST(Step06LlamaBench, RunsOneThreadDecodeOnlyAndReadsStdoutAlone) {

@@ -38,6 +38,14 @@ void write_bytes(const std::string& path, const std::vector<char>& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+std::string write_shell_script(const std::string& name, const std::string& body) {
+  const std::string path = temp_path(name);
+  const std::string script = "#!/bin/sh\n" + body + "\n";
+  write_bytes(path, std::vector<char>(script.begin(), script.end()));
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
 int count_occurrences(const std::string& text, const std::string& part) {
   int n = 0;
   for (std::size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + part.size())) ++n;

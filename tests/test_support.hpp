@@ -27,6 +27,9 @@ std::string temp_path(const std::string& name);
 // corrupted copies of model and tokenizer files).
 std::vector<char> read_bytes(const std::string& path);
 void write_bytes(const std::string& path, const std::vector<char>& bytes);
+// An executable shell script in the temp folder (`#!/bin/sh` then `body`):
+// a stand-in for an outside program a step runs (run.c, llama-bench).
+std::string write_shell_script(const std::string& name, const std::string& body);
 
 // EXPECT_TRUE(HasSubstr(message, "truncated")) with gtest alone (gmock is a
 // separate package); on failure it prints both strings.

@@ -128,7 +128,7 @@ void run_cuda_shape(const KernelShape& shape, const std::vector<float>& weight, 
     if (format.group_size > shape.in_features || format.int8_activations()) {
       KernelCell skipped = new_cell("cuda", shape, id, format.name(), 0);
       skipped.skipped = format.int8_activations()
-                            ? std::string("int8 activations: CPU kernels only (the GPU's are W8A16 / W4A16)")
+                            ? std::string(kInt8ActivationsCpuOnly)
                             : fmt::format("{} input columns: fewer than one group", shape.in_features);
       cells.push_back(skipped);
       continue;

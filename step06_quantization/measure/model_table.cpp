@@ -323,8 +323,7 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
         row.device = device;
         row.model = model_name;
         row.variant = variant;
-        row.skipped = cpu_only ? std::string("int8 activations: CPU kernels only (the GPU's are W8A16 / W4A16)")
-                               : found->second;
+        row.skipped = cpu_only ? std::string(kInt8ActivationsCpuOnly) : found->second;
         row.ok = true;  // not run: a format that does not fit this model's layers, or not this device's
         rows.push_back(std::move(row));
         continue;

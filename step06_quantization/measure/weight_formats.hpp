@@ -24,6 +24,10 @@ const std::vector<llm::Variant<WeightFormat>>& weight_formats();
 // The row with `id` (InputError when there is none).
 const llm::Variant<WeightFormat>& weight_format(int id);
 
+// Why a format is skipped on a GPU: int8 activations are CPU kernels only.
+inline constexpr const char* kInt8ActivationsCpuOnly =
+    "int8 activations: CPU kernels only (the GPU's are W8A16 / W4A16)";
+
 // "fp32" or the format's name.
 std::string format_name(const WeightFormat& format);
 // The table's id of a format, or kCustomFormatVariantId for one picked with
