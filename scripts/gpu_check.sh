@@ -36,18 +36,20 @@
 #              TinyLlama-1.1B's dims in fp32 without and with graphs and
 #              fusions, fp16 without and with the norms folded into the
 #              products, and the tiny preset; steps 04-07 on TinyLlama's dims,
-#              sized to fit (--full: longer generations, bf16, Llama-2-7B in
-#              fp16 where the GPU has the memory, step 02's and 03's kernel
-#              tables on real attention shapes)
+#              sized to fit; step 02's FlashAttention-2 ladder at 16 heads,
+#              causal, beside PyTorch's SDPA in the same run where PyTorch with
+#              CUDA is importable (--full: longer generations, bf16, Llama-2-7B
+#              in fp16 where the GPU has the memory, step 02's and 03's kernel
+#              tables on real attention shapes, step 02's beside SDPA, causal
+#              and not)
 #   memcheck   compute-sanitizer memcheck: the common kernels' and the CUDA
 #              model's tests (--full: every gpu test binary)
 #   racecheck  compute-sanitizer racecheck and synccheck over the decode
-#              attention kernel tests (common, step05's paged kernels; --full:
-#              step02's and step03's kernel tests too)
+#              attention kernel tests (common, step05's paged kernels) and step
+#              02's FlashAttention-2 kernels on short shapes (--full: every
+#              step02 and step03 kernel test)
 #   steps      every step executable with --device all, the default run
 #              (--full: with --full, the complete sweeps the chapters quote)
-#   sdpa       (--full only) step02's sdpa_compare.py on the preset shapes,
-#              where PyTorch is importable
 # Every stage's result is one line of summary.txt; the exit status is 0 only
 # when every stage passed, 2 when no GPU is visible, 1 otherwise.
 #
@@ -64,7 +66,7 @@ set -uo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=build
 out_dir=gpu-report
-stages="info,tests,exercises,presets,memcheck,racecheck,steps,sdpa"
+stages="info,tests,exercises,presets,memcheck,racecheck,steps"
 exercise_copy=
 dry_run=0
 full=0
@@ -97,8 +99,8 @@ command_timeout=${GPU_CHECK_TIMEOUT:-1800}
 
 want() { [[ ",$stages," == *",$1,"* ]]; }
 for stage in ${stages//,/ }; do
-  case $stage in info|tests|exercises|memcheck|racecheck|steps|presets|sdpa) ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,exercises,memcheck,racecheck,steps,presets,sdpa)" >&2; exit 1 ;;
+  case $stage in info|tests|exercises|memcheck|racecheck|steps|presets) ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,exercises,memcheck,racecheck,steps,presets)" >&2; exit 1 ;;
   esac
 done
 
@@ -279,7 +281,24 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
   run_step presets tiny_fp16_unfolded step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --dtype fp16 --no-norm-folding
 }
+# PyTorch's SDPA beside step 02's rows, in the same run, where PyTorch with
+# CUDA is importable (step02_flash_attention/measure/sdpa_beside.hpp); the
+# step's JSON then holds the comparison and its targets.
+python=${PYTHON:-python3}
+sdpa_flags=()
+if want presets && selected step02_flash_attention; then
+  if "$python" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+    sdpa_flags=(--compare-sdpa "$repo_root/step02_flash_attention/measure/sdpa_compare.py" --python "$python")
+  else
+    progress "presets: no PyTorch with CUDA for $python: step 02 runs without SDPA beside it"
+  fi
+fi
 if want presets && ! ((full)); then
+  # The FlashAttention-2 ladder (variants 4, 5, 7-12) at 16 heads, causal, at
+  # the lengths its targets name (4096 and up) and one below.
+  run_step presets flash2_ladder step02_flash_attention --device cuda --heads 16 --head-dims 128,64 \
+    --seq-lens 1024,4096,16384 --decode-lens 4096 --variant 4,5,7,8,9,10,11,12 --prefill-tokens 256 \
+    "${sdpa_flags[@]}"
   decode_rows 1024 3 "fp32 fp16"
   run_step presets tinyllama-1.1b_fp16 step04_speculative --device cuda --preset tinyllama-1.1b --dtype fp16 \
     --steps 64 --k 4 --repeats 1
@@ -316,9 +335,9 @@ if want presets && ((full)); then
   # grids have 16 x Sq/64 blocks, enough to fill 132 SMs from 512 tokens on).
   seq_lens=512,1024,2048,4096,8192,16384
   run_step presets heads16 step02_flash_attention --device cuda --full --heads 16 --head-dims 128,64 \
-    --seq-lens $seq_lens --decode-lens 8192,16384,32768
+    --seq-lens $seq_lens --decode-lens 8192,16384,32768 "${sdpa_flags[@]}"
   run_step presets heads16_noncausal step02_flash_attention --device cuda --full --heads 16 --head-dims 128,64 \
-    --no-causal --seq-lens $seq_lens --decode-lens 8192
+    --no-causal --seq-lens $seq_lens --decode-lens 8192 "${sdpa_flags[@]}"
   run_step presets llama_shapes step03_gqa --device cuda --full --query-heads 32 --head-dim 128 --kv-heads 32,8,4,1 \
     --contexts 1024,4096,16384,32768
   run_step presets tinyllama-1.1b step04_speculative --device cuda --full --preset tinyllama-1.1b --k 2,4,8 --repeats 3
@@ -381,6 +400,14 @@ if want racecheck; then
   # one shape that splits its columns and one that pads them.
   sanitize racecheck common_half_linear_gpu_test --gtest_filter="*Fusions*fp16_256x2048:*Fusions*bf16_96x200"
   sanitize synccheck common_half_linear_gpu_test --gtest_filter="*Fusions*fp16_256x2048:*Fusions*bf16_96x200"
+  if ! ((full)); then
+    # Step 02's FlashAttention-2 kernels (v4/v5 and the ladder: cp.async
+    # double buffers, ldmatrix, one barrier per tile): 129 keys cross every
+    # tile size and both buffers, with and without the mask; --full runs them all.
+    flash2_short="*CudaVariantTest*cuda_flash2*len129_*:*CudaVariantTest*cuda_flash2*q129_k33*"
+    sanitize racecheck step02_flash_attention_gpu_test --gtest_filter="$flash2_short"
+    sanitize synccheck step02_flash_attention_gpu_test --gtest_filter="$flash2_short"
+  fi
 fi
 if want racecheck && ((full)); then
   for name in step02_flash_attention_gpu_test step03_gqa_gpu_test; do
@@ -405,27 +432,6 @@ if want steps; then
     for step in "${steps[@]}"; do run_step steps full "$step" --device all --full; done
   else
     for step in "${steps[@]}"; do run_step steps default "$step" --device all; done
-  fi
-fi
-
-# --- PyTorch SDPA, same shapes --------------------------------------------------------
-if want sdpa && ((full)) && selected step02_flash_attention; then
-  python=${PYTHON:-python3}
-  if "$python" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
-    for mode in causal noncausal; do
-      flag=()
-      [[ $mode == noncausal ]] && flag=(--no-causal)
-      log=$out_dir/sdpa_$mode.txt
-      if timeout "$command_timeout" "$python" "$repo_root/step02_flash_attention/measure/sdpa_compare.py" --heads 16 \
-        --head-dims 128,64 --seq-lens 512,1024,2048,4096,8192,16384 \
-        "${flag[@]}" --json "$out_dir/step02_sdpa_$mode.json" >"$log" 2>&1; then
-        record sdpa PASS "sdpa_compare.py $mode: $(grep -cE '[0-9]ms ' "$log") rows"
-      else
-        record sdpa FAIL "sdpa_compare.py $mode: $(tail -1 "$log")"
-      fi
-    done
-  else
-    record sdpa PASS "not run: no PyTorch with CUDA for $python"
   fi
 fi
 

@@ -3,7 +3,8 @@
 
     scripts/plot_step02.py STEP02.json [...] SDPA.json [...] --out FIGURE.png
 
-Takes any number of JSON files written by `step02_flash_attention --json` and by
+Takes any number of JSON files written by `step02_flash_attention --json` (with
+--compare-sdpa, PyTorch's rows come in its table "sdpa") and by
 `step02_flash_attention/measure/sdpa_compare.py --json`, keeps their CUDA prefill
 rows, and draws one panel per (causal or not, head_dim) found: TFLOP/s (log axis)
 against Sq = Sk (log-2 axis), one line per variant. The 16-bit variants are drawn
@@ -27,6 +28,7 @@ VARIANTS = {
     "cuda_naive": "cuda_naive (fp32, S in global memory)",
     "cuda_flash1": "cuda_flash1 (fp32, FA1)",
     "cuda_flash2_fp16": "cuda_flash2_fp16 (tensor cores, FA2)",
+    "cuda_flash2_tuned_fp16": "cuda_flash2_tuned_fp16 (the FA2 ladder's last rung)",
     "torch_sdpa_float16": "PyTorch SDPA fp16 (FlashAttention-2)",
 }
 
@@ -41,8 +43,15 @@ def prefill_points(paths):
     for path in paths:
         try:
             with open(path, encoding="utf-8") as file:
-                rows = json.load(file)["rows"]
-        except (OSError, ValueError, KeyError, TypeError) as error:
+                document = json.load(file)
+            rows = list(document["rows"])
+            # A step run with --compare-sdpa: PyTorch's side of its "sdpa" table.
+            for line in document.get("sdpa", []):
+                rows.append({"device": "cuda", "phase": "prefill", "variant": "torch_sdpa_" + {
+                    "fp16": "float16", "bf16": "bfloat16"}.get(line.get("dtype"), "?"), "causal": line.get("causal"),
+                    "head_dim": line.get("head_dim"), "seqlen_q": line.get("seqlen"),
+                    "tflops": line.get("torch_tflops")})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             fail(f"cannot read the rows of {path}: {error}")
         for row in rows:
             if row.get("device") != "cuda" or row.get("phase") != "prefill":
@@ -88,8 +97,12 @@ def draw(panels, out):
         ax.set_visible(False)
     # One legend for all panels, below them, so that it hides no line.
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    figure.legend(handles, labels, loc="lower center", ncol=2, frameon=False)
-    figure.tight_layout(rect=(0, 0.08, 1, 1))
+    # Two columns of entries where the panels are wide enough, one under a
+    # single panel; the panels leave room for as many lines as it takes.
+    legend_columns = 2 if columns > 1 else 1
+    legend_lines = -(-len(labels) // legend_columns)
+    figure.legend(handles, labels, loc="lower center", ncol=legend_columns, frameon=False)
+    figure.tight_layout(rect=(0, min(0.4, (0.015 + 0.05 * legend_lines) / rows), 1, 1))
     figure.savefig(out, dpi=110)
 
 

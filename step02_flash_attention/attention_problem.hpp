@@ -66,7 +66,9 @@ struct AttentionArgs {
   const std::uint16_t* q16 = nullptr;  // [seqlen_q, n_heads, head_dim]    fp16 or bf16 bits (16-bit variants)
   const std::uint16_t* k16 = nullptr;  // [seqlen_k, n_kv_heads, head_dim] fp16 or bf16 bits
   const std::uint16_t* v16 = nullptr;  // [seqlen_k, n_kv_heads, head_dim] fp16 or bf16 bits
-  float* out = nullptr;               // [seqlen_q, n_heads, head_dim] fp32 (every variant writes fp32)
+  float* out = nullptr;               // [seqlen_q, n_heads, head_dim] fp32 (every variant but those below)
+  std::uint16_t* out16 = nullptr;     // [seqlen_q, n_heads, head_dim] in the variant's 16-bit type
+                                      // (the variants whose AttentionKernel::writes_16bit_output is set)
   void* workspace = nullptr;          // scratch of the variant's workspace_bytes(problem) (device memory on CUDA)
   void* stream = nullptr;             // cudaStream_t for CUDA variants (nullptr: the default stream)
 };

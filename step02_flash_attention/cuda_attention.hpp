@@ -40,6 +40,21 @@ inline constexpr int kFlash2Bf16MinComputeCapability = 80;
 KernelImage flash2_fp16_kernel_image();
 KernelImage flash2_bf16_kernel_image();
 
+// Variants 7 to 12 (v7_v12_cuda_flash2_tuned.cu): variant 4 plus one change
+// each, cumulative. 7: K/V double-buffered with cp.async; 8: ldmatrix
+// fragments; 9: 128 query rows per block (32 per warp); 10: the mask only on
+// diagonal tiles, heaviest query blocks first; 11 (fp16) and 12 (bf16):
+// 16-bit output, written to args.out16 instead of args.out.
+void flash2_async_copy_attention(const AttentionProblem& p, const AttentionArgs& args);
+void flash2_ldmatrix_attention(const AttentionProblem& p, const AttentionArgs& args);
+void flash2_128_rows_attention(const AttentionProblem& p, const AttentionArgs& args);
+void flash2_causal_schedule_attention(const AttentionProblem& p, const AttentionArgs& args);
+void flash2_tuned_fp16_attention(const AttentionProblem& p, const AttentionArgs& args);
+void flash2_tuned_bf16_attention(const AttentionProblem& p, const AttentionArgs& args);
+// cp.async exists from sm_80 (Ampere): all six need it, fp16 as well as bf16.
+inline constexpr int kFlash2TunedMinComputeCapability = 80;
+KernelImage flash2_tuned_kernel_image();  // as flash2_fp16_kernel_image, for all six
+
 // Variant 6 (v6_cuda_split_kv_decode.cu): Flash-Decoding. Each (query, head) is
 // split over several blocks along the keys; each writes a partial (m, l, o)
 // to the workspace and a second kernel reduces them. Reads K/V through the
@@ -48,7 +63,7 @@ void split_kv_decode_attention(const AttentionProblem& p, const AttentionArgs& a
 std::size_t split_kv_workspace_bytes(const AttentionProblem& p);
 int split_kv_splits(const AttentionProblem& p);  // how many key splits it uses for p
 
-// Variants 4-6 are compiled for head dims 64 and 128 only (templates).
+// Variants 4-12 are compiled for head dims 64 and 128 only (templates).
 const char* fused_unsupported(const AttentionProblem& p);
 
 }  // namespace step02::cuda

@@ -9,6 +9,7 @@
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/errors.hpp"
 #include "step02_flash_attention/attention_problem.hpp"
+#include "step02_flash_attention/kernel_image.hpp"
 
 namespace step02::cuda::detail {
 
@@ -40,6 +41,18 @@ void allow_dynamic_shared_memory(Kernel kernel, int bytes, const char* kernel_na
                            " bytes of shared memory per block; this GPU allows " + std::to_string(max_optin));
   if (bytes > 48 * 1024)
     LLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+// What `kernel` (a __global__ function) was compiled for, as this GPU would
+// run it ({0, 0}: the build holds no image this GPU can run).
+template <class Kernel>
+KernelImage kernel_image_of(Kernel kernel) {
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());  // clear the error: the caller reports it in words
+    return {};
+  }
+  return {attributes.ptxVersion, attributes.binaryVersion};
 }
 
 }  // namespace step02::cuda::detail

@@ -13,16 +13,16 @@
 //    is exp2 with log2(e) folded into the scale.
 //  * Tensor cores. S = Q K^T and O += P V are mma.sync instructions on
 //    16 x 8 x 16 fragments; S, P and O never leave registers (the fragment
-//    layouts are drawn above mma_16x8x16 below).
-// docs/02_flash_attention.md, section 5, compares the three kernels.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+//    layouts are drawn in flash2_mma.cuh, with the product and the tile load).
+// docs/02_flash_attention.md, section 5, compares the three kernels;
+// v7_v12_cuda_flash2_tuned.cu takes this kernel to its anchors' speed, one
+// change per variant.
 #include <cstdint>
 
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "step02_flash_attention/cuda_attention.hpp"
 #include "step02_flash_attention/cuda_common.cuh"
+#include "step02_flash_attention/flash2_mma.cuh"
 
 namespace step02::cuda {
 namespace {
@@ -34,119 +34,16 @@ constexpr int kRowsPerWarp = 16;                // the M of one mma
 constexpr int kRows = kWarps * kRowsPerWarp;    // 64 query rows per block
 constexpr int kKeys = 64;                       // keys per K/V tile = 8 n-tiles of 8
 constexpr int kThreads = kWarps * 32;
-// Shared-memory rows are padded by 8 elements (16 bytes): with a row stride
-// of d + 8 halves, the 32 lanes' fragment loads below fall in 32 different
-// banks (without it, rows 0, 2, 4, 6 start in the same bank: 4-way conflicts).
-constexpr int kPad = 8;
+using mma::kPad;  // rows of d + 8 elements: flash2_mma.cuh says why
+using mma::mma_16x8x16;
+using mma::pack2;
+using mma::pack_bits;
 
 template <int kHeadDim>
 constexpr int shared_bytes() {
   return 3 * kRows * (kHeadDim + kPad) * 2;  // Q, K, V tiles of 64 rows in 16 bits (kKeys == kRows)
 }
 static_assert(kKeys == kRows, "shared_bytes assumes the Q and K/V tiles have the same number of rows");
-
-// The mma.sync fragment layouts (PTX ISA, "mma.m16n8k16"), for lane =
-// 4 * g + t (g = lane / 4 in 0..7, t = lane % 4 in 0..3), each register
-// holding two 16-bit values (lower address = lower half):
-//   A (16 x 16, row-major)  a[0] = A[g][2t..2t+1]     a[1] = A[g+8][2t..2t+1]
-//                           a[2] = A[g][2t+8..2t+9]   a[3] = A[g+8][2t+8..2t+9]
-//   B (16 x 8, "col")       b[0] = B[2t..2t+1][g]     b[1] = B[2t+8..2t+9][g]
-//   C (16 x 8, fp32)        c[0..1] = C[g][2t..2t+1]  c[2..3] = C[g+8][2t..2t+1]
-// So a thread holds two rows (g and g+8) of every accumulator, and the C
-// fragments of S for keys 16k..16k+15 (two n-tiles of 8) are exactly the A
-// fragment of P for the P V product: P goes from the first mma to the second
-// without touching memory (converted to 16 bits in registers).
-//
-//  Q tile (64 x d)        K tile (64 keys x d)              S for one warp (16 x 64)
-//  +------------+ warp 0  +------------+                    +--+--+--+--+--+--+--+--+
-//  |  16 rows   |-------->|            |  S = Q K^T  ---->  |n0|n1|n2|n3|n4|n5|n6|n7| 8 C fragments
-//  +------------+ warp 1  |  shared by |                    +--+--+--+--+--+--+--+--+
-//  |  16 rows   |         |  all warps |  P = exp2(S - m)   then O(16 x d) += P V
-//  +------------+ ...     +------------+                    (d/8 C fragments of O per warp)
-//
-// sm_75 (T4) has no m16n8k16 for fp16 but has m16n8k8; one k16 product is two
-// k8 products on the two halves of the A and B registers (same layouts).
-// bf16 mma needs sm_80: the bf16 kernel compiles to a trap below that, and
-// the host refuses to launch a kernel compiled below it (kernel_image.hpp:
-// decided from the kernel's own attributes, so a compute_75-only build on
-// an sm_90 card, which runs the JIT-compiled compute_75 code, refuses too).
-//
-// D = A B + D on one 16 x 8 x 16 tile (fp32 accumulators).
-template <bool kBf16>
-__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                            std::uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (kBf16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-  if constexpr (kBf16) {
-    __trap();  // never launched: the host checks the kernel was compiled for sm_80+ (flash2 below)
-  } else {
-    // k = 0..7: A registers 0 and 1 (columns 2t, 2t+1 of rows g, g+8), B register 0.
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(b0));
-    // k = 8..15: A registers 2 and 3, B register 1.
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[2]), "r"(a[3]), "r"(b1));
-  }
-#else
-  // Host pass, or a GPU older than sm_75: the kernel is never launched there.
-  (void)d; (void)a; (void)b0; (void)b1;
-#if defined(__CUDA_ARCH__)
-  __trap();
-#endif
-#endif
-}
-
-// Two fp32 values -> one register of two 16-bit values (lo in the low half).
-template <bool kBf16>
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
-  if constexpr (kBf16) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const std::uint32_t*>(&v);
-  }
-}
-
-// Two 16-bit values already in the right format -> one register.
-__device__ __forceinline__ std::uint32_t pack_bits(std::uint16_t lo, std::uint16_t hi) {
-  return static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
-}
-
-// Copies rows row0..row0+63 of one head of a [seqlen, heads, d] 16-bit tensor
-// into a padded shared tile [64][d + kPad], 16 bytes per load (coalesced:
-// neighbouring threads take neighbouring 16-byte pieces of a row). Rows past
-// `seqlen` are zero: their scores are masked, and a zero value times a zero
-// probability stays zero (garbage could be NaN, and NaN * 0 = NaN).
-template <int kHeadDim>
-__device__ void load_tile(std::uint16_t* tile, const std::uint16_t* __restrict__ src, int row0, int seqlen,
-                          int heads, int head) {
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte pieces per row
-  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, chunk = idx % kChunks;
-    uint4 value = make_uint4(0u, 0u, 0u, 0u);
-    if (row0 + r < seqlen)
-      value = reinterpret_cast<const uint4*>(src + (static_cast<size_t>(row0 + r) * heads + head) * kHeadDim)[chunk];
-    *reinterpret_cast<uint4*>(tile + r * (kHeadDim + kPad) + chunk * 8) = value;
-  }
-}
 
 template <bool kBf16, int kHeadDim>
 __global__ void __launch_bounds__(kThreads)
@@ -163,7 +60,7 @@ __global__ void __launch_bounds__(kThreads)
   std::uint16_t* v_s = k_s + kKeys * kLd;    // [kKeys][kLd]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;      // fragment coordinates (see the layout table above)
+  const int g = lane / 4, t = lane % 4;      // fragment coordinates (the layout table in flash2_mma.cuh)
   const int q0 = blockIdx.x * kRows;
   const int h = blockIdx.y, kv_head = h / group;
   const int warp_row0 = warp * kRowsPerWarp;
@@ -175,7 +72,7 @@ __global__ void __launch_bounds__(kThreads)
   const int keys_needed =
       detail::last_visible_key(min(q0 + kRows, seqlen_q) - 1, seqlen_q, seqlen_k, causal) + 1;
 
-  load_tile<kHeadDim>(q_s, q, q0, seqlen_q, n_heads, h);
+  mma::load_tile<kHeadDim, kRows, kThreads, /*kAsync=*/false>(q_s, q, q0, seqlen_q, n_heads, h);
   __syncthreads();  // the Q tile is complete before warps read their fragments
   // The warp's Q rows as A fragments, loaded once and kept in registers.
   std::uint32_t q_frag[kKSteps][4];
@@ -197,10 +94,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int k0 = 0; k0 < keys_needed; k0 += kKeys) {
     // Barrier: every warp is done with the previous K/V tile before it is
     // overwritten. (A second buffer filled with cp.async while computing on
-    // the first would hide the load; left as an exercise.)
+    // the first hides the load: variant 7.)
     __syncthreads();
-    load_tile<kHeadDim>(k_s, k, k0, seqlen_k, n_kv_heads, kv_head);
-    load_tile<kHeadDim>(v_s, v, k0, seqlen_k, n_kv_heads, kv_head);
+    mma::load_tile<kHeadDim, kRows, kThreads, /*kAsync=*/false>(k_s, k, k0, seqlen_k, n_kv_heads, kv_head);
+    mma::load_tile<kHeadDim, kRows, kThreads, /*kAsync=*/false>(v_s, v, k0, seqlen_k, n_kv_heads, kv_head);
     __syncthreads();  // the tile is complete before any warp reads it
 
     // S = Q K^T for the warp's 16 rows x 64 keys: 8 C fragments.
@@ -220,14 +117,18 @@ __global__ void __launch_bounds__(kThreads)
 
     // Scale into the log2 domain and mask (key past the row's last visible key,
     // which also covers keys past seqlen_k); then the row maxima of this tile.
+    // __fmul_rn: the scaled score is rounded on its own, never fused into an
+    // FMA with the "- m" below. Whether the compiler would fuse it depends on
+    // the code around it, and the tuned variants (v7_v12) change that code:
+    // with the product pinned, they give this kernel's output bit for bit.
     float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
 #pragma unroll
     for (int n = 0; n < kKeyTiles; ++n) {
       const int key = k0 + n * 8 + 2 * t;
-      s[n][0] = key <= last_a ? s[n][0] * scale_log2 : -INFINITY;
-      s[n][1] = key + 1 <= last_a ? s[n][1] * scale_log2 : -INFINITY;
-      s[n][2] = key <= last_b ? s[n][2] * scale_log2 : -INFINITY;
-      s[n][3] = key + 1 <= last_b ? s[n][3] * scale_log2 : -INFINITY;
+      s[n][0] = key <= last_a ? __fmul_rn(s[n][0], scale_log2) : -INFINITY;
+      s[n][1] = key + 1 <= last_a ? __fmul_rn(s[n][1], scale_log2) : -INFINITY;
+      s[n][2] = key <= last_b ? __fmul_rn(s[n][2], scale_log2) : -INFINITY;
+      s[n][3] = key + 1 <= last_b ? __fmul_rn(s[n][3], scale_log2) : -INFINITY;
       tile_max_a = fmaxf(tile_max_a, fmaxf(s[n][0], s[n][1]));
       tile_max_b = fmaxf(tile_max_b, fmaxf(s[n][2], s[n][3]));
     }
@@ -324,12 +225,7 @@ void launch(const AttentionProblem& p, const AttentionArgs& args) {
 // the same compilation, so one instance speaks for both.
 template <bool kBf16>
 KernelImage kernel_image() {
-  cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, flash2_kernel<kBf16, 64>) != cudaSuccess) {
-    static_cast<void>(cudaGetLastError());
-    return {};
-  }
-  return {attributes.ptxVersion, attributes.binaryVersion};
+  return detail::kernel_image_of(flash2_kernel<kBf16, 64>);
 }
 
 // Tensor-core mma needs code compiled for sm_75 (fp16) or sm_80 (bf16): said

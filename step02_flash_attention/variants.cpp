@@ -19,6 +19,14 @@ namespace {
 
 std::size_t no_bytes(const AttentionProblem&) { return 0; }
 
+// A row of the FlashAttention-2 ladder (variants 7-12): 16-bit inputs, sm_80+
+// (cp.async), head dims 64 and 128, no workspace.
+AttentionKernel tuned(AttentionFn run, llm::DType dtype, bool writes_16bit_output) {
+  return {run,     dtype,   cuda::kFlash2TunedMinComputeCapability,  false, nullptr, &no_bytes,
+          STEP02_CUDA(&cuda::fused_unsupported), STEP02_CUDA(&cuda::flash2_tuned_kernel_image), writes_16bit_output};
+}
+AttentionKernel tuned_fp16(AttentionFn run) { return tuned(run, llm::DType::F16, false); }
+
 }  // namespace
 
 const std::vector<AttentionVariant>& variants() {
@@ -47,6 +55,19 @@ const std::vector<AttentionVariant>& variants() {
        {STEP02_CUDA(&cuda::split_kv_decode_attention), DType::F32, 0, true,
         STEP02_CUDA(&cuda::split_kv_workspace_bytes), STEP02_CUDA(&cuda::split_kv_workspace_bytes),
         STEP02_CUDA(&cuda::fused_unsupported)}},
+      // The FlashAttention-2 ladder: each row is the row before it plus one change.
+      {7, "cuda_flash2_async", "variant 4 + K/V tiles double-buffered with cp.async (tile j+1 loads during tile j)",
+       Backend::Cuda, tuned_fp16(STEP02_CUDA(&cuda::flash2_async_copy_attention))},
+      {8, "cuda_flash2_ldmatrix", "+ Q/K fragments by ldmatrix, V by ldmatrix.trans (no hand-packed V)",
+       Backend::Cuda, tuned_fp16(STEP02_CUDA(&cuda::flash2_ldmatrix_attention))},
+      {9, "cuda_flash2_128rows", "+ 128 query rows per block, 32 per warp: each K/V fragment feeds two mma",
+       Backend::Cuda, tuned_fp16(STEP02_CUDA(&cuda::flash2_128_rows_attention))},
+      {10, "cuda_flash2_causal", "+ mask only the tiles on the diagonal; heaviest query blocks first",
+       Backend::Cuda, tuned_fp16(STEP02_CUDA(&cuda::flash2_causal_schedule_attention))},
+      {11, "cuda_flash2_tuned_fp16", "+ fp16 output (what the next product reads): the ladder's last rung",
+       Backend::Cuda, tuned(STEP02_CUDA(&cuda::flash2_tuned_fp16_attention), DType::F16, true)},
+      {12, "cuda_flash2_tuned_bf16", "variant 11 in bf16: bf16 in, bf16 out", Backend::Cuda,
+       tuned(STEP02_CUDA(&cuda::flash2_tuned_bf16_attention), DType::BF16, true)},
   };
   return table;
 }

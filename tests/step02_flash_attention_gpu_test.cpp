@@ -5,7 +5,8 @@
 // GQA, and large-magnitude logits in fp16 (no overflow, no NaN). Split-KV
 // decode gets long caches with one query. FA1 also at the small head dims it
 // is compiled for (8 = the `tiny` preset); the fused kernels must refuse those
-// with an InputError. Then the model: a CudaModel with
+// with an InputError. The FlashAttention-2 ladder (variants 7-12) must also
+// give variant 4's bits (or their 16-bit rounding). Then the model: a CudaModel with
 // the FA1 kernel in its attention hook against the default CudaModel and the
 // CPU reference, every logits row, one prefill and a second chunk after it.
 // Every test that needs a GPU skips with the reason where no GPU can be
@@ -14,6 +15,10 @@
 // checks run everywhere.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <map>
 #include <random>
 #include <span>
 #include <string>
@@ -150,6 +155,103 @@ TEST(step02CudaTiming, TimesEveryRunnableVariant) {
     EXPECT_GT(t.median_ms, 0.0) << variant.name;
     EXPECT_EQ(t.runs, 3) << variant.name;
   }
+}
+
+// ---------------------------------------------------------------------------
+// The FlashAttention-2 ladder (variants 7-12) changes the speed, not the
+// numbers: every rung computes each output row with variant 4's operations in
+// variant 4's order. The fragments come by other loads (cp.async, ldmatrix),
+// a warp holds more rows, blocks run in another order, and the mask is
+// skipped only where it would change nothing. So their fp32 outputs must be
+// variant 4's bit for bit, and the 16-bit outputs variant 10's (in bf16:
+// variant 5's) rounded to 16 bits. The float64 check above allows an error of
+// 1e-2; this one allows none, so a wrong fragment, a missed barrier or a
+// mask skipped on one tile too many shows even where it stays "close".
+// One exception by design: at d = 128, variants 9-12 take 32-key tiles (the
+// registers of 32 rows per warp, v7_v12_cuda_flash2_tuned.cu), a different
+// sequence of online-softmax rescales; there only 9 = 10 and 11 = fp16(10).
+
+struct LadderCase {
+  std::string name;
+  AttentionProblem problem;
+};
+void PrintTo(const LadderCase& c, std::ostream* out) { *out << c.name; }
+
+std::vector<LadderCase> ladder_cases() {
+  std::vector<LadderCase> c;
+  for (int d : {64, 128}) {
+    const std::string dim = "_d" + std::to_string(d);
+    // Many tiles and query blocks (the double buffer's both halves, heavy
+    // blocks first), causal and not.
+    c.push_back({"len1000_causal" + dim, {4, 4, d, 1000, 1000, true}});
+    c.push_back({"len1000_full" + dim, {4, 4, d, 1000, 1000, false}});
+    // New queries after a cached prefix: mask-free tiles, then the diagonal.
+    c.push_back({"q33_k1000_causal" + dim, {4, 4, d, 33, 1000, true}});
+    // Rows that see no key (their output is 0), one block of 128 rows.
+    c.push_back({"q129_k33_causal_empty_rows" + dim, {4, 4, d, 129, 33, true}});
+    // GQA, a length that is no multiple of any tile, one query.
+    c.push_back({"gqa4_len300_causal" + dim, {8, 2, d, 300, 300, true}});
+    c.push_back({"decode_k777" + dim, {4, 4, d, 1, 777, true}});
+  }
+  return c;
+}
+
+// Elements whose bits differ (the callers check for NaN first: two NaN
+// outputs must never count as equal).
+std::size_t bit_differences(const std::vector<float>& got, const std::vector<float>& want) {
+  std::size_t differ = got.size() == want.size() ? 0 : std::max(got.size(), want.size());
+  for (std::size_t i = 0; i < std::min(got.size(), want.size()); ++i)
+    differ += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]);
+  return differ;
+}
+std::size_t non_finite(const std::vector<float>& values) {
+  return static_cast<std::size_t>(std::count_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); }));
+}
+
+class Flash2LadderTest : public ::testing::TestWithParam<LadderCase> {};
+
+TEST_P(Flash2LadderTest, EveryRungGivesVariant4sBits) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const AttentionProblem& p = GetParam().problem;
+  const std::uint64_t seed = 4242 + static_cast<std::uint64_t>(p.seqlen_q) * 31 + p.seqlen_k + p.head_dim;
+  const auto q = llm::testing::random_vector(p.q_elements(), seed, 2.0f);
+  const auto k = llm::testing::random_vector(p.kv_elements(), seed + 1, 2.0f);
+  const auto v = llm::testing::random_vector(p.kv_elements(), seed + 2, 1.0f);
+  step02::CudaProblem gpu(p, q, k, v);
+  std::map<int, std::vector<float>> out;  // variant id -> its output [Sq, q_row], as floats
+  for (int id = 4; id <= 12; ++id) {
+    if (id == 6) continue;  // split-KV decode: another algorithm
+    const auto& variant = step02::find_variant(id);
+    const std::string skip = gpu.skip_reason(variant);
+    ASSERT_TRUE(skip.empty()) << variant.name << " could not run on this GPU: " << skip;
+    out[id] = gpu.run_once(variant);
+    ASSERT_EQ(non_finite(out[id]), 0u) << variant.name << " on " << p.describe();
+  }
+  const bool same_tiles_as_variant4 = p.head_dim == 64;  // see above: d = 128 rows 9+ take 32-key tiles
+  EXPECT_EQ(bit_differences(out[7], out[4]), 0u) << "cuda_flash2_async vs cuda_flash2_fp16";
+  EXPECT_EQ(bit_differences(out[8], out[4]), 0u) << "cuda_flash2_ldmatrix vs cuda_flash2_fp16";
+  if (same_tiles_as_variant4)
+    EXPECT_EQ(bit_differences(out[9], out[4]), 0u) << "cuda_flash2_128rows vs cuda_flash2_fp16";
+  EXPECT_EQ(bit_differences(out[10], out[9]), 0u) << "cuda_flash2_causal vs cuda_flash2_128rows";
+  EXPECT_EQ(bit_differences(out[11], step02::rounded_to(out[10], llm::DType::F16)), 0u)
+      << "cuda_flash2_tuned_fp16 vs cuda_flash2_causal rounded to fp16";
+  if (same_tiles_as_variant4)
+    EXPECT_EQ(bit_differences(out[12], step02::rounded_to(out[5], llm::DType::BF16)), 0u)
+        << "cuda_flash2_tuned_bf16 vs cuda_flash2_bf16 rounded to bf16";
+}
+
+INSTANTIATE_TEST_SUITE_P(step02, Flash2LadderTest, ::testing::ValuesIn(ladder_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// A ladder row asked to write where it does not (a 16-bit-output row without
+// args.out16, an fp32 one without args.out) says so instead of writing
+// through a null pointer.
+TEST(step02Flash2Ladder, RefusesAMissingOutput) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const AttentionProblem p{2, 2, 64, 64, 64, true};
+  step02::AttentionArgs args;  // no inputs either: the check comes before any launch
+  EXPECT_THROW(step02::find_variant(11).fn.run(p, args), llm::InputError);
+  EXPECT_THROW(step02::find_variant(7).fn.run(p, args), llm::InputError);
 }
 
 // ---------------------------------------------------------------------------

@@ -37,7 +37,8 @@ struct CudaProblem::Impl {
   DeviceBuffer<std::uint16_t> q16, k16, v16;  // the same in fp16 bits
   DeviceBuffer<std::uint16_t> qbf, kbf, vbf;  // the same in bf16 bits
   DeviceBuffer<std::int32_t> block_table;     // [1] = {0}: K/V are one block
-  DeviceBuffer<float> out;                    // [Sq, q_row]
+  DeviceBuffer<float> out;                    // [Sq, q_row] fp32
+  DeviceBuffer<std::uint16_t> out16;          // [Sq, q_row] fp16 or bf16 bits (16-bit-output variants)
   DeviceBuffer<unsigned char> workspace;      // grown to the largest variant's need
 
   AttentionArgs args_for(const AttentionVariant& variant) {
@@ -53,7 +54,8 @@ struct CudaProblem::Impl {
       a.k16 = kbf.data();
       a.v16 = vbf.data();
     }
-    a.out = out.data();
+    if (variant.fn.writes_16bit_output) a.out16 = out16.data();
+    else a.out = out.data();
     if (variant.fn.workspace_bytes) {
       workspace.ensure(variant.fn.workspace_bytes(p));
       a.workspace = workspace.data();
@@ -84,6 +86,7 @@ CudaProblem::CudaProblem(const AttentionProblem& p, std::span<const float> q, st
   const std::int32_t zero = 0;
   m.block_table = DeviceBuffer<std::int32_t>(std::span<const std::int32_t>(&zero, 1));
   m.out = DeviceBuffer<float>(p.q_elements());
+  m.out16 = DeviceBuffer<std::uint16_t>(p.q_elements());
 }
 
 CudaProblem::~CudaProblem() = default;
@@ -115,13 +118,23 @@ std::string CudaProblem::skip_reason(const AttentionVariant& v) const {
 
 std::vector<float> CudaProblem::run_once(const AttentionVariant& v) {
   Impl& m = *impl_;
-  // 0xFF bytes are a NaN in every float: a row the kernel does not write fails the check.
+  // 0xFF bytes are a NaN in fp32, fp16 and bf16 alike: a row the kernel does
+  // not write fails the check.
   LLM_CUDA_CHECK(cudaMemset(m.out.data(), 0xFF, m.out.bytes()));
+  LLM_CUDA_CHECK(cudaMemset(m.out16.data(), 0xFF, m.out16.bytes()));
   const AttentionArgs args = m.args_for(v);
   v.fn.run(m.p, args);
   LLM_CUDA_CHECK(cudaDeviceSynchronize());  // faults inside the kernel surface here
   std::vector<float> host(m.p.q_elements());
-  m.out.download(std::span<float>(host));
+  if (!v.fn.writes_16bit_output) {
+    m.out.download(std::span<float>(host));
+    return host;
+  }
+  // A 16-bit output comes back as the floats its bits stand for.
+  std::vector<std::uint16_t> bits(m.p.q_elements());
+  m.out16.download(std::span<std::uint16_t>(bits));
+  for (std::size_t i = 0; i < bits.size(); ++i)
+    host[i] = v.fn.dtype == llm::DType::BF16 ? bf16_bits_to_float(bits[i]) : half_bits_to_float(bits[i]);
   return host;
 }
 

@@ -34,6 +34,7 @@
 #include "step02_flash_attention/half_precision.hpp"
 #include "step02_flash_attention/measure/cuda_runner.hpp"
 #include "step02_flash_attention/measure/model_prefill.hpp"
+#include "step02_flash_attention/measure/sdpa_beside.hpp"
 #include "step02_flash_attention/reference_attention.hpp"
 #include "step02_flash_attention/variants.hpp"
 
@@ -64,11 +65,13 @@ struct Step02Options {
   bool causal = true;
   int repeats = 3;
   int prefill_tokens = 0;             // --prefill-tokens: the model prefill's prompt (0: by run size, above)
+  std::string sdpa_script;            // --compare-sdpa: sdpa_compare.py, run beside the CUDA rows (sdpa_beside.hpp)
+  std::string python = "python3";     // --python: the interpreter that runs it (a bare name is looked up on PATH)
 };
 
 // --list: the table with each row's device and input precision.
 void print_variants() {
-  llm::print_variant_list<step02::AttentionKernel>(step02::variants(), 21, [](const AttentionVariant& v) {
+  llm::print_variant_list<step02::AttentionKernel>(step02::variants(), 22, [](const AttentionVariant& v) {
     return llm::VariantListDetails{
         fmt::format("{:<5} {:<5} ", llm::backend_name(v.backend), llm::dtype_name(v.fn.dtype)),
         v.fn.run ? "" : "  [not in this build]"};
@@ -109,6 +112,10 @@ std::optional<int> parse_options(int argc, char** argv, Step02Options& options) 
                                                  "model's context (default {}; --full {}; --quick {})",
                                                  kDefaultPrefillTokens, kFullPrefillTokens, kQuickPrefillTokens)),
                       1);
+        app.add_option("--compare-sdpa", options.sdpa_script,
+                       "PyTorch's SDPA beside the CUDA rows, same shapes, same run: the path of "
+                       "step02_flash_attention/measure/sdpa_compare.py (needs PyTorch with CUDA)");
+        app.add_option("--python", options.python, "the Python that runs --compare-sdpa's script (default python3)");
       },
       &print_variants,
       {{{"--prompt", "--steps", "--temperature", "--top-p"},
@@ -297,7 +304,7 @@ void print_header(const llm::Results& results, int check_rows) {
 }
 
 void print_kernel_table_columns() {
-  fmt::print("  {:<5} {:<21} {:>10} {:>9} {:>9} {:>8} {:>11} {:>10}  {}\n", "dev", "variant", "time", "TFLOP/s",
+  fmt::print("  {:<5} {:<22} {:>10} {:>9} {:>9} {:>8} {:>11} {:>10}  {}\n", "dev", "variant", "time", "TFLOP/s",
              "KV GB/s", "speedup", "scores mem", "max_rel", "ok");
 }
 
@@ -313,7 +320,7 @@ bool report_kernel_rows(llm::Results& results, const AttentionProblem& p, const 
       naive_ms[m.device] = m.time.median_ms;
   for (const auto& m : measured) {
     if (!m.skipped.empty()) {
-      fmt::print("  {:<5} {:<21} skipped: {}\n", m.device, m.variant->name, m.skipped);
+      fmt::print("  {:<5} {:<22} skipped: {}\n", m.device, m.variant->name, m.skipped);
       continue;
     }
     const auto& kernel = m.variant->fn;
@@ -324,7 +331,7 @@ bool report_kernel_rows(llm::Results& results, const AttentionProblem& p, const 
     const std::size_t element_bytes = kernel.dtype == llm::DType::F32 ? 4 : 2;
     const double kv_bytes = 2.0 * static_cast<double>(p.kv_elements()) * element_bytes;
     const double gbps = kv_bytes / (m.time.median_ms * 1e-3) / 1e9;
-    fmt::print("  {:<5} {:<21} {:>10} {:>9.3f} {:>9.1f} {:>8} {:>11} {:>10.2e}  {}\n", m.device, m.variant->name,
+    fmt::print("  {:<5} {:<22} {:>10} {:>9.3f} {:>9.1f} {:>8} {:>11} {:>10.2e}  {}\n", m.device, m.variant->name,
                llm::format_ms(m.time.median_ms), tflops, gbps, speedup > 0 ? fmt::format("{:.2f}x", speedup) : "-",
                llm::format_bytes(static_cast<double>(score_bytes)), m.error.max_rel_err, m.error.ok ? "ok" : "FAIL");
     all_ok &= llm::report_if_failed(fmt::format("{} {} on {}", m.device, m.variant->name, p.describe()), m.error);
@@ -400,6 +407,20 @@ bool run_decode_table(llm::Results& results, const Step02Options& options, const
   return all_ok;
 }
 
+// PyTorch's SDPA on the kernel table's CUDA shapes, once per head count,
+// then the comparison and its targets (sdpa_beside.hpp).
+void compare_with_sdpa(llm::Results& results, const Step02Options& options, const KernelTableLengths& lengths,
+                       llm::RunProgress& progress) {
+  std::vector<step02::SdpaRun> runs;
+  for (int heads : options.heads) {
+    progress.start(fmt::format("PyTorch SDPA on the same shapes ({} heads, head_dims {}, {} lengths)", heads,
+                               fmt::join(options.head_dims, ","), lengths.cuda.size()));
+    runs.push_back(step02::run_sdpa_compare(options.python, options.sdpa_script,
+                                            {heads, options.head_dims, lengths.cuda, options.causal}));
+  }
+  step02::report_sdpa_comparison(results, runs);
+}
+
 int run_step02(int argc, char** argv) {
   Step02Options options;
   if (const auto exit_status = parse_options(argc, argv, options)) return *exit_status;
@@ -411,6 +432,8 @@ int run_step02(int argc, char** argv) {
   settings.cpu = devices.cpu;
   settings.cuda = devices.cuda;
   const KernelTableLengths lengths = kernel_table_lengths(options);
+  const bool compare_sdpa = !options.sdpa_script.empty();
+  if (compare_sdpa) step02::check_sdpa_request(options.sdpa_script, settings.cuda);
   // Part 3's model, loaded before any benchmark: a bad --model or
   // --tokenizer fails at once, not after the kernel tables.
   llm::LoadedModel loaded = llm::load_model(options.common);
@@ -419,10 +442,13 @@ int run_step02(int argc, char** argv) {
   print_header(results, settings.check_rows);
   bool all_ok = true;
   const bool model_part = settings.cpu || settings.cuda;
-  llm::RunProgress progress("step02_flash_attention",
-                            static_cast<int>(options.heads.size() * options.head_dims.size()) + 1 + (model_part ? 1 : 0));
-  // 1. The kernel table: every variant on random Q/K/V, Sq = Sk.
+  const int sdpa_parts = compare_sdpa ? static_cast<int>(options.heads.size()) : 0;
+  llm::RunProgress progress("step02_flash_attention", static_cast<int>(options.heads.size() * options.head_dims.size()) +
+                                                          1 + (model_part ? 1 : 0) + sdpa_parts);
+  // 1. The kernel table: every variant on random Q/K/V, Sq = Sk; with
+  //    --compare-sdpa, PyTorch's SDPA on the same shapes beside it.
   all_ok &= run_prefill_tables(results, options, settings, lengths, progress);
+  if (compare_sdpa) compare_with_sdpa(results, options, lengths, progress);
   // 2. Decode: one query against a long cache.
   all_ok &= run_decode_table(results, options, settings, lengths, progress);
   // 3. The model's prefill with its default attention and with step 02's flash kernel.

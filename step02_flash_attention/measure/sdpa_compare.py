@@ -5,6 +5,11 @@ Run it by hand where a GPU and PyTorch are present (never in CI):
 
     python3 step02_flash_attention/measure/sdpa_compare.py --json docs/results/step02_sdpa_<gpu>.json
 
+or let the step run it beside its own rows, in the same run (the step's JSON
+then holds both, and the targets):
+
+    build/bin/step02_flash_attention --device cuda --compare-sdpa step02_flash_attention/measure/sdpa_compare.py
+
 Shapes match the executable's prefill table: Q/K/V [batch 1, heads, seqlen, head_dim],
 causal, fp16 and bf16, for each sequence length and head dim. The FLASH_ATTENTION
 backend is requested explicitly (FlashAttention-2 inside PyTorch); where it cannot
@@ -57,8 +62,12 @@ def main() -> int:
     parser.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
                         help="causal mask (default); --no-causal for full attention")
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--json", default="", help="write the rows to this file")
+    parser.add_argument("--json", default="",
+                        help="write the rows to this file; '-': to stdout, the table then goes to stderr "
+                             "(how the step's --compare-sdpa reads them)")
     args = parser.parse_args()
+    # The table's stream: stderr when stdout carries the JSON.
+    table = sys.stderr if args.json == "-" else sys.stdout
 
     try:
         import torch
@@ -85,8 +94,8 @@ def main() -> int:
         "cuda_runtime": torch.version.cuda,
         "python": platform.python_version(),
     }
-    print(f"gpu: {props.name} (sm_{device_info['gpu_compute_capability']}), torch {torch.__version__}")
-    print(f"{'dtype':<9} {'d':>4} {'S':>6} {'backend':<16} {'time':>10} {'TFLOP/s':>8}")
+    print(f"gpu: {props.name} (sm_{device_info['gpu_compute_capability']}), torch {torch.__version__}", file=table)
+    print(f"{'dtype':<9} {'d':>4} {'S':>6} {'backend':<16} {'time':>10} {'TFLOP/s':>8}", file=table)
 
     rows = []
     for dtype_name in args.dtypes.split(","):
@@ -114,7 +123,7 @@ def main() -> int:
                 flops = 4.0 * head_dim * args.heads * visible_pairs(n, n, args.causal)
                 tflops = flops / (stats["median_ms"] * 1e-3) / 1e12
                 print(f"{dtype_name:<9} {head_dim:>4} {n:>6} {backend:<16} {stats['median_ms']:>8.3f}ms {tflops:>8.2f}"
-                      + (f"  ({note})" if note else ""))
+                      + (f"  ({note})" if note else ""), file=table, flush=True)
                 rows.append({"device": "cuda", "variant": f"torch_sdpa_{dtype_name}", "id": 90,
                              "backend": backend, "note": note, "dtype": dtype_name, "phase": "prefill",
                              "seqlen_q": n, "seqlen_k": n, "heads": args.heads, "kv_heads": args.heads,
@@ -123,12 +132,15 @@ def main() -> int:
                              "time_max_ms": stats["max_ms"], "ok": True})
                 del q, k, v
 
-    if args.json:
+    document = {"step": "step02_flash_attention", "title": "PyTorch SDPA on step 02's shapes",
+                "config": {"heads": args.heads, "runs": args.runs, "causal": args.causal,
+                           "flops_formula": "4 * head_dim * heads * visible (query, key) pairs"},
+                "device_info": device_info, "rows": rows}
+    if args.json == "-":
+        json.dump(document, sys.stdout, indent=2)
+    elif args.json:
         with open(args.json, "w") as f:
-            json.dump({"step": "step02_flash_attention", "title": "PyTorch SDPA on step 02's shapes",
-                       "config": {"heads": args.heads, "runs": args.runs, "causal": args.causal,
-                                  "flops_formula": "4 * head_dim * heads * visible (query, key) pairs"},
-                       "device_info": device_info, "rows": rows}, f, indent=2)
+            json.dump(document, f, indent=2)
         print(f"results written to {args.json}")
     return 0
 

@@ -48,7 +48,10 @@ ProgramOutput run_program(const std::vector<std::string>& argv) {
   for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
   args.push_back(nullptr);
   pid_t pid = 0;
-  const int spawn_error = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  // A bare name ("python3") is looked up on PATH, as a shell would; a path is run as it is.
+  const bool bare_name = argv[0].find('/') == std::string::npos;
+  const int spawn_error = bare_name ? posix_spawnp(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ)
+                                    : posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (spawn_error != 0)
     throw InputError(fmt::format("cannot run {}: {}", argv[0], std::strerror(spawn_error)));
