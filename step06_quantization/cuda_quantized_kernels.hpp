@@ -25,25 +25,44 @@ namespace step06 {
 
 struct QuantizedLayers;
 
+// The two kernels (the .cu file's top comment has both):
+//   OneShotSplitK        the first version: one-shot blocks of 128 rows x one
+//                        slice of the columns, the slices' partial sums added
+//                        by the last block after a ticket counter
+//   PersistentPipelined  blocks that stay resident, each streaming one
+//                        contiguous range of (128 rows, step) units through a
+//                        ring of register loads; what the model runs
+// Both give y within the fp16 tolerance of the reference; they add in
+// different orders, so not bitwise the same as each other (each is bitwise
+// reproducible from call to call).
+enum class CudaQuantizedKernel { OneShotSplitK, PersistentPipelined };
+
 // y [rows, out] = x [rows, in] . dequantize(matrix)^T on the GPU with fp32
 // activations in and out (the model's path). For checks.
-std::vector<float> cuda_quantized_matmul(const QuantizedMatrix& matrix, std::span<const float> x, int rows);
+std::vector<float> cuda_quantized_matmul(const QuantizedMatrix& matrix, std::span<const float> x, int rows,
+                                         CudaQuantizedKernel kernel = CudaQuantizedKernel::PersistentPipelined);
 // The same with fp16 activations: x is rounded to fp16 on upload, y comes back
 // from fp16. For checks of the A16 path.
-std::vector<float> cuda_quantized_matmul_fp16(const QuantizedMatrix& matrix, std::span<const float> x, int rows);
+std::vector<float> cuda_quantized_matmul_fp16(const QuantizedMatrix& matrix, std::span<const float> x, int rows,
+                                              CudaQuantizedKernel kernel = CudaQuantizedKernel::PersistentPipelined);
 
 struct CudaMatmulTiming {
-  double quantized_ms = 0.0;     // median: the W8A16 / W4A16 kernel, fp16 x and y
+  double quantized_ms = 0.0;     // median: the persistent kernel (the default), fp16 x and y
+  double one_shot_ms = 0.0;      // median: the one-shot split-K kernel, the same x
   double cublas_fp16_ms = 0.0;   // median: cublasGemmEx, fp16 W [out, in], fp16 x, fp32 accumulate
-  llm::CompareResult check;      // the kernel's y vs the fp32 product of dequantize(matrix) with the same fp16 x
+  // Each kernel's y vs the fp32 product of dequantize(matrix) with the same fp16 x.
+  llm::CompareResult check;           // the persistent kernel's
+  llm::CompareResult one_shot_check;  // the one-shot kernel's
 };
-// Times the fp16-activation kernel and cuBLAS fp16 on fresh random x [rows,
-// in] (seeded), warm-up then median of `repeats`, with L2 flushed before each
-// run (the weights of one layer fit in an H100's 50 MB L2 otherwise).
+// Times both kernels (fp16 activations) and cuBLAS fp16 on the same fresh
+// random x [rows, in] (seeded), each warm-up then median of `repeats`, with
+// L2 flushed before each run (the weights of one layer fit in an H100's 50 MB
+// L2 otherwise), and checks both kernels once.
 CudaMatmulTiming time_cuda_quantized_matmul(const QuantizedMatrix& matrix, int rows, int repeats,
                                             std::uint64_t seed);
 
-// CudaModel with the quantized layers behind its Linear hook (fp32 activations).
+// CudaModel with the quantized layers behind its Linear hook (fp32
+// activations), on the persistent kernel.
 std::unique_ptr<llm::Model> make_cuda_quantized_model(const llm::ModelWeights& weights,
                                                       const QuantizedLayers& layers);
 

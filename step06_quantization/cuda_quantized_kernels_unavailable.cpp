@@ -10,9 +10,13 @@ namespace {
 }
 }  // namespace
 
-std::vector<float> cuda_quantized_matmul(const QuantizedMatrix&, std::span<const float>, int) { no_cuda(); }
+std::vector<float> cuda_quantized_matmul(const QuantizedMatrix&, std::span<const float>, int, CudaQuantizedKernel) {
+  no_cuda();
+}
 
-std::vector<float> cuda_quantized_matmul_fp16(const QuantizedMatrix&, std::span<const float>, int) { no_cuda(); }
+std::vector<float> cuda_quantized_matmul_fp16(const QuantizedMatrix&, std::span<const float>, int, CudaQuantizedKernel) {
+  no_cuda();
+}
 
 CudaMatmulTiming time_cuda_quantized_matmul(const QuantizedMatrix&, int, int, std::uint64_t) { no_cuda(); }
 

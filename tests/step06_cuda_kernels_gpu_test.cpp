@@ -1,12 +1,20 @@
-// Step 06's CUDA kernels (W8A16 / W4A16) against the CPU: for every scheme,
-// 1..17 tokens (17 = two launches of 16 and 1), awkward shapes (1, 3 and 100
-// output rows; 33, 100, 172, 257 and 4096 input columns where the group fits)
-// and the Llama-2-7B shapes that make the kernel split the columns over many
-// blocks, both activation paths (fp32, as the model calls it, and fp16)
-// against the double-precision product of dequantize(matrix). AWQ input
-// scales, the errors at the API edge, the timing entry point, and a whole
-// model: the CUDA model with int8 / int4 RTN layers against the CPU model
-// built from the same dequantized weights, and the model table's fp16 row.
+// Step 06's CUDA kernels (W8A16 / W4A16) against the CPU, each check for
+// both kernels (the one-shot split-K kernel and the persistent pipelined
+// one): for every scheme, 1..17 tokens (17 = two launches of 16 and 1),
+// awkward shapes (1, 3 and 100 output rows, fewer than one row block, whose
+// K range the persistent kernel spreads over up to 64 blocks; 33, 100, 172,
+// 257 and 4096 input columns where the group fits; 1000 rows, a partial last
+// row block), the Llama-2-7B shapes and an 11008 x 11008 one (which
+// the persistent kernel stages in more than one segment), 65536 x 64 (a
+// block's units span more row blocks than a row has steps), both activation
+// paths (fp32, as the model calls it, and fp16: copied as it is when
+// in_features % 8 == 0, through registers otherwise) against the
+// double-precision product of dequantize(matrix). AWQ input scales, NaN in
+// x, the persistent kernel's results bitwise equal from call to call, the
+// errors at the API edge, the timing entry point (both kernels and
+// cuBLAS), and a whole model: the CUDA model with int8 / int4 RTN layers
+// against the CPU model built from the same dequantized weights, and the
+// model table's fp16 row.
 //
 // The kernels poison their outputs with NaN before a launch, and
 // llm::compare counts non-finite values as failures: an output the kernel
@@ -17,9 +25,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "llm/config.hpp"
@@ -37,10 +49,35 @@
 #include "step06_dequantized_model.hpp"
 #include "test_support.hpp"
 
+namespace step06 {
+// How GoogleTest prints a test's kernel parameter.
+void PrintTo(CudaQuantizedKernel kernel, std::ostream* out) {
+  *out << (kernel == CudaQuantizedKernel::OneShotSplitK ? "OneShotSplitK" : "PersistentPipelined");
+}
+}  // namespace step06
+
 namespace {
 
+using step06::CudaQuantizedKernel;
 using step06::QuantFormat;
 using step06::QuantizedMatrix;
+
+const std::vector<CudaQuantizedKernel>& both_kernels() {
+  static const std::vector<CudaQuantizedKernel> kernels = {CudaQuantizedKernel::OneShotSplitK,
+                                                           CudaQuantizedKernel::PersistentPipelined};
+  return kernels;
+}
+
+std::string kernel_name(CudaQuantizedKernel kernel) {
+  return kernel == CudaQuantizedKernel::OneShotSplitK ? "one_shot" : "persistent";
+}
+
+// "int4-g64" -> "int4_g64": test names take no '-'.
+std::string test_name(std::string name) {
+  for (char& c : name)
+    if (c == '-') c = '_';
+  return name;
+}
 
 // v rounded to the nearest fp16 value (ties to even), as the kernels round
 // activations: 11 significant bits, subnormal steps of 2^-24 below 2^-14,
@@ -102,20 +139,30 @@ std::vector<float> reference_product(const std::vector<float>& weight, int out, 
   return ::testing::AssertionFailure() << result.summary();
 }
 
-// Both paths for 1..max_rows tokens against the reference.
-void expect_both_paths_match(const QuantizedMatrix& matrix, int max_rows, std::uint64_t seed) {
+// Both paths of `kernel` for each of `batches` (token counts) against the reference.
+void expect_both_paths_match(const QuantizedMatrix& matrix, const std::vector<int>& batches, std::uint64_t seed,
+                             CudaQuantizedKernel kernel) {
   const std::vector<float> weight = step06::dequantize(matrix);
-  for (int rows = 1; rows <= max_rows; ++rows) {
+  for (const int rows : batches) {
     SCOPED_TRACE(::testing::Message() << matrix.format.name() << " [" << matrix.out_features << ", "
-                                      << matrix.in_features << "], " << rows << " rows");
+                                      << matrix.in_features << "], " << rows << " rows, " << kernel_name(kernel));
     const std::vector<float> x = rounded_to_fp16(
         llm::testing::random_vector(static_cast<std::size_t>(rows) * matrix.in_features, seed + rows));
     const std::vector<float> reference =
         reference_product(weight, matrix.out_features, matrix.in_features, x, rows);
-    EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul(matrix, x, rows), reference)) << "fp32 path";
-    EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul_fp16(matrix, x, rows), reference)) << "fp16 path";
+    EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul(matrix, x, rows, kernel), reference))
+        << "fp32 path";
+    EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul_fp16(matrix, x, rows, kernel), reference))
+        << "fp16 path";
     if (::testing::Test::HasFailure()) return;  // one failing case says enough
   }
+}
+
+// 1 .. max_rows tokens.
+std::vector<int> one_to(int max_rows) {
+  std::vector<int> batches(static_cast<std::size_t>(max_rows));
+  for (int rows = 1; rows <= max_rows; ++rows) batches[static_cast<std::size_t>(rows - 1)] = rows;
+  return batches;
 }
 
 const std::vector<std::string>& scheme_names() {
@@ -123,68 +170,140 @@ const std::vector<std::string>& scheme_names() {
   return names;
 }
 
-class CudaQuantizedKernels : public ::testing::TestWithParam<std::string> {};
+// (scheme, kernel): every check below runs for both kernels.
+class CudaQuantizedKernels : public ::testing::TestWithParam<std::tuple<std::string, CudaQuantizedKernel>> {
+ protected:
+  QuantFormat format() const { return QuantFormat::parse(std::get<0>(GetParam())); }
+  CudaQuantizedKernel kernel() const { return std::get<1>(GetParam()); }
+};
 
+// Rows 1, 3 and 100 are fewer than one row block of 128: with 4096 columns
+// the persistent kernel spreads the one row block's steps (32 of 4-bit, 64
+// of int8) over as many blocks, all but the last of which hand their partial
+// sums to it.
 TEST_P(CudaQuantizedKernels, AwkwardShapesMatchTheDequantizedProduct) {
   LLM_REQUIRE_CUDA_DEVICE();
-  const QuantFormat format = QuantFormat::parse(GetParam());
   std::uint64_t seed = 100;
   for (int out : {1, 3, 100})
     for (int in : {33, 100, 172, 257, 4096}) {
-      if (format.group_size > in) continue;  // the group does not fit the layer
-      expect_both_paths_match(random_quantized(format, out, in, seed), 17, seed);
+      if (format().group_size > in) continue;  // the group does not fit the layer
+      expect_both_paths_match(random_quantized(format(), out, in, seed), one_to(17), seed, kernel());
       seed += 1000;
       if (HasFailure()) return;
     }
 }
 
 // Many output tiles and blocks (1000 rows: 63 tiles, the last one partial,
-// in 8 blocks of 8 tiles) with the columns split over many blocks.
+// in 8 row blocks of 8 tiles) with the columns split over many blocks.
 TEST_P(CudaQuantizedKernels, ManyBlocksMatchTheDequantizedProduct) {
   LLM_REQUIRE_CUDA_DEVICE();
-  const QuantFormat format = QuantFormat::parse(GetParam());
-  const QuantizedMatrix matrix = random_quantized(format, 1000, 4096, 7);
+  expect_both_paths_match(random_quantized(format(), 1000, 4096, 7), {1, 8, 9, 16}, 11, kernel());
+}
+
+// 65536 rows of 64 columns: 512 row blocks of one step each, so a block of
+// the persistent kernel walks several row blocks and its staged x wraps
+// around the row (a segment holds more units than a row has steps).
+TEST_P(CudaQuantizedKernels, ManyRowBlocksOfOneStepMatchTheDequantizedProduct) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  if (format().group_size > 64) GTEST_SKIP() << format().name() << ": the group does not fit 64 columns";
+  expect_both_paths_match(random_quantized(format(), 65536, 64, 17), {1, 5, 16}, 19, kernel());
+}
+
+// A NaN in x makes its token's outputs NaN, all of them, and no other
+// token's: the MMA multiplies each token's column on its own, and a
+// token past the batch never reads another's values.
+TEST_P(CudaQuantizedKernels, NanInXGivesNanOnlyInItsRow) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const int out = 300, in = 4096, rows = 3;
+  const QuantizedMatrix matrix = random_quantized(format(), out, in, 29);
+  std::vector<float> x = rounded_to_fp16(llm::testing::random_vector(static_cast<std::size_t>(rows) * in, 31));
+  x[static_cast<std::size_t>(in) + 1234] = NAN;  // token 1
   const std::vector<float> weight = step06::dequantize(matrix);
-  for (int rows : {1, 8, 9, 16}) {
-    SCOPED_TRACE(::testing::Message() << rows << " rows");
-    const std::vector<float> x =
-        rounded_to_fp16(llm::testing::random_vector(static_cast<std::size_t>(rows) * 4096, 11 + rows));
-    const std::vector<float> reference = reference_product(weight, 1000, 4096, x, rows);
-    EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul(matrix, x, rows), reference)) << "fp32 path";
-    EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul_fp16(matrix, x, rows), reference)) << "fp16 path";
+  for (const bool fp16 : {false, true}) {
+    SCOPED_TRACE(fp16 ? "fp16 path" : "fp32 path");
+    const std::vector<float> y = fp16 ? step06::cuda_quantized_matmul_fp16(matrix, x, rows, kernel())
+                                      : step06::cuda_quantized_matmul(matrix, x, rows, kernel());
+    ASSERT_EQ(y.size(), static_cast<std::size_t>(rows) * out);
+    int nan_outputs = 0;
+    for (int o = 0; o < out; ++o) nan_outputs += std::isnan(y[static_cast<std::size_t>(out) + o]) ? 1 : 0;
+    EXPECT_EQ(nan_outputs, out) << "token 1 holds the NaN";
+    for (const int token : {0, 2}) {
+      const std::vector<float> x_token(x.begin() + static_cast<std::ptrdiff_t>(token) * in,
+                                       x.begin() + static_cast<std::ptrdiff_t>(token + 1) * in);
+      const std::vector<float> y_token(y.begin() + static_cast<std::ptrdiff_t>(token) * out,
+                                       y.begin() + static_cast<std::ptrdiff_t>(token + 1) * out);
+      EXPECT_TRUE(close_to_reference(y_token, reference_product(weight, out, in, x_token, 1))) << "token " << token;
+    }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllSchemes, CudaQuantizedKernels, ::testing::ValuesIn(scheme_names()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& c : name)
-                             if (c == '-') c = '_';
-                           return name;
+INSTANTIATE_TEST_SUITE_P(AllSchemes, CudaQuantizedKernels,
+                         ::testing::Combine(::testing::ValuesIn(scheme_names()), ::testing::ValuesIn(both_kernels())),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, CudaQuantizedKernel>>& info) {
+                           return test_name(std::get<0>(info.param)) + "_" + kernel_name(std::get<1>(info.param));
                          });
 
-// Llama-2-7B's FFN shapes. On an H100 (132 SMs), int4-g128: gate/up (11008
-// x 4096) gives 86 row blocks x 4 slices of 8 steps, so every block also
-// loads the steps it requests after the barrier; down (4096 x 11008) gives
-// 11 slices, the last one short (6 steps of 8). int8: 8 and 22 slices of 8
-// steps (the last one of down: 4).
-TEST(CudaQuantizedKernelsLlamaShapes, FfnShapesMatchTheDequantizedProduct) {
+// Llama-2-7B's FFN shapes and a square 11008 x 11008, each quantized once
+// and run through both kernels. On an H100 (132 SMs), int4-g128: the
+// one-shot kernel gives gate/up (11008 x 4096) 86 row blocks x 4 slices of
+// 8 steps, so every block also loads the steps it requests after the
+// barrier; down (4096 x 11008) 11 slices, the last one short (6 steps of 8).
+// int8: 8 and 22 slices of 8 steps (the last one of down: 4). The
+// persistent kernel gives both FFN shapes 2752 units over 264 blocks, 10 or
+// 11 each, most row blocks split between 3 or 4 blocks; 11008 x 11008 has
+// 28 units per block, more than one segment's tables hold, so its blocks
+// stage x and the scales twice.
+TEST(CudaQuantizedKernelsLargeShapes, BothKernelsMatchTheDequantizedProduct) {
   LLM_REQUIRE_CUDA_DEVICE();
   struct Shape {
     int out, in;
   };
-  for (const Shape shape : {Shape{11008, 4096}, Shape{4096, 11008}})
+  for (const Shape shape : {Shape{11008, 4096}, Shape{4096, 11008}, Shape{11008, 11008}})
     for (const std::string& name : {std::string("int4-g128"), std::string("int8")}) {
       const QuantizedMatrix matrix = random_quantized(QuantFormat::parse(name), shape.out, shape.in, 3);
+      const std::vector<float> weight = step06::dequantize(matrix);
+      for (int rows : {1, 16}) {
+        const std::vector<float> x =
+            rounded_to_fp16(llm::testing::random_vector(static_cast<std::size_t>(rows) * shape.in, 5 + rows));
+        const std::vector<float> reference = reference_product(weight, shape.out, shape.in, x, rows);
+        for (const CudaQuantizedKernel kernel : both_kernels()) {
+          SCOPED_TRACE(::testing::Message() << name << " [" << shape.out << ", " << shape.in << "], " << rows
+                                            << " rows, " << kernel_name(kernel));
+          EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul_fp16(matrix, x, rows, kernel), reference));
+          if (rows == 16)
+            EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul(matrix, x, rows, kernel), reference));
+        }
+      }
+    }
+}
+
+// The persistent kernel's y is the same, bit for bit, from call to call:
+// each row block's pieces are added in block order, whatever order the
+// blocks finish in. Shapes where every row block is split between blocks
+// (100 x 4096: one row block over 32 blocks) or most are (11008 x 4096).
+TEST(CudaQuantizedKernelsPersistent, ResultsAreBitwiseReproducible) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  struct Shape {
+    int out, in;
+  };
+  for (const Shape shape : {Shape{100, 4096}, Shape{11008, 4096}})
+    for (const std::string& name : {std::string("int4-g64"), std::string("int8")}) {
+      const QuantizedMatrix matrix = random_quantized(QuantFormat::parse(name), shape.out, shape.in, 37);
       const std::vector<float> weight = step06::dequantize(matrix);
       for (int rows : {1, 16}) {
         SCOPED_TRACE(::testing::Message() << name << " [" << shape.out << ", " << shape.in << "], " << rows
                                           << " rows");
         const std::vector<float> x =
-            rounded_to_fp16(llm::testing::random_vector(static_cast<std::size_t>(rows) * shape.in, 5 + rows));
-        const std::vector<float> reference = reference_product(weight, shape.out, shape.in, x, rows);
-        EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul_fp16(matrix, x, rows), reference));
-        if (rows == 16) EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul(matrix, x, rows), reference));
+            rounded_to_fp16(llm::testing::random_vector(static_cast<std::size_t>(rows) * shape.in, 41 + rows));
+        const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+          return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+        };
+        const std::vector<float> first = step06::cuda_quantized_matmul(matrix, x, rows);
+        EXPECT_TRUE(same_bits(first, step06::cuda_quantized_matmul(matrix, x, rows))) << "fp32 path";
+        const std::vector<float> first_fp16 = step06::cuda_quantized_matmul_fp16(matrix, x, rows);
+        EXPECT_TRUE(same_bits(first_fp16, step06::cuda_quantized_matmul_fp16(matrix, x, rows))) << "fp16 path";
+        // And not trivially: the outputs are finite and within tolerance.
+        EXPECT_TRUE(close_to_reference(first, reference_product(weight, shape.out, shape.in, x, rows)));
       }
     }
 }
@@ -202,7 +321,7 @@ TEST(CudaQuantizedKernelsInputScales, ProductDividesXByTheInputScales) {
       matrix.input_scales.resize(static_cast<std::size_t>(in));
       for (int i = 0; i < in; ++i)  // 2^u for u in [-1, 1]: scales in [0.5, 2]
         matrix.input_scales[static_cast<std::size_t>(i)] = std::exp2(uniform[static_cast<std::size_t>(i)]);
-      expect_both_paths_match(matrix, 17, 23);
+      for (const CudaQuantizedKernel kernel : both_kernels()) expect_both_paths_match(matrix, one_to(17), 23, kernel);
     }
   }
 }
@@ -231,14 +350,17 @@ TEST(CudaQuantizedKernelsErrors, NonFiniteOutputsNeverPass) {
   EXPECT_TRUE(close_to_reference({1.0f, 2.0f, 3.0f}, reference));
 }
 
-TEST(CudaQuantizedKernelsTiming, TimesBothProductsAndChecksTheKernel) {
+TEST(CudaQuantizedKernelsTiming, TimesBothKernelsAndCublasAndChecksBothKernels) {
   LLM_REQUIRE_CUDA_DEVICE();
   const QuantizedMatrix matrix = random_quantized(QuantFormat::parse("int4-g128"), 512, 1024, 9);
   for (int rows : {1, 16}) {
     const step06::CudaMatmulTiming timing = step06::time_cuda_quantized_matmul(matrix, rows, 3, 42);
     EXPECT_TRUE(timing.check.ok) << timing.check.summary();
     EXPECT_EQ(timing.check.count, static_cast<std::size_t>(rows) * 512);
+    EXPECT_TRUE(timing.one_shot_check.ok) << timing.one_shot_check.summary();
+    EXPECT_EQ(timing.one_shot_check.count, static_cast<std::size_t>(rows) * 512);
     EXPECT_GT(timing.quantized_ms, 0.0);
+    EXPECT_GT(timing.one_shot_ms, 0.0);
     EXPECT_GT(timing.cublas_fp16_ms, 0.0);
   }
 }
@@ -287,12 +409,7 @@ TEST_P(CudaQuantizedModel, TinyPresetLogitsMatchTheCpuModelWithDequantizedWeight
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, CudaQuantizedModel, ::testing::Values("int8", "int4-g64"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           for (char& c : name)
-                             if (c == '-') c = '_';
-                           return name;
-                         });
+                         [](const ::testing::TestParamInfo<std::string>& info) { return test_name(info.param); });
 
 // The model table on the GPU: the fp16 row right after fp32, half its weight
 // bytes, its logits within the fp16 tolerance of the CPU's fp32 model; every

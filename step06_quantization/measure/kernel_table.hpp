@@ -54,6 +54,11 @@ struct KernelCell {
   double gb_per_s = 0.0;      // weight_bytes / time
   double bytes_per_weight = 0.0;
   llm::CompareResult check;   // vs the fp32 product of the dequantized weights
+  // CUDA quantized cells: time_ms and check are the persistent pipelined
+  // kernel's (the default); these are the one-shot split-K kernel's on the
+  // same x, timed in the same call (0 and unchecked in every other cell).
+  double one_shot_ms = 0.0;
+  llm::CompareResult one_shot_check;
 };
 
 struct KernelTable {
