@@ -43,11 +43,13 @@
 #              tables on real attention shapes, step 02's beside SDPA, causal
 #              and not)
 #   memcheck   compute-sanitizer memcheck: the common kernels' and the CUDA
-#              model's tests (--full: every gpu test binary)
+#              model's tests, step 06's persistent kernel on short shapes
+#              (--full: every gpu test binary)
 #   racecheck  compute-sanitizer racecheck and synccheck over the decode
-#              attention kernel tests (common, step05's paged kernels) and step
-#              02's FlashAttention-2 kernels on short shapes (--full: every
-#              step02 and step03 kernel test)
+#              attention kernel tests (common, step05's paged kernels), step
+#              02's FlashAttention-2 kernels and step 06's persistent W4A16
+#              kernel on short shapes (--full: every step02 and step03 kernel
+#              test)
 #   steps      every step executable with --device all, the default run
 #              (--full: with --full, the complete sweeps the chapters quote)
 # Every stage's result is one line of summary.txt; the exit status is 0 only
@@ -378,6 +380,10 @@ sanitize() {  # sanitize <tool> <binary> [gtest args...]
 # Timing tests launch the same kernels as the checks, many times: no new code
 # paths, only sanitizer time.
 no_timing='-*Timing*:*Timer*'
+# Step 06's persistent kernel on every format, at the shapes that take seconds
+# unsanitized (awkward sizes, a NaN in x, units spanning many row blocks).
+step06_persistent_short="*CudaQuantizedKernels.AwkwardShapes*persistent:*CudaQuantizedKernels.NanInX*persistent"
+step06_persistent_short+=":*CudaQuantizedKernels.ManyRowBlocksOfOneStep*persistent"
 if want memcheck; then
   if ((full)); then
     for name in "${gpu_tests[@]}"; do sanitize memcheck "$name" --gtest_filter="$no_timing"; done
@@ -388,6 +394,9 @@ if want memcheck; then
     sanitize memcheck common_split_kv_decode_gpu_test --gtest_filter="$no_timing"
     sanitize memcheck common_half_linear_gpu_test --gtest_filter="$no_timing"
     sanitize memcheck common_cuda_model_gpu_test --gtest_filter="*Fusions*:*Graphs*:CudaModel.*$no_timing"
+    # Step 06's persistent W4A16 / W8A16 kernel (segments of staged x, the
+    # ring of loads, the hand-over between blocks) on its small shapes.
+    sanitize memcheck step06_cuda_kernels_gpu_test --gtest_filter="$step06_persistent_short"
   fi
 fi
 if want racecheck; then
@@ -408,6 +417,8 @@ if want racecheck; then
     sanitize racecheck step02_flash_attention_gpu_test --gtest_filter="$flash2_short"
     sanitize synccheck step02_flash_attention_gpu_test --gtest_filter="$flash2_short"
   fi
+  sanitize racecheck step06_cuda_kernels_gpu_test --gtest_filter="$step06_persistent_short"
+  sanitize synccheck step06_cuda_kernels_gpu_test --gtest_filter="$step06_persistent_short"
 fi
 if want racecheck && ((full)); then
   for name in step02_flash_attention_gpu_test step03_gqa_gpu_test; do
