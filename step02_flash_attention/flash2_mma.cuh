@@ -106,6 +106,44 @@ __device__ __forceinline__ std::uint32_t pack_bits(std::uint16_t lo, std::uint16
   return static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
 }
 
+// --- Fragments from a padded shared tile [rows][kLd] by plain loads (variant
+// 4's way; variant 8 replaces them with ldmatrix). g = lane / 4, t = lane % 4.
+
+// The A fragment (16 x 16, row-major) of rows row0 .. row0 + 15, columns
+// 16 kk .. 16 kk + 15: four 32-bit loads (two adjacent elements each).
+template <int kLd>
+__device__ __forceinline__ void load_a_fragment_by_words(std::uint32_t (&a)[4], const std::uint16_t* tile, int row0,
+                                                         int kk, int g, int t) {
+  const std::uint16_t* base = tile + row0 * kLd + kk * 16 + 2 * t;
+  a[0] = *reinterpret_cast<const std::uint32_t*>(base + g * kLd);
+  a[1] = *reinterpret_cast<const std::uint32_t*>(base + (g + 8) * kLd);
+  a[2] = *reinterpret_cast<const std::uint32_t*>(base + g * kLd + 8);
+  a[3] = *reinterpret_cast<const std::uint32_t*>(base + (g + 8) * kLd + 8);
+}
+
+// The B fragment of S = Q K^T for keys 8n .. 8n + 7, dims 16 kk .. 16 kk + 15.
+// B = K^T: B[dim][key] = K[key][dim], so B's "column" g is key row 8n + g,
+// and each register is two adjacent dims of that row: two 32-bit loads.
+template <int kLd>
+__device__ __forceinline__ void load_key_fragment_by_words(std::uint32_t (&b)[2], const std::uint16_t* k_tile, int n,
+                                                           int kk, int g, int t) {
+  const std::uint16_t* key = k_tile + (n * 8 + g) * kLd + kk * 16 + 2 * t;
+  b[0] = *reinterpret_cast<const std::uint32_t*>(key);
+  b[1] = *reinterpret_cast<const std::uint32_t*>(key + 8);
+}
+
+// The B fragment of O += P V for keys 16 ks .. 16 ks + 15, dims 8n .. 8n + 7.
+// B = V[key][dim]: b[0] = V[16ks + 2t, +1][8n + g], b[1] = V[16ks + 8 + 2t, +1][8n + g];
+// the two values of a register come from two rows, so they are four 16-bit
+// loads packed by hand.
+template <int kLd>
+__device__ __forceinline__ void load_value_fragment_by_halves(std::uint32_t (&b)[2], const std::uint16_t* v_tile,
+                                                              int ks, int n, int g, int t) {
+  const std::uint16_t* column = v_tile + (ks * 16 + 2 * t) * kLd + n * 8 + g;
+  b[0] = pack_bits(column[0], column[kLd]);
+  b[1] = pack_bits(column[8 * kLd], column[9 * kLd]);
+}
+
 // --- Asynchronous copies (sm_80+) and ldmatrix (sm_75+).
 //
 // The kernels that use these need sm_80 (kFlash2TunedMinComputeCapability);

@@ -37,7 +37,6 @@ constexpr int kThreads = kWarps * 32;
 using mma::kPad;  // rows of d + 8 elements: flash2_mma.cuh says why
 using mma::mma_16x8x16;
 using mma::pack2;
-using mma::pack_bits;
 
 template <int kHeadDim>
 constexpr int shared_bytes() {
@@ -77,13 +76,7 @@ __global__ void __launch_bounds__(kThreads)
   // The warp's Q rows as A fragments, loaded once and kept in registers.
   std::uint32_t q_frag[kKSteps][4];
 #pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk) {
-    const std::uint16_t* base = q_s + warp_row0 * kLd + kk * 16 + 2 * t;
-    q_frag[kk][0] = *reinterpret_cast<const std::uint32_t*>(base + g * kLd);
-    q_frag[kk][1] = *reinterpret_cast<const std::uint32_t*>(base + (g + 8) * kLd);
-    q_frag[kk][2] = *reinterpret_cast<const std::uint32_t*>(base + g * kLd + 8);
-    q_frag[kk][3] = *reinterpret_cast<const std::uint32_t*>(base + (g + 8) * kLd + 8);
-  }
+  for (int kk = 0; kk < kKSteps; ++kk) mma::load_a_fragment_by_words<kLd>(q_frag[kk], q_s, warp_row0, kk, g, t);
 
   float o_acc[kDimTiles][4];  // unnormalized O, rows g / g+8, dims 8n + 2t, +1
 #pragma unroll
@@ -108,10 +101,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int kk = 0; kk < kKSteps; ++kk) {
 #pragma unroll
       for (int n = 0; n < kKeyTiles; ++n) {
-        // B = K^T: B[dim][key] = K[key][dim], so B's "column" g is key row 8n + g.
-        const std::uint16_t* key = k_s + (n * 8 + g) * kLd + kk * 16 + 2 * t;
-        mma_16x8x16<kBf16>(s[n], q_frag[kk], *reinterpret_cast<const std::uint32_t*>(key),
-                           *reinterpret_cast<const std::uint32_t*>(key + 8));
+        std::uint32_t b[2];  // B = K^T: key row 8n + g (flash2_mma.cuh)
+        mma::load_key_fragment_by_words<kLd>(b, k_s, n, kk, g, t);
+        mma_16x8x16<kBf16>(s[n], q_frag[kk], b[0], b[1]);
       }
     }
 
@@ -177,15 +169,13 @@ __global__ void __launch_bounds__(kThreads)
                                        pack2<kBf16>(s[2 * ks][2], s[2 * ks][3]),
                                        pack2<kBf16>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
                                        pack2<kBf16>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-      // B = V[key][dim]: b[0] = V[16ks + 2t, +1][8n + g], b[1] = V[16ks + 8 + 2t, +1][8n + g];
-      // the two values of a register come from two rows, so they are packed by hand.
-      const std::uint16_t* v_rows = v_s + (ks * 16 + 2 * t) * kLd + g;
+      // B = V: two keys of one dim per register, packed by hand from 16-bit
+      // loads (flash2_mma.cuh says why).
 #pragma unroll
       for (int n = 0; n < kDimTiles; ++n) {
-        const std::uint16_t* col = v_rows + n * 8;
-        const std::uint32_t b0 = pack_bits(col[0], col[kLd]);
-        const std::uint32_t b1 = pack_bits(col[8 * kLd], col[9 * kLd]);
-        mma_16x8x16<kBf16>(o_acc[n], p_frag, b0, b1);
+        std::uint32_t b[2];
+        mma::load_value_fragment_by_halves<kLd>(b, v_s, ks, n, g, t);
+        mma_16x8x16<kBf16>(o_acc[n], p_frag, b[0], b[1]);
       }
     }
   }

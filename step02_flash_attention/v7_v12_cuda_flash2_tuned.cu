@@ -141,12 +141,7 @@ __device__ __forceinline__ void load_a_fragment(std::uint32_t (&a)[4], const std
     // l gives row l % 16 of the left (l < 16) or right (l >= 16) half.
     mma::ldmatrix_x4(a, tile + (row0 + lane % 16) * kLd + kk * 16 + (lane / 16) * 8);
   } else {
-    const int g = lane / 4, t = lane % 4;
-    const std::uint16_t* base = tile + row0 * kLd + kk * 16 + 2 * t;
-    a[0] = *reinterpret_cast<const std::uint32_t*>(base + g * kLd);
-    a[1] = *reinterpret_cast<const std::uint32_t*>(base + (g + 8) * kLd);
-    a[2] = *reinterpret_cast<const std::uint32_t*>(base + g * kLd + 8);
-    a[3] = *reinterpret_cast<const std::uint32_t*>(base + (g + 8) * kLd + 8);
+    mma::load_a_fragment_by_words<kLd>(a, tile, row0, kk, lane / 4, lane % 4);
   }
 }
 
@@ -277,11 +272,10 @@ __global__ void __launch_bounds__(kThreads)
       } else {
 #pragma unroll
         for (int n = 0; n < kKeyTiles; ++n) {
-          const std::uint16_t* key = k_tile + (n * 8 + g) * kLd + kk * 16 + 2 * t;
-          const std::uint32_t b0 = *reinterpret_cast<const std::uint32_t*>(key);
-          const std::uint32_t b1 = *reinterpret_cast<const std::uint32_t*>(key + 8);
+          std::uint32_t b[2];  // variant 4's way: two 32-bit loads
+          mma::load_key_fragment_by_words<kLd>(b, k_tile, n, kk, g, t);
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) mma::mma_16x8x16<kBf16>(s[mt][n], a[mt], b0, b1);
+          for (int mt = 0; mt < kMTiles; ++mt) mma::mma_16x8x16<kBf16>(s[mt][n], a[mt], b[0], b[1]);
         }
       }
     }
@@ -369,16 +363,14 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
       } else {
-        // Variant 4's way: the two values of a register come from two rows,
-        // so they are read as 16-bit loads and packed by hand.
-        const std::uint16_t* v_rows = v_tile + (ks * 16 + 2 * t) * kLd + g;
+        // Variant 4's way: four 16-bit loads packed by hand per n-tile.
 #pragma unroll
         for (int n = 0; n < kDimTiles; ++n) {
-          const std::uint16_t* col = v_rows + n * 8;
-          const std::uint32_t b0 = mma::pack_bits(col[0], col[kLd]);
-          const std::uint32_t b1 = mma::pack_bits(col[8 * kLd], col[9 * kLd]);
+          std::uint32_t b[2];
+          mma::load_value_fragment_by_halves<kLd>(b, v_tile, ks, n, g, t);
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) mma::mma_16x8x16<kBf16>(o_acc[mt][n], p_frag[mt][ks], b0, b1);
+          for (int mt = 0; mt < kMTiles; ++mt)
+            mma::mma_16x8x16<kBf16>(o_acc[mt][n], p_frag[mt][ks], b[0], b[1]);
         }
       }
     }

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "llm/errors.hpp"
+#include "llm/harness/json_field.hpp"
 #include "llm/harness/program.hpp"
 
 namespace step02 {
@@ -33,26 +34,11 @@ constexpr RowPair kPairs[] = {{"fp16", "cuda_flash2_fp16", "cuda_flash2_tuned_fp
 constexpr double kTargetShareOfSdpa = 0.80;
 constexpr int kTargetFromLength = 4096;
 
-// A key of a JSON object, of the JSON type `Value`; InputError naming the key
-// when it is missing or of another type.
-template <typename Value>
-Value required(const nlohmann::json& object, const char* key, const std::string& what) {
-  const auto found = object.find(key);
-  if (found == object.end()) throw llm::InputError(fmt::format("{}: no \"{}\"", what, key));
-  try {
-    return found->get<Value>();
-  } catch (const nlohmann::json::exception&) {
-    throw llm::InputError(fmt::format("{}: \"{}\" is {}", what, key, found->dump()));
-  }
-}
-
 std::string course_dtype_name(const std::string& torch_name, const std::string& what) {
   if (torch_name == "float16") return "fp16";
   if (torch_name == "bfloat16") return "bf16";
   throw llm::InputError(fmt::format("{}: dtype \"{}\" is neither float16 nor bfloat16", what, torch_name));
 }
-
-std::string command_line(const std::vector<std::string>& argv) { return fmt::format("{}", fmt::join(argv, " ")); }
 
 std::string joined(const std::vector<int>& values) { return fmt::format("{}", fmt::join(values, ",")); }
 
@@ -103,23 +89,23 @@ SdpaRun parse_sdpa_json(const std::string& json_text, const std::string& command
     throw llm::InputError(fmt::format("{} is not a JSON object; its end:\n{}", what, llm::last_lines(json_text, 10)));
   SdpaRun run;
   run.command = command;
-  const auto info = required<nlohmann::json>(document, "device_info", what);
-  run.gpu_name = required<std::string>(info, "gpu_name", what + ", device_info");
-  run.torch_version = required<std::string>(info, "torch", what + ", device_info");
-  const auto rows = required<nlohmann::json>(document, "rows", what);
+  const auto info = llm::required_json_field<nlohmann::json>(document, "device_info", what);
+  run.gpu_name = llm::required_json_field<std::string>(info, "gpu_name", what + ": its device_info");
+  run.torch_version = llm::required_json_field<std::string>(info, "torch", what + ": its device_info");
+  const auto rows = llm::required_json_field<nlohmann::json>(document, "rows", what);
   if (!rows.is_array() || rows.empty()) throw llm::InputError(fmt::format("{}: \"rows\" is no list of rows", what));
   for (const nlohmann::json& entry : rows) {
     const std::string row_what = fmt::format("{}, row {}", what, run.rows.size());
     SdpaRow row;
-    row.dtype = course_dtype_name(required<std::string>(entry, "dtype", row_what), row_what);
-    row.heads = required<int>(entry, "heads", row_what);
-    row.head_dim = required<int>(entry, "head_dim", row_what);
-    row.seqlen = required<int>(entry, "seqlen_q", row_what);
-    row.causal = required<bool>(entry, "causal", row_what);
-    row.time_ms = required<double>(entry, "time_ms", row_what);
-    row.tflops = required<double>(entry, "tflops", row_what);
-    row.backend = required<std::string>(entry, "backend", row_what);
-    row.note = required<std::string>(entry, "note", row_what);
+    row.dtype = course_dtype_name(llm::required_json_field<std::string>(entry, "dtype", row_what), row_what);
+    row.heads = llm::required_json_field<int>(entry, "heads", row_what);
+    row.head_dim = llm::required_json_field<int>(entry, "head_dim", row_what);
+    row.seqlen = llm::required_json_field<int>(entry, "seqlen_q", row_what);
+    row.causal = llm::required_json_field<bool>(entry, "causal", row_what);
+    row.time_ms = llm::required_json_field<double>(entry, "time_ms", row_what);
+    row.tflops = llm::required_json_field<double>(entry, "tflops", row_what);
+    row.backend = llm::required_json_field<std::string>(entry, "backend", row_what);
+    row.note = llm::required_json_field<std::string>(entry, "note", row_what);
     // Every percentage divides by PyTorch's speed: NaN or 0 would pass silently.
     if (!std::isfinite(row.time_ms) || row.time_ms <= 0 || !std::isfinite(row.tflops) || row.tflops <= 0)
       throw llm::InputError(fmt::format("{}: time {} ms, {} TFLOP/s", row_what, row.time_ms, row.tflops));
@@ -133,7 +119,7 @@ SdpaRun run_sdpa_compare(const std::string& python, const std::string& script, c
                                    joined(shapes.head_dims), "--seq-lens", joined(shapes.seq_lens)};
   if (!shapes.causal) argv.push_back("--no-causal");
   argv.insert(argv.end(), {"--json", "-"});
-  const std::string command = command_line(argv);
+  const std::string command = llm::command_line(argv);
   const llm::ProgramOutput output = llm::run_program(argv);
   if (!output.how_it_ended.empty())
     throw llm::InputError(fmt::format("'{}' failed ({}); the end of its stderr:\n{}", command, output.how_it_ended,

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "llm/errors.hpp"
+#include "llm/harness/json_field.hpp"
 #include "llm/harness/program.hpp"
 
 namespace step06 {
@@ -29,19 +30,6 @@ std::string type_from_model_type(const std::string& model_type) {
   return type;
 }
 
-// A key of a llama-bench test object, of the JSON type `Value`; InputError
-// naming the key when it is missing or of another type.
-template <typename Value>
-Value required(const nlohmann::json& test, const char* key, const std::string& what) {
-  const auto found = test.find(key);
-  if (found == test.end()) throw llm::InputError(fmt::format("{}: its decode test has no \"{}\"", what, key));
-  try {
-    return found->get<Value>();
-  } catch (const nlohmann::json::exception&) {
-    throw llm::InputError(fmt::format("{}: its decode test's \"{}\" is {}", what, key, found->dump()));
-  }
-}
-
 // The command line of one decode test: `decode_tokens` tokens from position
 // 0, `repeats` timed runs (llama-bench warms up first on its own), one
 // thread. (Its KV cache stays in fp16, llama-bench's default and the widest
@@ -52,8 +40,6 @@ std::vector<std::string> llama_bench_argv(const std::string& binary, const std::
   return {binary, "-m", gguf, "-t", "1", "-p", "0", "-n", std::to_string(decode_tokens), "-r", std::to_string(repeats),
           "-o", "json"};
 }
-
-std::string command_line(const std::vector<std::string>& argv) { return fmt::format("{}", fmt::join(argv, " ")); }
 
 }  // namespace
 
@@ -88,19 +74,21 @@ LlamaBenchResult parse_llama_bench_json(const std::string& json_text, const std:
   if (decode == tests.end())
     throw llm::InputError(fmt::format("{} reported no decode test (n_prompt 0, n_gen > 0); its output:\n{}", what,
                                       llm::last_lines(json_text, 20)));
+  // A missing or mistyped key: "'<command>': its decode test has no \"avg_ts\"".
+  const std::string test = what + ": its decode test";
   LlamaBenchResult result;
   result.gguf = gguf;
   result.command = command;
-  result.model_type = required<std::string>(*decode, "model_type", what);
+  result.model_type = llm::required_json_field<std::string>(*decode, "model_type", test);
   result.type_name = type_from_model_type(result.model_type);
-  result.model_size_bytes = required<long long>(*decode, "model_size", what);
-  result.model_parameters = required<long long>(*decode, "model_n_params", what);
-  result.decode_tokens = required<long long>(*decode, "n_gen", what);
-  result.avg_tokens_per_s = required<double>(*decode, "avg_ts", what);
-  result.stddev_tokens_per_s = required<double>(*decode, "stddev_ts", what);
-  result.samples_tokens_per_s = required<std::vector<double>>(*decode, "samples_ts", what);
-  result.build_commit = required<std::string>(*decode, "build_commit", what);
-  result.build_number = required<long long>(*decode, "build_number", what);
+  result.model_size_bytes = llm::required_json_field<long long>(*decode, "model_size", test);
+  result.model_parameters = llm::required_json_field<long long>(*decode, "model_n_params", test);
+  result.decode_tokens = llm::required_json_field<long long>(*decode, "n_gen", test);
+  result.avg_tokens_per_s = llm::required_json_field<double>(*decode, "avg_ts", test);
+  result.stddev_tokens_per_s = llm::required_json_field<double>(*decode, "stddev_ts", test);
+  result.samples_tokens_per_s = llm::required_json_field<std::vector<double>>(*decode, "samples_ts", test);
+  result.build_commit = llm::required_json_field<std::string>(*decode, "build_commit", test);
+  result.build_number = llm::required_json_field<long long>(*decode, "build_number", test);
   // A speed every ratio divides by: NaN or 0 would pass silently into them.
   if (!std::isfinite(result.avg_tokens_per_s) || result.avg_tokens_per_s <= 0)
     throw llm::InputError(fmt::format("{}: its decode speed is {} tokens/s", what, result.avg_tokens_per_s));
@@ -110,7 +98,7 @@ LlamaBenchResult parse_llama_bench_json(const std::string& json_text, const std:
 LlamaBenchResult run_llama_bench(const std::string& binary, const std::string& gguf, int decode_tokens, int repeats) {
   const std::vector<std::string> argv =
       llama_bench_argv(binary, gguf, decode_tokens, static_cast<std::size_t>(repeats));
-  const std::string command = command_line(argv);
+  const std::string command = llm::command_line(argv);
   const llm::ProgramOutput output = llm::run_program(argv);
   if (!output.how_it_ended.empty())
     throw llm::InputError(fmt::format("'{}' failed ({}); the end of its stderr:\n{}", command, output.how_it_ended,
@@ -230,7 +218,7 @@ void add_llama_rows(llm::Results& results, const std::vector<LlamaComparison>& c
     // "283.100,281.900,284.000": a flat table holds scalars only.
     const std::string samples = fmt::format("{:.3f}", fmt::join(llama.samples_tokens_per_s, ","));
     // File names only: a folder would name the machine it ran on.
-    const std::string command = command_line(
+    const std::string command = llm::command_line(
         llama_bench_argv(std::filesystem::path(llama.binary).filename().string(),
                          std::filesystem::path(llama.gguf).filename().string(), llama.decode_tokens,
                          llama.samples_tokens_per_s.size()));

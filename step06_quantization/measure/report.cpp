@@ -276,16 +276,13 @@ void cuda_kernel_targets(const KernelTable* kernels, std::vector<Target>& target
     for (const KernelCell& cell : kernels->cells)
       if (cell.device == "cuda" && cell.shape.model == "llama2-7b" && cell.skipped.empty())
         cells[{cell.shape.matrix, cell.format}][cell.rows] = &cell;
-  const auto speedup_at_one_row = [](const std::map<int, const KernelCell*>& by_rows) {
-    return by_rows.at(1)->baseline_ms / by_rows.at(1)->time_ms;
-  };
   // Per matrix: the fastest 4-bit format at one row (speedup, x16 / x1 time), and int8's speedup.
   std::map<std::string, std::pair<double, double>> best_int4;
   std::map<std::string, double> int8;
   for (const auto& [key, by_rows] : cells) {
     const auto& [matrix, format] = key;
     if (!by_rows.contains(1)) continue;
-    const double speedup = speedup_at_one_row(by_rows);
+    const double speedup = by_rows.at(1)->baseline_ms / by_rows.at(1)->time_ms;
     if (format == "int8") int8[matrix] = speedup;
     if (!is_int4(format)) continue;
     const double flatness = by_rows.contains(16) ? by_rows.at(16)->time_ms / by_rows.at(1)->time_ms : 0.0;

@@ -1,6 +1,7 @@
 #include "llm/harness/program.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <poll.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -87,6 +88,8 @@ ProgramOutput run_program(const std::vector<std::string>& argv) {
     output.how_it_ended = fmt::format("killed by signal {}", WTERMSIG(status));
   return output;
 }
+
+std::string command_line(const std::vector<std::string>& argv) { return fmt::format("{}", fmt::join(argv, " ")); }
 
 std::string last_lines(const std::string& text, int lines) {
   std::size_t start = text.size();

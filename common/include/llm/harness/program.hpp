@@ -20,6 +20,10 @@ struct ProgramOutput {
 // when it cannot start.
 ProgramOutput run_program(const std::vector<std::string>& argv);
 
+// argv as one line, its words joined by spaces (for messages and records;
+// nothing is quoted, since no shell ever reads it).
+std::string command_line(const std::vector<std::string>& argv);
+
 // The last `lines` lines of `text` (a log's end says why a program failed).
 std::string last_lines(const std::string& text, int lines);
 
