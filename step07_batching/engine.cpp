@@ -254,6 +254,7 @@ TokenEvent Engine::token_event(const RequestState& request, int token, std::span
   event.index = request.generated() - 1;
   event.finish = finish;
   event.time_ms = now;
+  event.logits = logits;
   if (request.request.top_logprobs >= 0)
     event.logprobs = token_logprobs(logits, request.request.sampling.temperature, token, request.request.top_logprobs);
   return event;

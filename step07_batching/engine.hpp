@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "llm/model.hpp"
@@ -71,6 +72,10 @@ struct TokenEvent {
   FinishReason finish = FinishReason::None;   // not None on the sample's last token
   double time_ms = 0.0;
   std::optional<TokenLogprobs> logprobs;      // when the request asked (top_logprobs >= 0)
+  // [vocab] the logits row the token was drawn from, on the host: valid only
+  // inside the listener call (it views the forward's output). Part 7 keeps
+  // copies to explain a sampled token that differs from its solo run's.
+  std::span<const float> logits;
 };
 
 // One iteration, for the occupancy timeline.

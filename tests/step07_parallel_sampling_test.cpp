@@ -6,16 +6,23 @@
 //     prompt's partial last block is copied n - 1 times, and not at all
 //     when the prompt fills its blocks; the greedy
 //     and sampled checks pass, and the greedy one fails against wrong solo
-//     tokens (it can fail).
+//     tokens (it can fail); where the forward is not batch-invariant, a
+//     sampled token that differs passes only when the logits explain it
+//     (rows within tolerance, the same seed's coin), not for a wrong seed or
+//     logits past the tolerance.
 //   The prediction by hand, and bad options refused with clear messages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "llm/checkpoint.hpp"
 #include "llm/config.hpp"
 #include "llm/errors.hpp"
+#include "llm/sampler.hpp"
 #include "step05_paged_attention/measure/paged_generation.hpp"
 #include "step07_batching/measure/parallel_sampling.hpp"
 #include "step07_batching/measure/replay.hpp"
@@ -139,6 +146,83 @@ TEST(Step07ParallelSampling, PredictedBlocksByHand) {
   EXPECT_EQ(predicted_peak_blocks(true, 4, 32, 1, 16), 2);
   // Blocks of one position: only the prompt is shared.
   EXPECT_EQ(predicted_peak_blocks(true, 3, 10, 5, 1), 10 + 3 * 4);
+}
+
+// The sampled check where the forward is not batch-invariant, on made-up
+// rows of a 4-token vocabulary: tokens 0 and 1 nearly equal (half the mass
+// each), 2 and 3 far below. Swapping which of the two is a hair ahead swaps
+// their order in the nucleus, so the same coin draws the other one: the
+// difference rounding can make between a batched row and the row alone.
+struct MadeUpRuns {
+  static constexpr int kVocab = 4;
+  static constexpr int kTokens = 8;
+  SamplingParams sampling{1.0f, 0.9f, 1234};
+  std::vector<float> alone_rows;  // [kTokens * kVocab]
+  std::vector<int> alone;         // [kTokens]
+
+  MadeUpRuns() {
+    for (int t = 0; t < kTokens; ++t) alone_rows.insert(alone_rows.end(), {5.0f, 5.000001f, -10.0f, -10.0f});
+    alone = draw(alone_rows, sampling.seed);
+  }
+  // The tokens a sampler seeded `seed` draws from `rows`, one per row.
+  static std::vector<int> draw(const std::vector<float>& rows, std::uint64_t seed) {
+    llm::Sampler sampler(kVocab, 1.0f, 0.9f, seed);
+    std::vector<int> tokens;
+    for (int t = 0; t < kTokens; ++t)
+      tokens.push_back(sampler.sample(std::span<const float>(rows.data() + t * kVocab, kVocab)));
+    return tokens;
+  }
+  OutputCheck check(const std::vector<int>& tokens, const std::vector<float>& rows, bool exact) const {
+    RequestRecord record;
+    record.generated = tokens;
+    return check_sampled_outputs({record}, {alone}, {rows}, {alone_rows}, sampling, kVocab, exact);
+  }
+};
+
+TEST(Step07ParallelSampling, SampledCheckExplainsADrawThatRoundingMoved) {
+  const MadeUpRuns runs;
+  std::vector<float> rows = runs.alone_rows;
+  const int t = 3;
+  std::swap(rows[t * MadeUpRuns::kVocab], rows[t * MadeUpRuns::kVocab + 1]);  // 1e-6 apart: within fp32's tolerance
+  const std::vector<int> tokens = MadeUpRuns::draw(rows, runs.sampling.seed);
+  ASSERT_NE(tokens, runs.alone) << "the swap must move the draw";
+
+  const OutputCheck explained = runs.check(tokens, rows, /*exact=*/false);
+  EXPECT_TRUE(explained.ok()) << explained.first_difference;
+  EXPECT_EQ(explained.explained, 1);
+  EXPECT_TRUE(llm::testing::HasSubstr(explained.first_explained, "token 3")) << explained.first_explained;
+  EXPECT_TRUE(llm::testing::HasSubstr(explained.first_explained, "within the fp32 tolerance"))
+      << explained.first_explained;
+
+  const OutputCheck exact = runs.check(tokens, rows, /*exact=*/true);
+  EXPECT_FALSE(exact.ok()) << "a batch-invariant device must give the alone tokens bit for bit";
+  EXPECT_TRUE(llm::testing::HasSubstr(exact.first_difference, "token 3")) << exact.first_difference;
+}
+
+TEST(Step07ParallelSampling, SampledCheckFailsAWrongSeedOnTheSameLogits) {
+  const MadeUpRuns runs;
+  const std::vector<int> tokens = MadeUpRuns::draw(runs.alone_rows, runs.sampling.seed + 1);
+  ASSERT_NE(tokens, runs.alone) << "another seed's coins must draw another token somewhere in 8";
+  const OutputCheck check = runs.check(tokens, runs.alone_rows, /*exact=*/false);
+  EXPECT_FALSE(check.ok());
+  EXPECT_EQ(check.explained, 0);
+  EXPECT_TRUE(llm::testing::HasSubstr(check.first_difference, "draws")) << check.first_difference;
+}
+
+TEST(Step07ParallelSampling, SampledCheckFailsLogitsPastTheTolerance) {
+  const MadeUpRuns runs;
+  // The first token the alone run drew as 1; here token 0 leads by 4 logits
+  // there, so the nucleus is token 0 alone and the draw differs.
+  const auto first_one = std::find(runs.alone.begin(), runs.alone.end(), 1);
+  ASSERT_NE(first_one, runs.alone.end());
+  const auto t = static_cast<std::size_t>(first_one - runs.alone.begin());
+  std::vector<float> rows = runs.alone_rows;
+  rows[t * MadeUpRuns::kVocab] = 9.0f;
+  const std::vector<int> tokens = MadeUpRuns::draw(rows, runs.sampling.seed);
+  ASSERT_NE(tokens, runs.alone);
+  const OutputCheck check = runs.check(tokens, rows, /*exact=*/false);
+  EXPECT_FALSE(check.ok());
+  EXPECT_TRUE(llm::testing::HasSubstr(check.first_difference, "past the fp32 tolerance")) << check.first_difference;
 }
 
 TEST(Step07ParallelSampling, BadOptionsAreRefusedWithTheirFlags) {

@@ -4,10 +4,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <span>
 #include <utility>
 
 #include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
+#include "llm/harness/compare.hpp"
+#include "llm/sampler.hpp"
 
 namespace step07 {
 
@@ -84,7 +87,11 @@ struct SamplingRun {
   double decode_ms = 0.0;   // the others
 };
 
-SamplingRun run_once(llm::Model& model, const std::vector<Request>& requests, const EngineOptions& options) {
+// `logits`: when given, every token's logits row is kept, per sample
+// numbered id + sample (the sampled check on a device that is not
+// batch-invariant reads them).
+SamplingRun run_once(llm::Model& model, const std::vector<Request>& requests, const EngineOptions& options,
+                     LogitsBySample* logits = nullptr) {
   ServingClock clock;
   Engine engine(model, options, clock);  // the pool is allocated here, before the stopwatch starts
   SamplingRun run;
@@ -93,8 +100,12 @@ SamplingRun run_once(llm::Model& model, const std::vector<Request>& requests, co
   // finish on the last forward give their blocks back before
   // IterationRecord::blocks_used is taken. (A read of the pool, which
   // changes nothing in the engine.)
-  engine.set_token_listener([&](const TokenEvent&) {
+  engine.set_token_listener([&](const TokenEvent& event) {
     run.peak_blocks = std::max(run.peak_blocks, engine.cache().blocks().used_blocks());
+    if (logits == nullptr) return;
+    const auto sample = static_cast<std::size_t>(event.request_id + event.sample);
+    if (logits->size() <= sample) logits->resize(sample + 1);
+    (*logits)[sample].insert((*logits)[sample].end(), event.logits.begin(), event.logits.end());
   });
   const llm::Stopwatch stopwatch;
   for (const Request& request : requests) engine.submit(request);
@@ -116,6 +127,12 @@ SamplingRun run_once(llm::Model& model, const std::vector<Request>& requests, co
   return run;
 }
 
+// Sample j's sampling parameters: its own stream, seed + j.
+SamplingParams seeded(SamplingParams sampling, int sample) {
+  sampling.seed += static_cast<std::uint64_t>(sample);
+  return sampling;
+}
+
 // n completions of `request` with `sampling`: one request of n samples
 // (forked), or n requests, ids 0..n-1, request j seeded seed + j as sample j
 // of the forked one is (independent).
@@ -130,7 +147,7 @@ std::vector<Request> requests_for(const Request& request, int n, bool forked, co
   for (int j = 0; j < n; ++j) {
     Request copy = base;
     copy.id = j;
-    copy.sampling.seed = sampling.seed + static_cast<std::uint64_t>(j);
+    copy.sampling = seeded(sampling, j);
     requests.push_back(std::move(copy));
   }
   return requests;
@@ -155,7 +172,72 @@ std::vector<RequestRecord> numbered_by_sample(std::vector<RequestRecord> records
   return records;
 }
 
+// Whether a row's logits are the same bits whatever other rows share its
+// forward. The CPU model runs each row through the same loops; cuBLAS picks
+// its GEMM kernel by the row count, so on CUDA a row's logits move by
+// rounding-level amounts with the batch (part 1 checks them within the fp32
+// tolerance, not bit for bit).
+bool batch_invariant(const llm::Model& model) { return model.device_name() == "cpu"; }
+
+// Sample `sample`'s tokens `got` (its logits rows `got_logits`) against its
+// alone run's `want` (`want_logits`), which differ: explained or not, and where.
+struct Divergence {
+  bool explained = false;
+  std::string text;
+};
+Divergence judge_divergence(const std::vector<int>& got, const std::vector<int>& want, const std::vector<float>& got_logits,
+                            const std::vector<float>& want_logits, const SamplingParams& sampling, int vocab_size) {
+  const auto [got_token, want_token] = std::mismatch(got.begin(), got.end(), want.begin(), want.end());
+  const auto t = static_cast<std::size_t>(got_token - got.begin());
+  const std::string where = fmt::format("token {} is {} alone, {} here", t, want_token == want.end() ? -1 : *want_token,
+                                        got_token == got.end() ? -1 : *got_token);
+  if (got_token == got.end() || want_token == want.end()) return {false, where + " (one run ended before the other)"};
+  const auto vocab = static_cast<std::size_t>(vocab_size);
+  if (got_logits.size() < (t + 1) * vocab || want_logits.size() < (t + 1) * vocab)
+    return {false, where + " (no logits were kept for that token)"};
+  const std::span<const float> got_row(got_logits.data() + t * vocab, vocab);
+  const std::span<const float> want_row(want_logits.data() + t * vocab, vocab);
+  const llm::CompareResult close = llm::compare(got_row, want_row, llm::model_logits_tolerance(llm::DType::F32));
+  if (!close.ok) return {false, where + ": the two logits rows there are past the fp32 tolerance: " + close.summary()};
+  // The sampler takes one coin per token: replayed over the alone run's
+  // earlier rows, it holds the coin both runs drew token t with.
+  llm::Sampler replay(vocab_size, sampling.temperature, sampling.top_p, sampling.seed);
+  for (std::size_t s = 0; s < t; ++s)
+    if (replay.sample(std::span<const float>(want_logits.data() + s * vocab, vocab)) != want[s])
+      return {false, where + fmt::format(": the sampler seeded {} does not replay the alone run's token {}", sampling.seed, s)};
+  llm::Sampler replay_here = replay;  // the same state: the same coin
+  const int alone_draw = replay.sample(want_row);
+  const int here_draw = replay_here.sample(got_row);
+  if (alone_draw != *want_token || here_draw != *got_token)
+    return {false, where + fmt::format(": the sampler seeded {} draws {} from the alone row and {} from this run's row",
+                                       sampling.seed, alone_draw, here_draw)};
+  return {true, where + fmt::format(": the logits there agree within the fp32 tolerance (max_rel {:.2e}), and the same "
+                                    "coin draws each token from its own row",
+                                    close.max_rel_err)};
+}
+
 }  // namespace
+
+OutputCheck check_sampled_outputs(const std::vector<RequestRecord>& records, const std::vector<std::vector<int>>& alone,
+                                  const LogitsBySample& logits, const LogitsBySample& alone_logits,
+                                  const SamplingParams& sampling, int vocab_size, bool exact) {
+  OutputCheck check = check_outputs(records, alone);
+  if (exact || check.ok() || check.requests != check.expected) return check;
+  check.first_difference.clear();
+  static const std::vector<float> none;
+  for (const RequestRecord& record : records) {
+    const auto sample = static_cast<std::size_t>(record.id);
+    if (record.generated == alone.at(sample)) continue;
+    const Divergence divergence =
+        judge_divergence(record.generated, alone.at(sample), sample < logits.size() ? logits[sample] : none,
+                         sample < alone_logits.size() ? alone_logits[sample] : none, seeded(sampling, record.id),
+                         vocab_size);
+    std::string& first = divergence.explained ? check.first_explained : check.first_difference;
+    if (divergence.explained) ++check.explained;
+    if (first.empty()) first = fmt::format("request {}: {}", record.id, divergence.text);
+  }
+  return check;
+}
 
 std::vector<ParallelSamplingRow> compare_parallel_sampling(const std::string& device, llm::Model& model,
                                                            const Request& request, const std::vector<int>& solo,
@@ -169,14 +251,17 @@ std::vector<ParallelSamplingRow> compare_parallel_sampling(const std::string& de
   // The sampled references: an n = 1 request seeded seed + j, alone, for
   // every j a row needs. These untimed runs also warm up (caches, the
   // allocator) before the timed ones.
+  // Where the device is not batch-invariant, every token's logits row too.
+  const bool exact = batch_invariant(model);
   const int most_samples = *std::max_element(options.samples.begin(), options.samples.end());
   std::vector<std::vector<int>> alone;  // [most_samples] sample j's tokens
+  LogitsBySample alone_logits;          // [most_samples][token * vocab + v], when !exact
   for (int j = 0; j < most_samples; ++j) {
-    SamplingParams seeded = sampled;
-    seeded.seed += static_cast<std::uint64_t>(j);
-    const SamplingRun run =
-        run_once(model, requests_for(request, 1, true, seeded), engine_options(limits, context, 1, prompt_tokens));
+    LogitsBySample logits;
+    const SamplingRun run = run_once(model, requests_for(request, 1, true, seeded(sampled, j)),
+                                     engine_options(limits, context, 1, prompt_tokens), exact ? nullptr : &logits);
     alone.push_back(run.records.front().generated);
+    alone_logits.push_back(exact ? std::vector<float>{} : std::move(logits.at(0)));
   }
 
   std::vector<ParallelSamplingRow> rows;
@@ -220,9 +305,12 @@ std::vector<ParallelSamplingRow> compare_parallel_sampling(const std::string& de
                                  std::vector<std::vector<int>>(static_cast<std::size_t>(n), solo));
 
       // Sampled, untimed: sample j (request j) against seed + j alone.
-      const SamplingRun drawn = run_once(model, requests_for(request, n, forked, sampled), engine);
-      row.sampled = check_outputs(numbered_by_sample(drawn.records),
-                                  std::vector<std::vector<int>>(alone.begin(), alone.begin() + n));
+      LogitsBySample drawn_logits;
+      const SamplingRun drawn =
+          run_once(model, requests_for(request, n, forked, sampled), engine, exact ? nullptr : &drawn_logits);
+      row.sampled = check_sampled_outputs(numbered_by_sample(drawn.records),
+                                          std::vector<std::vector<int>>(alone.begin(), alone.begin() + n),
+                                          drawn_logits, alone_logits, sampled, model.config().vocab_size, exact);
       rows.push_back(std::move(row));
     }
   }

@@ -13,7 +13,9 @@
 // its prediction, copy-on-write copies, wall time (greedy, the median of
 // `repeats` runs) and tokens/s. Checked: greedy, every sample's tokens equal
 // the prompt's solo tokens; sampled, sample j (request j) equals an n = 1
-// request seeded seed + j run alone (the engine's promise, request.hpp).
+// request seeded seed + j run alone (the engine's promise, request.hpp),
+// bit for bit where the forward is batch-invariant (the CPU), up to a
+// difference the logits explain elsewhere (check_sampled_outputs).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -96,6 +98,28 @@ struct ParallelSamplingRow {
   double tokens_per_s() const { return wall.median_ms > 0 ? output_tokens / (wall.median_ms / 1000.0) : 0.0; }
   bool ok() const { return greedy.ok() && sampled.ok(); }
 };
+
+// Every sampled token's logits row, per sample numbered id + sample (a
+// forked run's sample j, an independent run's request j):
+// [sample][token * vocab + v].
+using LogitsBySample = std::vector<std::vector<float>>;
+
+// The sampled check: records[j] (numbered by sample) against `alone`[j], the
+// tokens of an n = 1 request seeded seed + j run alone. `exact` (a
+// batch-invariant device, the CPU): every sample's tokens equal, as
+// check_outputs. Otherwise a sample may part from its alone run at one
+// token, and that passes when the logits explain it: the two rows there
+// (`logits`, `alone_logits`) agree within the fp32 model tolerance, and the
+// sampler seeded seed + j, replayed over the alone run's earlier rows (one
+// coin per token), draws the alone token from the alone row and this run's
+// token from this run's row. The seed, the coin and every earlier token are
+// then the same, and rounding-level differences in the logits moved the
+// nucleus (the order of near-equal probabilities, or a boundary) under the
+// coin; after it the two sequences go their own ways. A wrong seed, a wrong
+// row, logits past the tolerance or a sample that ended early fail.
+OutputCheck check_sampled_outputs(const std::vector<RequestRecord>& records, const std::vector<std::vector<int>>& alone,
+                                  const LogitsBySample& logits, const LogitsBySample& alone_logits,
+                                  const SamplingParams& sampling, int vocab_size, bool exact);
 
 // For every n of options.samples, forked then independent, on `model`;
 // `request` from parallel_sampling_request and `solo` its solo tokens.

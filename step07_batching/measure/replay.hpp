@@ -43,8 +43,13 @@ struct OutputCheck {
   int expected = 0;              // requests in the trace
   int requests = 0;              // of those, finished
   int identical = 0;             // finished with exactly their solo tokens
-  std::string first_difference;  // "" when all are identical, else which request and where
-  bool ok() const { return identical == expected && requests == expected; }
+  // Finished with other tokens, each difference explained by the logits
+  // (part 7's sampled check on a device whose products depend on the batch's
+  // rows: parallel_sampling.cpp); always 0 for check_outputs.
+  int explained = 0;
+  std::string first_difference;  // "" when all are identical or explained, else which request and where
+  std::string first_explained;   // the first explained difference, for the report
+  bool ok() const { return identical + explained == expected && requests == expected && first_difference.empty(); }
 };
 OutputCheck check_outputs(const std::vector<RequestRecord>& records, const std::vector<std::vector<int>>& solo);
 

@@ -336,7 +336,12 @@ void put_sampling_columns(Put put, const ParallelSamplingRow& row) {
   put("greedy_identical", row.greedy.ok());
   // The float's shortest decimal (0.8, not 0.800000011920929).
   put("sampled_temperature", std::stod(fmt::format("{}", row.temperature)));
-  put("sampled_identical", row.sampled.ok());
+  put("sampled_identical", row.sampled.identical == row.sampled.expected);
+  // Samples that parted from their alone run where the logits explain it
+  // (a device that is not batch-invariant: check_sampled_outputs).
+  put("sampled_explained", static_cast<long long>(row.sampled.explained));
+  put("sampled_ok", row.sampled.ok());
+  if (!row.sampled.first_explained.empty()) put("sampled_first_explained", row.sampled.first_explained);
 }
 
 }  // namespace
@@ -388,13 +393,19 @@ void print_parallel_sampling(const std::vector<ParallelSamplingRow>& rows) {
         "{:>7}\n",
         row.device, row.n, way_name(row), row.prefill_rows, row.rows_computed, row.peak_blocks, row.predicted_blocks,
         row.copy_on_write, row.preemptions, row.wall.median_ms, row.prefill_ms, row.decode_ms, row.tokens_per_s(),
-        over_independent(rows, row), row.ok() ? "same" : "DIFFER");
+        over_independent(rows, row), !row.ok() ? "DIFFER" : row.sampled.explained > 0 ? "explained" : "same");
   fmt::print("forked: one request with n samples (one prefill; the samples share the prompt's blocks, copy on write); "
              "independent: n requests with the same prompt. peak: the most KV blocks held at once; CoW: blocks "
              "copied on a write to a shared block; prefill / decode ms: the median run's forwards with prefill rows, "
              "and the others. tokens: greedy samples vs the solo run, sampled sample j (T {}) vs "
-             "an n = 1 request seeded seed + j.\n",
+             "an n = 1 request seeded seed + j; explained: a sampled token differs where the two logits rows agree "
+             "within the fp32 tolerance and the same coin draws each from its own row (a device whose products "
+             "depend on the batch's rows).\n",
              first.temperature);
+  for (const ParallelSamplingRow& row : rows)
+    if (row.ok() && row.sampled.explained > 0)
+      fmt::print("  {} {} n={}: {} of {} samples explained, the first: {}\n", row.device, way_name(row), row.n,
+                 row.sampled.explained, row.sampled.expected, row.sampled.first_explained);
 }
 
 namespace {
