@@ -12,8 +12,9 @@
 #   scripts/gpu_check.sh --exercise-copy DIR   # also prove the cuda exercises' stubs
 #                                              # fail, in a built student copy (stage exercises)
 #
-# The default form is sized to finish in a few minutes on an H100 (a GPU is
-# often lent for minutes, not hours); --full runs the long sweeps. Each stage
+# The default form is sized to finish in under 8 minutes on an H100 (a GPU
+# is often lent for minutes, not hours; docs/results/gpu_decode/README.md has
+# each stage's measured time); --full runs the long sweeps. Each stage
 # and each command in it prints a progress line on stderr as it starts.
 #
 # Stages, in order (each writes <stage>_*.log / .json / .txt into the report;
@@ -24,8 +25,10 @@
 #              skip fails instead: tests/test_support.hpp); a test that skips
 #              is a failure here too (a GPU is visible, so a skip means a path
 #              did not run)
-#   exercises  the workshop's cuda exercises (docs/workshop.md): their checks
-#              pass on the maintained code, none skipping; with --exercise-copy
+#   exercises  the workshop's cuda exercises (docs/workshop.md), with --full
+#              or --exercise-copy (their checks are gpu tests the tests stage
+#              runs already): their checks pass on the maintained code, none
+#              skipping, through the workshop's own runner; with --exercise-copy
 #              DIR, every one of them fails under its stub with its own
 #              ExerciseNotDone message. DIR is a student copy of the cuda
 #              exercises alone, built (in DIR/build-gpu or DIR/build) where the
@@ -33,15 +36,14 @@
 #              ex02.2,ex02.3,ex05.3,ex06.3 --keep-prerequisite-solutions, then
 #              cmake --preset hopper && cmake --build build-gpu -j in DIR
 #   presets    the model on real models' dims, CUDA only: step 01's decode on
-#              TinyLlama-1.1B's dims in fp32 without and with graphs and
-#              fusions, fp16 without and with the norms folded into the
+#              TinyLlama-1.1B's dims in fp32 without graphs and fusions (the
+#              before row), fp16 without and with the norms folded into the
 #              products, and the tiny preset; steps 04-07 on TinyLlama's dims,
-#              sized to fit; step 02's FlashAttention-2 ladder at 16 heads,
-#              causal, beside PyTorch's SDPA in the same run where PyTorch with
-#              CUDA is importable (--full: longer generations, bf16, Llama-2-7B
-#              in fp16 where the GPU has the memory, step 02's and 03's kernel
-#              tables on real attention shapes, step 02's beside SDPA, causal
-#              and not)
+#              sized to fit (--full: longer generations, fp32 with graphs,
+#              bf16, Llama-2-7B in fp16 where the GPU has the memory, step 02's
+#              and 03's kernel tables on real attention shapes, step 02's with
+#              its FlashAttention-2 ladder beside PyTorch's SDPA in the same
+#              run where PyTorch with CUDA is importable, causal and not)
 #   memcheck   compute-sanitizer memcheck: the common kernels' and the CUDA
 #              model's tests, step 06's persistent kernel on short shapes
 #              (--full: every gpu test binary)
@@ -50,8 +52,21 @@
 #              02's FlashAttention-2 kernels and step 06's persistent W4A16
 #              kernel on short shapes (--full: every step02 and step03 kernel
 #              test)
-#   steps      every step executable with --device all, the default run
-#              (--full: with --full, the complete sweeps the chapters quote)
+#   steps      every step executable with --device all, its --quick run: the
+#              CUDA rows beside the CPU's, checked against them (--full: with
+#              --full, the complete sweeps the chapters quote)
+#   profile    only when --stages names it: Nsight Compute (ncu) on the
+#              flagship kernels at the shapes their targets name, each launch
+#              with the sections the chapters quote (speed of light, occupancy,
+#              launch, warp states with their stall reasons, compute and memory
+#              workloads), clocks as the timed runs see them: step 02's ladder
+#              rungs 4, 8-11 at 16 heads, d = 128, 4096 tokens, causal and not,
+#              PyTorch's SDPA kernel on the same shapes where PyTorch with CUDA
+#              imports, and step 06's one-shot and persistent kernels on
+#              Llama-2-7B's w1/w3 [11008, 4096] (int4-g128 and int8, 1 and 16
+#              rows: the first launches of its gpu test's large shapes). Each
+#              writes profile_<name>.ncu-rep, its details page and its raw page
+#              (every metric collected) as CSV, minutes in all
 # Every stage's result is one line of summary.txt; the exit status is 0 only
 # when every stage passed, 2 when no GPU is visible, 1 otherwise.
 #
@@ -101,8 +116,8 @@ command_timeout=${GPU_CHECK_TIMEOUT:-1800}
 
 want() { [[ ",$stages," == *",$1,"* ]]; }
 for stage in ${stages//,/ }; do
-  case $stage in info|tests|exercises|memcheck|racecheck|steps|presets) ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,exercises,memcheck,racecheck,steps,presets)" >&2; exit 1 ;;
+  case $stage in info|tests|exercises|memcheck|racecheck|steps|presets|profile) ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,exercises,memcheck,racecheck,steps,presets,profile)" >&2; exit 1 ;;
   esac
 done
 
@@ -233,7 +248,9 @@ prove_exercises() {
     record exercises FAIL "$label: $(grep -m1 -E 'FAILS|PASSES|error' "$log") (see $(basename "$log"))"
   fi
 }
-if want exercises; then
+if want exercises && ! ((full)) && [[ -z $exercise_copy ]]; then
+  progress "exercises: their checks ran in the tests stage; --full or --exercise-copy runs the workshop's proof"
+elif want exercises; then
   prove_exercises solutions prove-solutions --bin-dir "$bin"
   if [[ -n $exercise_copy ]]; then
     prove_exercises stubs prove-stubs --bin-dir "$exercise_copy_bin" --copy "$exercise_copy"
@@ -288,7 +305,7 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
 # step's JSON then holds the comparison and its targets.
 python=${PYTHON:-python3}
 sdpa_flags=()
-if want presets && selected step02_flash_attention; then
+if want presets && ((full)) && selected step02_flash_attention; then
   if "$python" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
     sdpa_flags=(--compare-sdpa "$repo_root/step02_flash_attention/measure/sdpa_compare.py" --python "$python")
   else
@@ -296,22 +313,18 @@ if want presets && selected step02_flash_attention; then
   fi
 fi
 if want presets && ! ((full)); then
-  # The FlashAttention-2 ladder (variants 4, 5, 7-12) at 16 heads, causal, at
-  # the lengths its targets name (4096 and up) and one below.
-  run_step presets flash2_ladder step02_flash_attention --device cuda --heads 16 --head-dims 128,64 \
-    --seq-lens 1024,4096,16384 --decode-lens 4096 --variant 4,5,7,8,9,10,11,12 --prefill-tokens 256 \
-    "${sdpa_flags[@]}"
-  decode_rows 1024 3 "fp32 fp16"
+  decode_rows 1024 3 "fp16"
   run_step presets tinyllama-1.1b_fp16 step04_speculative --device cuda --preset tinyllama-1.1b --dtype fp16 \
     --steps 64 --k 4 --repeats 1
   run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 64
   # The two formats the chapter's GPU target names (W8A16, W4A16) beside
-  # fp32 and fp16, 16 positions (each row's check runs the CPU model over
-  # them); one load level and 8 requests for step 07 (every format and 16
-  # requests took minutes each: docs/results/gpu_decode/README.md).
-  run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 16 \
+  # fp32 and fp16, 8 positions (each row's check runs the CPU model over
+  # them); one load level and 4 requests for step 07 (with 16 and with 8
+  # positions and requests they took 88 s and 123 s of an 11-minute check:
+  # docs/results/gpu_decode/README.md).
+  run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 8 \
     --formats int8,int4-g64
-  run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 8 --repeats 1 \
+  run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 4 --repeats 1 \
     --loads 1.0
 fi
 if want presets && ((full)); then
@@ -438,12 +451,71 @@ if want racecheck; then
   sanitize synccheck step05_paged_attention_gpu_test --gtest_filter="*CudaPaged*-*33000*:*Model*"
 fi
 
-# The steps' default runs, CPU and CUDA rows side by side.
+# --- Nsight Compute on the flagship kernels (opt-in) ---------------------------------
+ncu_tool=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+# The sections chapter 02's profile table quotes, and the memory workload for
+# the W4A16 kernels' DRAM traffic; the raw page keeps every metric they collect
+# (the stall reasons behind WarpStateStats, shared-memory wavefronts).
+ncu_sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+  --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables)
+profile() {  # profile <label> <kernel name regex> <launches> <command...>
+  local label=$1 kernels=$2 launches=$3
+  shift 3
+  local base=$out_dir/profile_$label
+  if [[ ! -x $ncu_tool ]]; then
+    record profile FAIL "$label: ncu not found (set NCU)"
+    return
+  fi
+  progress "profile: $label"
+  # --clock-control none: the boost clocks the timed runs see, not the base
+  # clock ncu locks to by default; the L2 is still flushed before each launch.
+  if timeout "$command_timeout" "$ncu_tool" --clock-control none --target-processes all -k "regex:$kernels" \
+      -c "$launches" "${ncu_sections[@]}" --export "$base" --force-overwrite "$@" >"$base.log" 2>&1 &&
+    "$ncu_tool" --import "$base.ncu-rep" --csv --page details >"${base}_details.csv" 2>>"$base.log" &&
+    "$ncu_tool" --import "$base.ncu-rep" --csv --page raw >"${base}_raw.csv" 2>>"$base.log"; then
+    record profile PASS "$label: $(grep -c '^==PROF== Profiling' "$base.log") launches profiled"
+  else
+    record profile FAIL "$label: ncu or the program failed (see $(basename "$base.log"))"
+  fi
+}
+if want profile; then
+  sdpa_importable=0
+  if selected step02_flash_attention; then
+    if "$python" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+      sdpa_importable=1
+    else
+      progress "profile: no PyTorch with CUDA for $python: SDPA's kernel not profiled"
+    fi
+  fi
+  for mask in causal no-causal; do
+    if selected step02_flash_attention; then
+      # The check run of each rung is its first launch: one query block grid
+      # like the timed runs', on fresh inputs.
+      for variant in 4 8 9 10 11; do
+        profile "step02_v${variant}_4096_d128_$mask" flash2 1 "$bin/step02_flash_attention" --device cuda --heads 16 \
+          --head-dims 128 --seq-lens 4096 --decode-lens 64 --prefill-tokens 16 --variant "$variant" --repeats 1 "--$mask"
+      done
+      if ((sdpa_importable)); then
+        profile "sdpa_4096_d128_$mask" flash 1 "$python" "$repo_root/step02_flash_attention/measure/sdpa_compare.py" \
+          --heads 16 --head-dims 128 --seq-lens 4096 --dtypes float16 "--$mask" --runs 1
+      fi
+    fi
+  done
+  # Its large-shapes test runs [11008, 4096] first: int4-g128, then int8; per
+  # row count the one-shot kernel, then the persistent one (16 rows: fp16,
+  # then fp32 activations), so the first 12 launches are those two formats.
+  if selected step06_cuda_kernels_gpu_test; then
+    profile step06_llama_w1_int4g128_int8 "persistent_matmul|one_shot_matmul" 12 "$bin/step06_cuda_kernels_gpu_test" \
+      --gtest_filter='CudaQuantizedKernelsLargeShapes.*'
+  fi
+fi
+
+# The steps' --quick runs (--full: their --full runs), CPU and CUDA rows side by side.
 if want steps; then
   if ((full)); then
     for step in "${steps[@]}"; do run_step steps full "$step" --device all --full; done
   else
-    for step in "${steps[@]}"; do run_step steps default "$step" --device all; done
+    for step in "${steps[@]}"; do run_step steps quick "$step" --device all --quick; done
   fi
 fi
 
