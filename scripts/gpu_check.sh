@@ -319,13 +319,15 @@ if want presets && ! ((full)); then
   run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 64
   # The two formats the chapter's GPU target names (W8A16, W4A16) beside
   # fp32 and fp16, 8 positions (each row's check runs the CPU model over
-  # them); one load level and 4 requests for step 07 (with 16 and with 8
-  # positions and requests they took 88 s and 123 s of an 11-minute check:
-  # docs/results/gpu_decode/README.md).
+  # them). Step 07: 8 requests at one load level, from a trace seed (85)
+  # whose longest output is 272 tokens: with the default seed's, one request
+  # of 844 tokens set the length of every batched run, and the preset took
+  # 123 s of an 11-minute check (docs/results/gpu_decode/README.md); --full
+  # replays 64 requests, long tail included.
   run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 8 \
     --formats int8,int4-g64
-  run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 4 --repeats 1 \
-    --loads 1.0
+  run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 8 --seed 85 \
+    --repeats 1 --loads 1.0
 fi
 if want presets && ((full)); then
   decode_rows 2048 5 "fp32 fp16 bf16"
