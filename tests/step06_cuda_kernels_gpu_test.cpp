@@ -100,7 +100,7 @@ std::vector<float> rounded_to_fp16(std::vector<float> values) {
 // per-row offset (so int4 zero points and scales differ from row to row),
 // over sqrt(in) so that y stays O(1) for x in [-1, 1] whatever `in` is: the
 // fp16 tolerance's absolute part then means what it says.
-QuantizedMatrix random_quantized(const QuantFormat& format, int out, int in, std::uint64_t seed) {
+std::vector<float> random_layer(int out, int in, std::uint64_t seed) {
   std::vector<float> weight = llm::testing::random_vector(static_cast<std::size_t>(out) * in, seed);
   const std::vector<float> offsets = llm::testing::random_vector(static_cast<std::size_t>(out), seed + 1, 0.5f);
   const float norm = 1.0f / std::sqrt(static_cast<float>(in));
@@ -109,22 +109,35 @@ QuantizedMatrix random_quantized(const QuantFormat& format, int out, int in, std
       float& w = weight[static_cast<std::size_t>(o) * in + i];
       w = (w + offsets[static_cast<std::size_t>(o)]) * norm;
     }
-  return step06::quantize_rtn({weight, out, in}, format);
+  return weight;
+}
+QuantizedMatrix random_quantized(const QuantFormat& format, int out, int in, std::uint64_t seed) {
+  return step06::quantize_rtn({random_layer(out, in, seed), out, in}, format);
 }
 
 // y [rows, out] = x [rows, in] . weight^T in double, rounded to float;
-// weight = dequantize(matrix) [out, in].
+// weight = dequantize(matrix) [out, in]. Each weight row is read once for
+// all x rows (while it is in cache), into four interleaved partial sums (four
+// independent chains of adds instead of one): the reference of the largest
+// shapes is the host's share of the GPU check's test time.
 std::vector<float> reference_product(const std::vector<float>& weight, int out, int in, const std::vector<float>& x,
                                      int rows) {
+  constexpr int kChains = 4;
   std::vector<float> y(static_cast<std::size_t>(rows) * out);
-  for (int r = 0; r < rows; ++r)
-    for (int o = 0; o < out; ++o) {
+  for (int o = 0; o < out; ++o) {
+    const float* wo = weight.data() + static_cast<std::size_t>(o) * in;
+    for (int r = 0; r < rows; ++r) {
       const float* xr = x.data() + static_cast<std::size_t>(r) * in;
-      const float* wo = weight.data() + static_cast<std::size_t>(o) * in;
-      double sum = 0.0;
-      for (int i = 0; i < in; ++i) sum += static_cast<double>(xr[i]) * wo[i];
+      double partial[kChains] = {};
+      int i = 0;
+      for (; i + kChains <= in; i += kChains)
+        for (int chain = 0; chain < kChains; ++chain)
+          partial[chain] += static_cast<double>(xr[i + chain]) * wo[i + chain];
+      for (; i < in; ++i) partial[0] += static_cast<double>(xr[i]) * wo[i];
+      const double sum = (partial[0] + partial[1]) + (partial[2] + partial[3]);
       y[static_cast<std::size_t>(r) * out + o] = static_cast<float>(sum);
     }
+  }
   return y;
 }
 
@@ -259,9 +272,10 @@ TEST(CudaQuantizedKernelsLargeShapes, BothKernelsMatchTheDequantizedProduct) {
   struct Shape {
     int out, in;
   };
-  for (const Shape shape : {Shape{11008, 4096}, Shape{4096, 11008}, Shape{11008, 11008}})
+  for (const Shape shape : {Shape{11008, 4096}, Shape{4096, 11008}, Shape{11008, 11008}}) {
+    const std::vector<float> layer = random_layer(shape.out, shape.in, 3);  // one draw, both formats
     for (const std::string& name : {std::string("int4-g128"), std::string("int8")}) {
-      const QuantizedMatrix matrix = random_quantized(QuantFormat::parse(name), shape.out, shape.in, 3);
+      const QuantizedMatrix matrix = step06::quantize_rtn({layer, shape.out, shape.in}, QuantFormat::parse(name));
       const std::vector<float> weight = step06::dequantize(matrix);
       for (int rows : {1, 16}) {
         const std::vector<float> x =
@@ -276,6 +290,7 @@ TEST(CudaQuantizedKernelsLargeShapes, BothKernelsMatchTheDequantizedProduct) {
         }
       }
     }
+  }
 }
 
 // The persistent kernel's y is the same, bit for bit, from call to call:

@@ -185,8 +185,9 @@ struct Divergence {
   bool explained = false;
   std::string text;
 };
-Divergence judge_divergence(const std::vector<int>& got, const std::vector<int>& want, const std::vector<float>& got_logits,
-                            const std::vector<float>& want_logits, const SamplingParams& sampling, int vocab_size) {
+Divergence judge_divergence(const std::vector<int>& got, const std::vector<int>& want,
+                            const std::vector<float>& got_logits, const std::vector<float>& want_logits,
+                            const SamplingParams& sampling, int vocab_size) {
   const auto [got_token, want_token] = std::mismatch(got.begin(), got.end(), want.begin(), want.end());
   const auto t = static_cast<std::size_t>(got_token - got.begin());
   const std::string where = fmt::format("token {} is {} alone, {} here", t, want_token == want.end() ? -1 : *want_token,
@@ -204,7 +205,8 @@ Divergence judge_divergence(const std::vector<int>& got, const std::vector<int>&
   llm::Sampler replay(vocab_size, sampling.temperature, sampling.top_p, sampling.seed);
   for (std::size_t s = 0; s < t; ++s)
     if (replay.sample(std::span<const float>(want_logits.data() + s * vocab, vocab)) != want[s])
-      return {false, where + fmt::format(": the sampler seeded {} does not replay the alone run's token {}", sampling.seed, s)};
+      return {false,
+              where + fmt::format(": the sampler seeded {} does not replay the alone run's token {}", sampling.seed, s)};
   llm::Sampler replay_here = replay;  // the same state: the same coin
   const int alone_draw = replay.sample(want_row);
   const int here_draw = replay_here.sample(got_row);
