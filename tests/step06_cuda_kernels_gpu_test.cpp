@@ -96,10 +96,11 @@ std::vector<float> rounded_to_fp16(std::vector<float> values) {
   return values;
 }
 
-// A [out, in] layer quantized with RTN: uniform weights in [-1, 1] plus a
-// per-row offset (so int4 zero points and scales differ from row to row),
-// over sqrt(in) so that y stays O(1) for x in [-1, 1] whatever `in` is: the
-// fp16 tolerance's absolute part then means what it says.
+// A random [out, in] layer: uniform weights in [-1, 1] plus a per-row
+// offset (so int4 zero points and scales differ from row to row), over
+// sqrt(in) so that y stays O(1) for x in [-1, 1] whatever `in` is: the fp16
+// tolerance's absolute part then means what it says. random_quantized: the
+// same layer quantized with RTN.
 std::vector<float> random_layer(int out, int in, std::uint64_t seed) {
   std::vector<float> weight = llm::testing::random_vector(static_cast<std::size_t>(out) * in, seed);
   const std::vector<float> offsets = llm::testing::random_vector(static_cast<std::size_t>(out), seed + 1, 0.5f);
