@@ -491,8 +491,8 @@ if want profile; then
   fi
   for mask in causal no-causal; do
     if selected step02_flash_attention; then
-      # The check run of each rung is its first launch: one query block grid
-      # like the timed runs', on fresh inputs.
+      # A rung's first launch is its check run: the grid of its timed runs,
+      # on fresh inputs.
       for variant in 4 8 9 10 11; do
         profile "step02_v${variant}_4096_d128_$mask" flash2 1 "$bin/step02_flash_attention" --device cuda --heads 16 \
           --head-dims 128 --seq-lens 4096 --decode-lens 64 --prefill-tokens 16 --variant "$variant" --repeats 1 "--$mask"
