@@ -304,9 +304,11 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
 # CUDA is importable (step02_flash_attention/measure/sdpa_beside.hpp); the
 # step's JSON then holds the comparison and its targets.
 python=${PYTHON:-python3}
+# Whether $python has PyTorch with a CUDA device (SDPA beside step 02, its profile).
+torch_with_cuda() { "$python" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; }
 sdpa_flags=()
 if want presets && ((full)) && selected step02_flash_attention; then
-  if "$python" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+  if torch_with_cuda; then
     sdpa_flags=(--compare-sdpa "$repo_root/step02_flash_attention/measure/sdpa_compare.py" --python "$python")
   else
     progress "presets: no PyTorch with CUDA for $python: step 02 runs without SDPA beside it"
@@ -483,7 +485,7 @@ profile() {  # profile <label> <kernel name regex> <launches> <command...>
 if want profile; then
   sdpa_importable=0
   if selected step02_flash_attention; then
-    if "$python" -c "import torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+    if torch_with_cuda; then
       sdpa_importable=1
     else
       progress "profile: no PyTorch with CUDA for $python: SDPA's kernel not profiled"
