@@ -323,8 +323,8 @@ if want presets && ! ((full)); then
   # fp32 and fp16, 8 positions (each row's check runs the CPU model over
   # them). Step 07: 8 requests at one load level, from a trace seed (85)
   # whose longest output is 272 tokens: with the default seed's, one request
-  # of 844 tokens set the length of every batched run, and the preset took
-  # 123 s of an 11-minute check (docs/results/gpu_decode/README.md); --full
+  # of 844 tokens set the length of every batched run and made this preset
+  # the check's longest (its time: docs/results/gpu_decode/README.md); --full
   # replays 64 requests, long tail included.
   run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 8 \
     --formats int8,int4-g64
