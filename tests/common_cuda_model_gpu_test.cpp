@@ -26,6 +26,7 @@
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
 #include "llm/harness/device_info.hpp"
+#include "llm/linear.hpp"
 #include "llm/sampler.hpp"
 #include "llm/tokenizer.hpp"
 #include "llm/weights.hpp"
@@ -38,6 +39,7 @@
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_timer.hpp"
 #include "cuda_model.hpp"  // common/cuda: CudaModel, graphs_captured
+#include "half_linear.hpp"  // common/cuda: kMaxGemvRows
 #include "kernels.cuh"     // common/cuda: write_kv_rows
 #include "llm/cuda/device_buffer.hpp"
 #include "paged_kv_cache_double.hpp"
@@ -245,40 +247,118 @@ ModelWeights with_rounded_matrices(const ModelWeights& weights, cuda::WeightDtyp
   return rounded;
 }
 
+// A CPU product that multiplies by x rounded to the half type, as both of
+// HalfCudaLinear's paths do (the weights come in already rounded).
+class RoundedInputLinear final : public Linear {
+ public:
+  RoundedInputLinear(const std::vector<float>& weight, int out, int in, cuda::WeightDtype dtype)
+      : dense_(weight, out, in), dtype_(dtype) {}
+  void forward(const float* x, int rows, float* y) const override {
+    std::vector<float> rounded(x, x + static_cast<std::size_t>(rows) * dense_.in_features());
+    for (float& value : rounded) value = round_to(dtype_, value);
+    dense_.forward(rounded.data(), rows, y);
+  }
+  int in_features() const override { return dense_.in_features(); }
+  int out_features() const override { return dense_.out_features(); }
+  std::size_t weight_bytes() const override { return dense_.weight_bytes(); }
+
+ private:
+  DenseLinear dense_;
+  cuda::WeightDtype dtype_;
+};
+
+// The CPU model computing what the half-precision CUDA model computes:
+// rounded weights, and every product's x rounded to the same type.
+CpuModel cpu_model_with_half_products(const ModelWeights& weights, cuda::WeightDtype dtype) {
+  CpuModelOptions options;
+  options.linear_factory = [dtype](const std::vector<float>& weight, int out, int in, const LinearSite&) {
+    return std::make_unique<RoundedInputLinear>(weight, out, in, dtype);
+  };
+  return CpuModel(with_rounded_matrices(weights, dtype), options);
+}
+
+// compare.hpp's same_rounding_logits_tolerance for the weights' type.
+Tolerance same_rounding_tolerance(cuda::WeightDtype dtype) {
+  return same_rounding_logits_tolerance(dtype == cuda::WeightDtype::BFloat16 ? DType::BF16 : DType::F16);
+}
+
+// Logits within `tolerance`, row by row, with the worst error printed.
+void expect_rows_within(const std::vector<float>& got, const std::vector<float>& ref, int vocab, Tolerance tolerance,
+                        const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double worst = 0.0;
+  const auto row = static_cast<std::size_t>(vocab);
+  for (std::size_t r = 0; r * row < got.size(); ++r) {
+    const CompareResult result = compare(std::span<const float>(got).subspan(r * row, row),
+                                         std::span<const float>(ref).subspan(r * row, row), tolerance);
+    EXPECT_TRUE(result.ok) << what << ", logits row " << r << ": " << result.summary();
+    worst = std::max(worst, result.max_abs_err);
+  }
+  std::cout << "[ info     ] " << what << ": max abs error " << worst << "\n";
+}
+
 // The implementation, apart from the precision: the CPU model on the same
-// rounded weights. Up to 16 rows every product is the GEMV, which keeps the
-// activations in fp32: fp32 tolerance, on a 13-token prompt and 10 decode
-// steps. A 37-row prefill goes through cuBLAS with the activations rounded to
-// the half type too: the dtype's tolerance there.
+// rounded weights, rounding each product's x as the GPU does. A 13-token
+// prompt and 10 decode steps (every product the GEMV), then a 37-row prefill
+// (cuBLAS): the same tolerance on both paths.
 TEST_P(CudaHalfVsCpu, MatchesTheCpuOnTheSameRoundedWeights) {
   LLM_REQUIRE_CUDA_DEVICE();
   const ModelConfig& config = GetParam().config;
   const ModelWeights weights = random_weights(config, 31337);
-  for (const HalfCase& half : {HalfCase{cuda::WeightDtype::Float16, DType::F16},
-                               HalfCase{cuda::WeightDtype::BFloat16, DType::BF16}}) {
-    SCOPED_TRACE(cuda::to_string(half.dtype));
-    CpuModel cpu(with_rounded_matrices(weights, half.dtype));
-    const auto gpu = cuda::make_cuda_model(weights, {half.dtype, true});
+  for (const cuda::WeightDtype dtype : {cuda::WeightDtype::Float16, cuda::WeightDtype::BFloat16}) {
+    SCOPED_TRACE(cuda::to_string(dtype));
+    const Tolerance tolerance = same_rounding_tolerance(dtype);
+    CpuModel cpu = cpu_model_with_half_products(weights, dtype);
+    const auto gpu = cuda::make_cuda_model(weights, {dtype, true});
     const auto cpu_cache = cpu.make_cache(2, config.seq_len);
     const auto gpu_cache = gpu->make_cache(2, config.seq_len);
     const std::vector<int> short_prompt = random_tokens(13, config.vocab_size, 3);
     const TokenBatch prefill = TokenBatch::prefill(short_prompt, 0, 0);
     const auto ref = run(cpu, prefill, *cpu_cache, LogitsFor::AllRows);
-    llm::testing::expect_logit_rows_close(run(*gpu, prefill, *gpu_cache, LogitsFor::AllRows), ref,
-                                          config.vocab_size, "13-row prefill");
+    expect_rows_within(run(*gpu, prefill, *gpu_cache, LogitsFor::AllRows), ref, config.vocab_size, tolerance,
+                       "13-row prefill (GEMV)");
     int token = last_argmax(ref, config.vocab_size);
     for (int pos = 13; pos < 23; ++pos) {
       const auto ref_step = run(cpu, TokenBatch::single(token, pos, 0), *cpu_cache);
-      llm::testing::expect_logit_rows_close(run(*gpu, TokenBatch::single(token, pos, 0), *gpu_cache), ref_step,
-                                            config.vocab_size, "decode at " + std::to_string(pos));
+      expect_rows_within(run(*gpu, TokenBatch::single(token, pos, 0), *gpu_cache), ref_step, config.vocab_size,
+                         tolerance, "decode at " + std::to_string(pos) + " (GEMV)");
       token = last_argmax(ref_step, config.vocab_size);
     }
     const TokenBatch long_prefill = TokenBatch::prefill(random_tokens(37, config.vocab_size, 4), 0, 1);
-    const CompareResult check = compare(run(*gpu, long_prefill, *gpu_cache, LogitsFor::AllRows),
-                                        run(cpu, long_prefill, *cpu_cache, LogitsFor::AllRows),
-                                        model_logits_tolerance(half.tolerance_dtype));
-    EXPECT_TRUE(check.ok) << "37-row prefill: max_abs " << check.max_abs_err << ", " << check.over_tolerance
-                          << " over tolerance, " << check.nan_or_inf << " NaN/Inf";
+    expect_rows_within(run(*gpu, long_prefill, *gpu_cache, LogitsFor::AllRows),
+                       run(cpu, long_prefill, *cpu_cache, LogitsFor::AllRows), config.vocab_size, tolerance,
+                       "37-row prefill (cuBLAS)");
+  }
+}
+
+// What a serving engine (step 07) needs of the half model: a decode row gives
+// the logits it gives alone (the GEMV's path) when it shares a forward with
+// another sequence's 20-row prefill, 21 rows that go through cuBLAS. Both
+// paths round x alike, so the two differ only as two fp32 sum orders do (and
+// the rare neighbouring rounding of same_rounding_tolerance); the greedy
+// token is the same.
+TEST_P(CudaHalfVsCpu, ADecodeRowGivesItsSoloLogitsInAForwardOfManyRows) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const ModelConfig& config = GetParam().config;
+  const ModelWeights weights = random_weights(config, 4242);
+  const int vocab = config.vocab_size;
+  const std::vector<int> cached = random_tokens(9, vocab, 5);    // sequence 1's prompt
+  const std::vector<int> prefill = random_tokens(20, vocab, 6);  // sequence 0's, in the shared forward
+  const int next = 11;                                           // sequence 1's decode token
+  for (const cuda::WeightDtype dtype : {cuda::WeightDtype::Float16, cuda::WeightDtype::BFloat16}) {
+    SCOPED_TRACE(cuda::to_string(dtype));
+    const auto gpu = cuda::make_cuda_model(weights, {dtype, true});
+    const auto solo_cache = gpu->make_cache(2, config.seq_len);
+    const auto shared_cache = gpu->make_cache(2, config.seq_len);
+    for (KvCache* cache : {solo_cache.get(), shared_cache.get()}) run(*gpu, TokenBatch::prefill(cached, 0, 1), *cache);
+    const auto solo = run(*gpu, TokenBatch::single(next, 9, 1), *solo_cache);
+    TokenBatch shared = TokenBatch::prefill(prefill, 0, 0);
+    shared.add(next, 9, 1);
+    ASSERT_GT(shared.size(), cuda::kMaxGemvRows) << "the shared forward must take cuBLAS's path";
+    const auto both = run(*gpu, shared, *shared_cache);  // last row of each sequence: 0's, then 1's
+    const std::vector<float> shared_row(both.begin() + vocab, both.end());
+    expect_rows_within(shared_row, solo, vocab, same_rounding_tolerance(dtype), "decode row, alone vs among 21");
+    EXPECT_EQ(last_argmax(shared_row, vocab), last_argmax(solo, vocab));
   }
 }
 #endif

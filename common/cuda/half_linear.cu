@@ -1,15 +1,24 @@
 // Half-precision weights (fp16, bf16) for the CUDA model: HalfCudaLinear
 // (half_linear.hpp), its GEMV for 1..16 rows and its cuBLAS path for more.
 //
-// What is half and what is not. Only the weights are rounded (once, at
-// construction, round to nearest even). At decode a token's activations are
-// a few KB (x [rows, in] fp32) against MB of weights per product, so the
-// weights are what a token's time is made of, and halving them is what pays;
-// rounding x too would save almost nothing on the GEMV path. Keeping x, y,
-// the residual stream and the norms in fp32 (and every sum in fp32) leaves
-// the weights' rounding as the only new error against the fp32 CPU
-// reference, which keeps that comparison tight. (The prefill path does round
-// x to the half type: see forward_gemm.)
+// What is half and what is not. The weights are rounded once, at
+// construction (round to nearest even), and stored half: at decode a token's
+// activations are a few KB (x [rows, in] fp32) against MB of weights per
+// product, so the weights are what a token's time is made of, and halving
+// them is what pays. x, y, the residual stream and the norms stay fp32 in
+// memory, and every sum is fp32. The products' inputs, though, are rounded
+// to the weights' type on both paths: cuBLAS (prefill) multiplies half by
+// half, so the GEMV rounds each x value as it stages it too (the same round
+// to nearest even; it costs nothing, x is staged anyway). Why: a serving
+// engine (step 07) puts a request's decode row into a forward with other
+// requests' prefill rows, more than 16 in all, so the row goes through
+// cuBLAS there and through the GEMV when it runs alone. With x rounded alike
+// on both paths, the two results differ only by the order of fp32 sums
+// (about 1e-6 of the output), as the fp32 model's cuBLAS kernels do between
+// row counts; with fp32 x on one path and half x on the other they would
+// differ by x's rounding (about 1e-3), enough to swap two near-equal logits
+// and change a greedy token. A row of the model gives nearly the same logits
+// in any batch (tested), so batched and solo runs agree token for token.
 //
 // The GEMV (rows <= kMaxGemvRows = 16). Why 16: speculative decoding verifies
 // k + 1 <= 9 rows at once and step 07 batches a few sequences per step; a
@@ -133,6 +142,8 @@ struct Float16Traits {
   __device__ static float to_float(std::uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
   // Round to nearest even; beyond 65504 (from 65520 on) the result is inf.
   __device__ static std::uint16_t from_float(float value) { return __half_as_ushort(__float2half_rn(value)); }
+  // value rounded to fp16 and back: the value cuBLAS multiplies by.
+  __device__ static float round_trip(float value) { return __half2float(__float2half_rn(value)); }
 };
 struct BFloat16Traits {
   static constexpr cudaDataType_t kCublasType = CUDA_R_16BF;
@@ -141,6 +152,7 @@ struct BFloat16Traits {
   __device__ static std::uint16_t from_float(float value) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(value));
   }
+  __device__ static float round_trip(float value) { return __bfloat162float(__float2bfloat16_rn(value)); }
 };
 
 // The 16-bit element `index` (0..7) of a 16-byte vector: little-endian, so
@@ -327,7 +339,9 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
             if (normalize_x) value = device::normalized(args.input_norm[k], inverse_rms[r], value);
           }
         }
-        staged_x[r * kChunkElements + staged_column(column)] = value;
+        // Rounded to the weights' type, as forward_gemm rounds x for cuBLAS
+        // (the header says why).
+        staged_x[r * kChunkElements + staged_column(column)] = Traits::round_trip(value);
       }
     __syncthreads();
 
@@ -595,8 +609,8 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
 
 // More rows than the GEMV takes (prefill): x is rounded to the half type into
 // the shared scratch and cuBLAS multiplies half by half with fp32 sums
-// (tensor cores). Unlike the GEMV, this path rounds x: each x value gains a
-// relative error of at most 2^-11 (fp16) or 2^-8 (bf16), so an output can
+// (tensor cores). Both paths round x alike (the GEMV as it stages it): each
+// x value gains a relative error of at most 2^-11 (fp16) or 2^-8 (bf16), so an output can
 // move by up to that fraction of sum_i |w_i| |x_i| (in practice about
 // sqrt(in) times less: the errors have random signs). fp16 also turns |x| >
 // 65504 into inf and flushes |x| < 2^-24 to zero; bf16 keeps fp32's range.

@@ -1,11 +1,14 @@
 #pragma once
 // Half-precision weights for the CUDA model: a CudaLinear whose weights are
 // rounded once to fp16 or bf16 and kept that way on the device, so a decode
-// token reads half the bytes of the fp32 baseline. Activations stay fp32 (x
-// in, y out) and every sum is accumulated in fp32. Up to kMaxGemvRows rows go
-// through a GEMV written for this (one pass over the weights whatever the row
-// count); more rows (prefill) go through cuBLAS with x rounded to the half
-// type. Why these choices, and the kernel's shape: half_linear.cu.
+// token reads half the bytes of the fp32 baseline. Activations stay fp32 in
+// memory (x in, y out) and every sum is accumulated in fp32; each product
+// multiplies the half weights by x rounded to the same half type. Up to
+// kMaxGemvRows rows go through a GEMV written for this (one pass over the
+// weights whatever the row count); more rows (prefill) go through cuBLAS.
+// Both paths round x alike, so a row's output does not depend (beyond the
+// order of fp32 sums) on which path its forward took. Why these choices, and
+// the kernel's shape: half_linear.cu.
 //
 // Host-only: includable from .cpp files of a CUDA build (the half types
 // themselves, cuda_fp16.h and cuda_bf16.h, appear only in half_linear.cu).

@@ -28,6 +28,15 @@ Tolerance model_logits_tolerance(DType dtype) {
   return {0.0, 0.0};
 }
 
+Tolerance same_rounding_logits_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return model_logits_tolerance(DType::F32);
+    case DType::F16: return {2e-4, 2e-4};
+    case DType::BF16: return {2e-3, 2e-3};
+  }
+  return {0.0, 0.0};
+}
+
 const char* dtype_name(DType dtype) {
   switch (dtype) {
     case DType::F32: return "fp32";

@@ -28,6 +28,15 @@ Tolerance tolerance_for(DType dtype);
 // logits are O(1..10)): fp32 within 1e-4 absolute + 1e-4 relative; fp16 and
 // bf16 weights within 2e-2 and 1e-1 (absolute and relative).
 Tolerance model_logits_tolerance(DType dtype);
+// Two computations of the same model's logits that round the same values
+// alike (a row alone and the same row in a batch; the CUDA half model and the
+// CPU model rounding its products' inputs the same way): fp32 sums in another
+// order (fp32's 1e-4), and for fp16/bf16 products now and then an input that
+// the two round to neighbouring half values because its fp32 bits differed in
+// the last place: one step of the half type (2^-11 of the value for fp16,
+// 2^-8 for bf16) in one term of a sum. fp32 1e-4, fp16 2e-4, bf16 2e-3
+// (absolute and relative): far inside model_logits_tolerance's half rows.
+Tolerance same_rounding_logits_tolerance(DType dtype);
 const char* dtype_name(DType dtype);
 
 struct CompareResult {
