@@ -325,11 +325,13 @@ if want presets && ! ((full)); then
   # whose longest output is 272 tokens: with the default seed's, one request
   # of 844 tokens set the length of every batched run and made this preset
   # the check's longest (its time: docs/results/gpu_decode/README.md); --full
-  # replays 64 requests, long tail included.
+  # replays 64 requests, long tail included. Its engine runs the fp16 model
+  # (graphs, fusions, split-KV decode over the paged cache), as a GPU
+  # server would.
   run_step presets tinyllama-1.1b step06_quantization --device cuda --preset tinyllama-1.1b --no-quality --steps 8 \
     --formats int8,int4-g64
-  run_step presets tinyllama-1.1b step07_batching --device cuda --preset tinyllama-1.1b --requests 8 --seed 85 \
-    --repeats 1 --loads 1.0
+  run_step presets tinyllama-1.1b_fp16 step07_batching --device cuda --preset tinyllama-1.1b --dtype fp16 \
+    --requests 8 --seed 85 --repeats 1 --loads 1.0
 fi
 if want presets && ((full)); then
   decode_rows 2048 5 "fp32 fp16 bf16"
@@ -368,8 +370,9 @@ if want presets && ((full)); then
   run_step presets tinyllama-1.1b step06_quantization --device cuda --full --preset tinyllama-1.1b --no-quality \
     --steps 128
   # Continuous batching where decode is memory-bound (a forward of 16 rows
-  # costs about what one row costs): TinyLlama's dims, a shorter trace.
-  run_step presets tinyllama-1.1b step07_batching --device cuda --full --preset tinyllama-1.1b --requests 64 --repeats 1
+  # costs about what one row costs): TinyLlama's dims in fp16, a shorter trace.
+  run_step presets tinyllama-1.1b_fp16 step07_batching --device cuda --full --preset tinyllama-1.1b --dtype fp16 \
+    --requests 64 --repeats 1
 fi
 
 # --- compute-sanitizer -------------------------------------------------------------

@@ -1,18 +1,24 @@
-// Step 07's engine on the GPU: the CUDA paged model serves every policy under
-// a KV pool of one full context (preemption, chunked prefill), and each
-// request's greedy tokens equal its solo tokens on the CUDA model with its
-// own contiguous cache; on the tiny preset and on stories260K. Skips where no
-// GPU can be present and fails where one is present but unusable
-// (LLM_REQUIRE_CUDA_DEVICE, tests/test_support.hpp); stories260K's cases skip
-// without its files.
+// Step 07's engine on the GPU: the course's CUDA model (what step 07 runs on
+// CUDA: common/cuda, its kernels reading the engine's block tables) serves
+// every policy under a KV pool of one full context (preemption, chunked
+// prefill), and each request's greedy tokens equal its solo tokens on the
+// same model with its own contiguous cache; fp32 weights and fp16 ones, on
+// the tiny preset and on stories260K. In fp16 the chunks of 24 rows put
+// decode rows into forwards of more than 16 rows (cuBLAS's path) that run
+// alone through the GEMV: the two paths round x alike (half_linear.cu), so
+// the tokens still agree. Skips where no GPU can be present and fails where
+// one is present but unusable (LLM_REQUIRE_CUDA_DEVICE,
+// tests/test_support.hpp); stories260K's cases skip without its files.
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "llm/checkpoint.hpp"
 #include "llm/config.hpp"
+#include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/harness/model_on_device.hpp"
 #include "llm/tokenizer.hpp"
 #include "llm/weights.hpp"
-#include "step05_paged_attention/measure/paged_generation.hpp"
 #include "step07_batching/measure/replay.hpp"
 #include "step07_serving_checks.hpp"
 #include "test_support.hpp"
@@ -24,11 +30,18 @@ using testing::expect_every_policy_exact;
 using testing::small_workload;
 using testing::tight_limits;
 
-// The engine on the paged CUDA model; the reference from the plain CUDA model.
+// The engine and the solo reference on two instances of the CUDA model with
+// the same weight type (graphs and fusions on, as step 07 runs it).
 void expect_cuda_policies_match_solo(const llm::ModelWeights& weights, const std::vector<Request>& requests) {
-  auto paged = step05::make_paged_model_on("cuda", weights);
-  auto plain = llm::make_model_on("cuda", weights);
-  expect_every_policy_exact(*paged, requests, solo_outputs(*plain, requests), tight_limits(weights.config), true);
+  for (const auto dtype : {llm::cuda::WeightDtype::Float32, llm::cuda::WeightDtype::Float16}) {
+    SCOPED_TRACE(llm::cuda::to_string(dtype));
+    llm::cuda::CudaRunOptions run;
+    run.dtype = dtype;
+    auto engine_model = llm::make_model_on("cuda", weights, run);
+    auto solo_model = llm::make_model_on("cuda", weights, run);
+    expect_every_policy_exact(*engine_model, requests, solo_outputs(*solo_model, requests),
+                              tight_limits(weights.config), true);
+  }
 }
 
 TEST(Step07EngineGpu, EveryPolicyMatchesSoloOnTinyPreset) {

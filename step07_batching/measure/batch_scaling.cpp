@@ -188,6 +188,8 @@ std::vector<int> ascending_unique(std::vector<int> rows) {
   return rows;
 }
 
+std::size_t bytes_per_value(llm::DType type) { return type == llm::DType::F32 ? sizeof(float) : 2; }
+
 // One row count: the check against the solo logits, then the timed forwards.
 BatchScalingPoint measure_point(llm::Model& model, llm::KvCache& cache, const std::vector<std::vector<int>>& sequences,
                                 std::span<const float> solo, int rows, const BatchScalingOptions& options) {
@@ -196,7 +198,7 @@ BatchScalingPoint measure_point(llm::Model& model, llm::KvCache& cache, const st
   point.rows = rows;
   const std::size_t vocab = static_cast<std::size_t>(model.config().vocab_size);
   point.logits = llm::compare(model.forward(batch, cache), solo.first(static_cast<std::size_t>(rows) * vocab),
-                              llm::model_logits_tolerance(llm::DType::F32));
+                              llm::same_rounding_logits_tolerance(options.weight_type));
   // A wall clock on either device: forward() returns the logits in host
   // memory, so on the GPU it has waited for every kernel and the copy back
   // (the copy is part of a decode step's cost anyway).
@@ -244,14 +246,15 @@ void apply_quick(BatchScalingOptions& options) {
   options.max_read_buffer_bytes = std::min<std::size_t>(options.max_read_buffer_bytes, std::size_t{64} << 20);
 }
 
-DecodeRoofline decode_roofline(const llm::ModelConfig& config, int rows, int context, std::size_t bytes_per_value,
+DecodeRoofline decode_roofline(const llm::ModelConfig& config, int rows, int context,
+                               std::size_t weight_bytes_per_value, std::size_t kv_bytes_per_value,
                                const DeviceCeilings& ceilings) {
   DecodeRoofline roofline;
   roofline.rows = rows;
   roofline.context = context;
   const double attended = static_cast<double>(rows) * (context + 1);  // every row sees its own position too
-  roofline.weight_bytes = parameters_per_row(config) * static_cast<double>(bytes_per_value);
-  roofline.kv_bytes = attended * static_cast<double>(config.kv_bytes_per_token(bytes_per_value));
+  roofline.weight_bytes = parameters_per_row(config) * static_cast<double>(weight_bytes_per_value);
+  roofline.kv_bytes = attended * static_cast<double>(config.kv_bytes_per_token(kv_bytes_per_value));
   roofline.flops = forward_flops(config, rows, rows, attended);
   roofline.memory_ms = roofline.bytes() / (ceilings.bandwidth_gb_per_s * 1e6);
   roofline.compute_ms = roofline.flops / (ceilings.compute_gflop_per_s * 1e6);
@@ -263,6 +266,7 @@ BatchScaling measure_batch_scaling(const std::string& device, llm::Model& model,
   check_options(options, config);
   BatchScaling result;
   result.device = device;
+  result.weight_type = options.weight_type;
   result.config = config;
   result.context = options.context;
   if (device == "cpu") result.last_level_cache_bytes = llm::last_level_cache_bytes();
@@ -287,7 +291,8 @@ BatchScaling measure_batch_scaling(const std::string& device, llm::Model& model,
 
   for (const int n : rows) {
     BatchScalingPoint point = measure_point(model, *cache, sequences, solo, n, options);
-    point.roofline = decode_roofline(config, n, options.context, sizeof(float), result.ceilings);
+    point.roofline =
+        decode_roofline(config, n, options.context, bytes_per_value(options.weight_type), sizeof(float), result.ceilings);
     point.speedup = result.points.empty() ? 1.0 : point.tokens_per_s / result.points.front().tokens_per_s;
     result.points.push_back(std::move(point));
   }
@@ -302,7 +307,8 @@ std::vector<ComputedRoofline> llama2_7b_on_h100(int context, const std::vector<i
   const llm::ModelConfig& llama = llm::find_preset("llama2-7b").config;
   std::vector<ComputedRoofline> out;
   for (const int n : rows)
-    out.push_back({"Llama-2-7B", h100, decode_roofline(llama, n, context, h100.bytes_per_value, ceilings)});
+    out.push_back({"Llama-2-7B", h100,
+                   decode_roofline(llama, n, context, h100.bytes_per_value, h100.bytes_per_value, ceilings)});
   return out;
 }
 
@@ -338,6 +344,7 @@ llm::JsonObject point_json(const BatchScaling& run, const BatchScalingPoint& poi
                        {"tokens_per_s", point.tokens_per_s},
                        {"speedup", point.speedup}};
   for (auto& entry : roofline_json(point.roofline)) fields.push_back(std::move(entry));
+  fields.emplace_back("weight_dtype", std::string(llm::dtype_name(run.weight_type)));
   fields.emplace_back("measured_over_predicted", point.forward.median_ms / point.roofline.predicted_ms());
   fields.emplace_back("bandwidth_gb_per_s", run.ceilings.bandwidth_gb_per_s);
   fields.emplace_back("bandwidth_measured_by", run.ceilings.bandwidth_measured_by);
@@ -406,9 +413,9 @@ namespace {
 void print_run(const BatchScaling& run) {
   const DeviceCeilings& ceilings = run.ceilings;
   fmt::print(
-      "{}: bandwidth {:.1f} GB/s ({}); compute {:.1f} GFLOP/s ({}); ridge {:.1f} FLOP/byte; this model's "
-      "prefill of {} rows: {:.1f} GFLOP/s\n",
-      run.device, ceilings.bandwidth_gb_per_s, ceilings.bandwidth_measured_by, ceilings.compute_gflop_per_s,
+      "{} ({} weights, fp32 K/V): bandwidth {:.1f} GB/s ({}); compute {:.1f} GFLOP/s ({}); ridge {:.1f} FLOP/byte; "
+      "this model's prefill of {} rows: {:.1f} GFLOP/s\n",
+      run.device, llm::dtype_name(run.weight_type), ceilings.bandwidth_gb_per_s, ceilings.bandwidth_measured_by, ceilings.compute_gflop_per_s,
       ceilings.compute_measured_by, ceilings.ridge_intensity(), run.context, run.prefill_gflop_per_s);
   fmt::print("{:<6} {:>5} {:>11} {:>11} {:>9} {:>7} {:>10} {:>9} {:>7} {:>11} {:>8} {:>9} {:>7}\n", "device", "rows",
              "forward", "per token", "tok/s", "vs x1", "bytes", "GFLOP", "FLOP/B", "predicted", "bound", "meas/pred",
@@ -454,11 +461,13 @@ void print_computed(int context) {
 void print_batch_scaling(const std::vector<BatchScaling>& runs) {
   if (runs.empty()) return;
   fmt::print("\npart 1: one forward of n decode rows, each a different sequence with {} positions cached; median of "
-             "{} forwards; predicted = max(bytes / bandwidth, FLOPs / compute), fp32, ceilings measured in this run\n",
+             "{} forwards; predicted = max(bytes / bandwidth, FLOPs / compute) for the model's weight type, ceilings "
+             "measured in this run\n",
              runs.front().context, runs.front().points.front().forward.runs);
   for (const BatchScaling& run : runs) print_run(run);
   fmt::print("vs x1 = tok/s / tok/s of the first row count, same device; logits: every row vs its sequence's solo "
-             "1-row forward (fp32 logits tolerance).\n");
+             "1-row forward (fp32 logits tolerance; with half weights, as far as two ways of rounding the same values "
+             "may part: compare.hpp's same_rounding_logits_tolerance).\n");
   print_computed(runs.front().context);
 }
 

@@ -43,6 +43,10 @@ struct BatchScalingOptions {
   // at most this (see measure_cpu_read_bandwidth_gbps in the .cpp).
   std::size_t max_read_buffer_bytes = std::size_t{256} << 20;
   std::uint64_t seed = 42;  // the sequences' tokens
+  // The model's weight type (the CUDA model's --dtype): the roofline's bytes
+  // per weight, and the tolerance of a row against its solo forward
+  // (same_rounding_logits_tolerance). The K/V cache stays fp32.
+  llm::DType weight_type = llm::DType::F32;
 };
 
 // --scaling-rows LIST and --scaling-context N (main.cpp's command line).
@@ -75,7 +79,8 @@ struct DecodeRoofline {
   double predicted_ms() const { return memory_ms > compute_ms ? memory_ms : compute_ms; }
   bool compute_bound() const { return compute_ms > memory_ms; }
 };
-DecodeRoofline decode_roofline(const llm::ModelConfig& config, int rows, int context, std::size_t bytes_per_value,
+DecodeRoofline decode_roofline(const llm::ModelConfig& config, int rows, int context,
+                               std::size_t weight_bytes_per_value, std::size_t kv_bytes_per_value,
                                const DeviceCeilings& ceilings);
 
 // One row count, measured.
@@ -85,12 +90,13 @@ struct BatchScalingPoint {
   double ms_per_token = 0.0;  // forward median / rows
   double tokens_per_s = 0.0;
   double speedup = 1.0;       // tokens/s over the smallest row count's (n = 1 by default)
-  DecodeRoofline roofline;    // the model's prediction, fp32, with the measured ceilings
+  DecodeRoofline roofline;    // the model's prediction, its weight type, with the measured ceilings
   llm::CompareResult logits;  // every row's logits vs its sequence's solo 1-row forward
 };
 
 struct BatchScaling {
   std::string device;
+  llm::DType weight_type = llm::DType::F32;
   llm::ModelConfig config;
   int context = 0;
   DeviceCeilings ceilings;

@@ -30,6 +30,7 @@
 #include <optional>
 #include <vector>
 
+#include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/cli.hpp"
 #include "llm/harness/model_on_device.hpp"
@@ -174,8 +175,7 @@ std::optional<int> parse_options(int argc, char** argv, Step07Options& options) 
       [] { llm::print_variant_list(step07::policies(), 20); },
       {{{"--prompt", "--steps"}, "its requests' prompts and lengths come from its seeded trace"},
        {{"--temperature", "--top-p"},
-        "every request decodes greedily, to be checked against the same request run alone"},
-       {{"--dtype", "--no-graphs", "--no-fusions", "--no-norm-folding"}, "its engine runs step 05's fp32 paged CUDA model (steps 01 and 04 take them)"}});
+        "every request decodes greedily, to be checked against the same request run alone"}});
 }
 
 // The run size's values for the flags not given. --quick: seconds on a slow
@@ -280,16 +280,43 @@ struct Scenarios {
 // Progress lines per device: the solo runs, then each part.
 int progress_parts(const Step07Options& options) { return 7 + (options.loopback ? 1 : 0); }
 
+// The engine's model. On the CPU, step 05's paged attention reads the
+// engine's block tables. On CUDA, the course's CUDA model (common/cuda): its
+// decode and prefill kernels read any cache through its block table, so it
+// runs the engine as it runs steps 01 and 04, with the same --dtype,
+// --no-graphs, --no-fusions and --no-norm-folding.
+std::unique_ptr<llm::Model> make_engine_model(const std::string& device, const llm::ModelWeights& weights,
+                                              const llm::CommonOptions& common) {
+  if (device == "cuda") return llm::make_model_on(device, weights, llm::cuda_run_options(common));
+  return step05::make_paged_model_on(device, weights);
+}
+
+// The weight type part 1's roofline and tolerance use: --dtype on CUDA.
+llm::DType engine_weight_type(const std::string& device, const llm::CommonOptions& common) {
+  if (device != "cuda") return llm::DType::F32;
+  switch (llm::cuda_run_options(common).dtype) {
+    case llm::cuda::WeightDtype::Float16: return llm::DType::F16;
+    case llm::cuda::WeightDtype::BFloat16: return llm::DType::BF16;
+    case llm::cuda::WeightDtype::Float32: break;
+  }
+  return llm::DType::F32;
+}
+
 DeviceParts run_device(const std::string& device, const Step07Options& options, const llm::LoadedModel& loaded,
                        const Scenarios& scenarios, const std::vector<int>& policy_ids, llm::RunProgress& progress) {
-  const auto baseline = llm::make_model_on(device, loaded.weights);
-  const auto model = step05::make_paged_model_on(device, loaded.weights);
+  // The reference (each request alone, through a contiguous cache) and the
+  // engine's model run with the same precision.
+  const auto baseline = llm::make_model_on(device, loaded.weights, llm::cuda_run_options(options.common));
+  const auto model = make_engine_model(device, loaded.weights, options.common);
   const auto& trace = scenarios.trace;
   progress.start(fmt::format("{}: the {} requests alone (the reference tokens)", device, trace.size()));
   const auto solo = step07::solo_outputs(*baseline, trace);
   DeviceParts parts;
   progress.start(fmt::format("{}: batch scaling, one forward of n decode rows", device));
-  parts.scaling = step07::measure_batch_scaling(device, *model, options.scaling);
+  const llm::DType weight_type = engine_weight_type(device, options.common);
+  step07::BatchScalingOptions scaling = options.scaling;
+  scaling.weight_type = weight_type;
+  parts.scaling = step07::measure_batch_scaling(device, *model, scaling);
   progress.start(fmt::format("{}: the trace under each policy", device));
   parts.policies = step07::compare_policies(device, *model, trace, solo, options.limits, policy_ids, options.repeats);
   // Loads are fractions of what continuous batching sustains offline, here.
@@ -322,8 +349,10 @@ DeviceParts run_device(const std::string& device, const Step07Options& options, 
   progress.start(fmt::format("{}: parallel sampling, n = {} forked and as separate requests", device,
                              fmt::join(options.sampling.samples, ", ")));
   const std::vector<int> sampling_solo = step07::solo_outputs(*baseline, {scenarios.sampling_prompt}).front();
+  step07::ParallelSamplingOptions sampling = options.sampling;
+  sampling.weight_type = weight_type;
   parts.sampling = step07::compare_parallel_sampling(device, *model, scenarios.sampling_prompt, sampling_solo,
-                                                     options.limits, options.sampling);
+                                                     options.limits, sampling);
   return parts;
 }
 
@@ -380,7 +409,7 @@ void report(llm::Results& results, const step05::LengthSummary& lengths, int n_r
 
 // --serve PORT: continuous batching behind the OpenAI-compatible API until Ctrl-C.
 int serve(const Step07Options& options, const llm::LoadedModel& loaded, const llm::DeviceSelection& devices) {
-  const auto model = step05::make_paged_model_on(devices.cuda ? "cuda" : "cpu", loaded.weights);
+  const auto model = make_engine_model(devices.cuda ? "cuda" : "cpu", loaded.weights, options.common);
   step07::ServerOptions server_options;
   server_options.port = options.serve_port;
   server_options.engine =

@@ -187,7 +187,7 @@ struct Divergence {
 };
 Divergence judge_divergence(const std::vector<int>& got, const std::vector<int>& want,
                             const std::vector<float>& got_logits, const std::vector<float>& want_logits,
-                            const SamplingParams& sampling, int vocab_size) {
+                            const SamplingParams& sampling, int vocab_size, llm::DType weight_type) {
   const auto [got_token, want_token] = std::mismatch(got.begin(), got.end(), want.begin(), want.end());
   const auto t = static_cast<std::size_t>(got_token - got.begin());
   const std::string where = fmt::format("token {} is {} alone, {} here", t, want_token == want.end() ? -1 : *want_token,
@@ -198,8 +198,10 @@ Divergence judge_divergence(const std::vector<int>& got, const std::vector<int>&
     return {false, where + " (no logits were kept for that token)"};
   const std::span<const float> got_row(got_logits.data() + t * vocab, vocab);
   const std::span<const float> want_row(want_logits.data() + t * vocab, vocab);
-  const llm::CompareResult close = llm::compare(got_row, want_row, llm::model_logits_tolerance(llm::DType::F32));
-  if (!close.ok) return {false, where + ": the two logits rows there are past the fp32 tolerance: " + close.summary()};
+  const llm::CompareResult close = llm::compare(got_row, want_row, llm::same_rounding_logits_tolerance(weight_type));
+  const char* type = llm::dtype_name(weight_type);
+  if (!close.ok)
+    return {false, where + fmt::format(": the two logits rows there are past the {} tolerance: {}", type, close.summary())};
   // The sampler takes one coin per token: replayed over the alone run's
   // earlier rows, it holds the coin both runs drew token t with.
   llm::Sampler replay(vocab_size, sampling.temperature, sampling.top_p, sampling.seed);
@@ -213,16 +215,17 @@ Divergence judge_divergence(const std::vector<int>& got, const std::vector<int>&
   if (alone_draw != *want_token || here_draw != *got_token)
     return {false, where + fmt::format(": the sampler seeded {} draws {} from the alone row and {} from this run's row",
                                        sampling.seed, alone_draw, here_draw)};
-  return {true, where + fmt::format(": the logits there agree within the fp32 tolerance (max_rel {:.2e}), and the same "
+  return {true, where + fmt::format(": the logits there agree within the {} tolerance (max_rel {:.2e}), and the same "
                                     "coin draws each token from its own row",
-                                    close.max_rel_err)};
+                                    type, close.max_rel_err)};
 }
 
 }  // namespace
 
 OutputCheck check_sampled_outputs(const std::vector<RequestRecord>& records, const std::vector<std::vector<int>>& alone,
                                   const LogitsBySample& logits, const LogitsBySample& alone_logits,
-                                  const SamplingParams& sampling, int vocab_size, bool exact) {
+                                  const SamplingParams& sampling, int vocab_size, bool exact,
+                                  llm::DType weight_type) {
   OutputCheck check = check_outputs(records, alone);
   if (exact || check.ok() || check.requests != check.expected) return check;
   check.first_difference.clear();
@@ -233,7 +236,7 @@ OutputCheck check_sampled_outputs(const std::vector<RequestRecord>& records, con
     const Divergence divergence =
         judge_divergence(record.generated, alone.at(sample), sample < logits.size() ? logits[sample] : none,
                          sample < alone_logits.size() ? alone_logits[sample] : none, seeded(sampling, record.id),
-                         vocab_size);
+                         vocab_size, weight_type);
     std::string& first = divergence.explained ? check.first_explained : check.first_difference;
     if (divergence.explained) ++check.explained;
     if (first.empty()) first = fmt::format("request {}: {}", record.id, divergence.text);
@@ -312,7 +315,8 @@ std::vector<ParallelSamplingRow> compare_parallel_sampling(const std::string& de
           run_once(model, requests_for(request, n, forked, sampled), engine, exact ? nullptr : &drawn_logits);
       row.sampled = check_sampled_outputs(numbered_by_sample(drawn.records),
                                           std::vector<std::vector<int>>(alone.begin(), alone.begin() + n),
-                                          drawn_logits, alone_logits, sampled, model.config().vocab_size, exact);
+                                          drawn_logits, alone_logits, sampled, model.config().vocab_size, exact,
+                                          options.weight_type);
       rows.push_back(std::move(row));
     }
   }

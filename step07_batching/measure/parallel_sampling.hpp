@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "llm/harness/compare.hpp"
 #include "llm/harness/timer.hpp"
 #include "llm/model.hpp"
 #include "step07_batching/measure/replay.hpp"
@@ -44,6 +45,9 @@ struct ParallelSamplingOptions {
   // default --seed, 45's window is one that greedy decoding continues for all
   // 64 tokens (44's ends its story after 11), so the part times the decode.
   std::uint64_t seed = 45;
+  // The model's weight type (the CUDA model's --dtype): the sampled check's
+  // tolerance between two logits rows (same_rounding_logits_tolerance).
+  llm::DType weight_type = llm::DType::F32;
 };
 
 // --samples LIST, --sampling-prompt-tokens N, --sampling-max-tokens N (main.cpp's command line).
@@ -109,7 +113,8 @@ using LogitsBySample = std::vector<std::vector<float>>;
 // batch-invariant device, the CPU): every sample's tokens equal, as
 // check_outputs. Otherwise a sample may part from its alone run at one
 // token, and that passes when the logits explain it: the two rows there
-// (`logits`, `alone_logits`) agree within the fp32 model tolerance, and the
+// (`logits`, `alone_logits`) agree within same_rounding_logits_tolerance of
+// the model's weight type (fp32's: 1e-4), and the
 // sampler seeded seed + j, replayed over the alone run's earlier rows (one
 // coin per token), draws the alone token from the alone row and this run's
 // token from this run's row. The seed, the coin and every earlier token are
@@ -119,7 +124,8 @@ using LogitsBySample = std::vector<std::vector<float>>;
 // row, logits past the tolerance or a sample that ended early fail.
 OutputCheck check_sampled_outputs(const std::vector<RequestRecord>& records, const std::vector<std::vector<int>>& alone,
                                   const LogitsBySample& logits, const LogitsBySample& alone_logits,
-                                  const SamplingParams& sampling, int vocab_size, bool exact);
+                                  const SamplingParams& sampling, int vocab_size, bool exact,
+                                  llm::DType weight_type = llm::DType::F32);
 
 // For every n of options.samples, forked then independent, on `model`;
 // `request` from parallel_sampling_request and `solo` its solo tokens.

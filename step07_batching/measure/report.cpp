@@ -399,7 +399,7 @@ void print_parallel_sampling(const std::vector<ParallelSamplingRow>& rows) {
              "copied on a write to a shared block; prefill / decode ms: the median run's forwards with prefill rows, "
              "and the others. tokens: greedy samples vs the solo run, sampled sample j (T {}) vs "
              "an n = 1 request seeded seed + j; explained: a sampled token differs where the two logits rows agree "
-             "within the fp32 tolerance and the same coin draws each from its own row (a device whose products "
+             "within the tolerance of the weights' type and the same coin draws each from its own row (a device whose products "
              "depend on the batch's rows).\n",
              first.temperature);
   for (const ParallelSamplingRow& row : rows)
