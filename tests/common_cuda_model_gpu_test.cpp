@@ -334,9 +334,9 @@ TEST_P(CudaHalfVsCpu, MatchesTheCpuOnTheSameRoundedWeights) {
 // What a serving engine (step 07) needs of the half model: a decode row gives
 // the logits it gives alone (the GEMV's path) when it shares a forward with
 // another sequence's 20-row prefill, 21 rows that go through cuBLAS. Both
-// paths round x alike, so the two differ only as two fp32 sum orders do (and
-// the rare neighbouring rounding of same_rounding_tolerance); the greedy
-// token is the same.
+// paths round x alike, so the two differ by the order of fp32 sums, which the
+// next products' rounding to half can enlarge (same_rounding_tolerance), not
+// by x's rounding itself; here the greedy token is the same.
 TEST_P(CudaHalfVsCpu, ADecodeRowGivesItsSoloLogitsInAForwardOfManyRows) {
   LLM_REQUIRE_CUDA_DEVICE();
   const ModelConfig& config = GetParam().config;

@@ -28,14 +28,17 @@ Tolerance tolerance_for(DType dtype);
 // logits are O(1..10)): fp32 within 1e-4 absolute + 1e-4 relative; fp16 and
 // bf16 weights within 2e-2 and 1e-1 (absolute and relative).
 Tolerance model_logits_tolerance(DType dtype);
-// Two computations of the same model's logits that round the same values
-// alike (a row alone and the same row in a batch; the CUDA half model and the
-// CPU model rounding its products' inputs the same way): fp32 sums in another
-// order (fp32's 1e-4), and for fp16/bf16 products now and then an input that
-// the two round to neighbouring half values because its fp32 bits differed in
-// the last place: one step of the half type (2^-11 of the value for fp16,
-// 2^-8 for bf16) in one term of a sum. fp32 1e-4, fp16 2e-4, bf16 2e-3
-// (absolute and relative): far inside model_logits_tolerance's half rows.
+// Two computations of one model's logits that round the same values alike
+// but add them in another order: a row alone and the same row in a batch on
+// the GPU (cuBLAS picks its kernel by the row count; the half model's
+// products leave its GEMV past 16 rows), or the CUDA half model and the CPU
+// model rounding its products' inputs the same way. In fp32 the sums' order
+// moves logits by about 1e-6: fp32's 1e-4. With fp16/bf16 products each such
+// last-bit difference may move an input's rounding to the half type by one
+// step (2^-11 of the value for fp16, 2^-8 for bf16), and through the layers
+// these add up to far more than fp32's order does (measured:
+// docs/results/gpu_decode/README.md): half of model_logits_tolerance's half
+// rows, fp16 1e-2 and bf16 5e-2 (absolute and relative).
 Tolerance same_rounding_logits_tolerance(DType dtype);
 const char* dtype_name(DType dtype);
 
