@@ -11,6 +11,7 @@
 //                         the decode rows, under a budget of rows per forward
 #include <vector>
 
+#include "llm/harness/compare.hpp"
 #include "llm/harness/variant.hpp"
 #include "step07_batching/engine.hpp"
 
@@ -42,6 +43,11 @@ struct ServingLimits {
   // chunk, the shorter the decoders' stall. A GPU, whose forward costs about
   // the same up to hundreds of rows, takes far larger chunks (part 4 sweeps it).
   int chunk_tokens = 32;
+  // The model's weight type (the CUDA model's --dtype): how far a row's
+  // logits may move between a forward alone and in a batch where the model
+  // is not batch-invariant (same_rounding_logits_tolerance; check_replay,
+  // part 7's sampled check).
+  llm::DType weight_type = llm::DType::F32;
 };
 
 // The engine options of `policy` under `limits` for a model of `context`

@@ -29,6 +29,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -37,6 +38,8 @@
 #include "llm/checkpoint.hpp"
 #include "llm/config.hpp"
 #include "llm/errors.hpp"
+#include "llm/harness/compare.hpp"
+#include "llm/sampler.hpp"
 #include "llm/tokenizer.hpp"
 #include "llm/weights.hpp"
 #include "step05_paged_attention/measure/paged_generation.hpp"
@@ -825,7 +828,7 @@ TEST(Step07EngineParallelSampling, NOutsideTheSlotsIsRefused) {
       engine.submit(request);
       ADD_FAILURE() << "n = " << n << " was taken";
     } catch (const llm::InputError& error) {
-      EXPECT_TRUE(llm::testing::HasSubstr(error.what(), "n must be from 1 to 4")) << "n = " << n;
+      EXPECT_TRUE(llm::testing::HasSubstr(error.what(), "n must be from 1 to 4"));
     }
   }
   EXPECT_FALSE(engine.has_work());
@@ -878,6 +881,70 @@ TEST(Step07EngineParallelSampling, TheListenerCarriesLogprobsWhenAsked) {
     EXPECT_LE(event.logprobs->logprob, 0.0f);
     EXPECT_GE(event.logprobs->top[0].second, event.logprobs->top[1].second);
   }
+}
+
+// check_replay's judgment of a greedy run that parts from its solo run
+// (explain_partings; on the CPU, where rows are batch-invariant, it is only
+// reached directly): request 0's token 1 is forged to the solo row's
+// runner-up, drawn from a kept row that is the solo row with the runner-up
+// raised just past the top. Explained under a tolerance that covers that
+// change; not under one that does not, not when the run kept no row, and not
+// when the kept row's greedy token is not the forged one.
+TEST(Step07Engine, AGreedyPartingIsExplainedOnlyByRowsWithinTheTolerance) {
+  const llm::ModelWeights weights = tiny_weights();
+  const auto model = step05::make_paged_model_on("cpu", weights);
+  const int context = weights.config.seq_len;
+  const std::vector<Request> requests = small_workload(weights.config, 3, 11);
+  const std::vector<std::vector<int>> solo = solo_outputs(*model, requests);
+  ASSERT_GE(solo[0].size(), 3u);
+  const ReplayResult run =
+      replay(*model, requests, engine_options_for(policy_named("continuous"), tight_limits(weights.config), context),
+             &solo);
+  EXPECT_TRUE(run.partings.empty()) << "a batch-invariant run parts from no solo run";
+  const OutputCheck clean = check_replay(*model, requests, run, solo, llm::model_logits_tolerance(llm::DType::F32));
+  EXPECT_TRUE(clean.ok()) << clean.first_difference;
+  EXPECT_EQ(clean.explained, 0);
+
+  // The solo row of request 0's token 1: its prompt, then its token 0 fed back.
+  const Request& request = requests[0];
+  const auto cache = model->make_cache(1, context);
+  model->forward(llm::TokenBatch::prefill(request.prompt, 0, 0), *cache);
+  const std::span<const float> next =
+      model->forward(llm::TokenBatch::single(solo[0][0], static_cast<int>(request.prompt.size()), 0), *cache);
+  const std::vector<float> row(next.begin(), next.end());
+  const int top = llm::argmax(row);
+  ASSERT_EQ(top, solo[0][1]);
+  std::vector<float> without_top = row;
+  without_top[static_cast<std::size_t>(top)] = -std::numeric_limits<float>::infinity();
+  const int runner_up = llm::argmax(without_top);
+  const float gap = row[static_cast<std::size_t>(top)] - row[static_cast<std::size_t>(runner_up)];
+
+  ReplayResult forged = run;
+  forged.records[0].generated = {solo[0][0], runner_up};
+  std::vector<float> kept = row;
+  kept[static_cast<std::size_t>(runner_up)] += gap * 1.001f;  // just past the top
+  forged.partings[0] = {1, kept};
+  const auto judged = [&](const ReplayResult& judged_run, llm::Tolerance tolerance) {
+    return explain_partings(check_outputs(judged_run.records, solo), *model, requests, judged_run, solo, tolerance);
+  };
+  const llm::Tolerance covers{2.0 * gap, 0.0}, misses{0.5 * gap, 0.0};
+
+  const OutputCheck near_tie = judged(forged, covers);
+  EXPECT_TRUE(near_tie.ok()) << near_tie.first_difference;
+  EXPECT_EQ(near_tie.explained, 1);
+  EXPECT_TRUE(llm::testing::HasSubstr(near_tie.first_explained, "request 0: token 1"));
+
+  const OutputCheck too_far = judged(forged, misses);
+  EXPECT_FALSE(too_far.ok());
+  EXPECT_TRUE(llm::testing::HasSubstr(too_far.first_difference, "past the tolerance"));
+
+  ReplayResult unkept = forged;
+  unkept.partings.clear();
+  EXPECT_TRUE(llm::testing::HasSubstr(judged(unkept, covers).first_difference, "kept no logits row"));
+
+  ReplayResult not_drawn = forged;
+  not_drawn.partings[0].logits = row;  // its greedy token is `top`, not the forged one
+  EXPECT_TRUE(llm::testing::HasSubstr(judged(not_drawn, covers).first_difference, "not the token drawn from it"));
 }
 
 }  // namespace

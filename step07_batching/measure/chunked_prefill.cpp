@@ -42,8 +42,10 @@ std::vector<ChunkedPrefillRow> compare_chunk_sizes(const std::string& device, ll
     const bool chunked = chunk > 0;
     if (chunked) chunk_limits.chunk_tokens = chunk;
     const ServingPolicy& serving = policy(chunked ? kContinuousChunked : kContinuous);
-    const ReplayResult run = replay(model, scenario, engine_options_for(serving, chunk_limits, model.config().seq_len));
-    rows.push_back({device, chunk, run.metrics, check_outputs(run.records, solo)});
+    const ReplayResult run =
+        replay(model, scenario, engine_options_for(serving, chunk_limits, model.config().seq_len), &solo);
+    rows.push_back({device, chunk, run.metrics,
+                    check_replay(model, scenario, run, solo, llm::same_rounding_logits_tolerance(limits.weight_type))});
   }
   return rows;
 }

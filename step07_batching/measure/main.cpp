@@ -308,51 +308,50 @@ DeviceParts run_device(const std::string& device, const Step07Options& options, 
   // engine's model run with the same precision.
   const auto baseline = llm::make_model_on(device, loaded.weights, llm::cuda_run_options(options.common));
   const auto model = make_engine_model(device, loaded.weights, options.common);
+  step07::ServingLimits limits = options.limits;
+  limits.weight_type = engine_weight_type(device, options.common);
   const auto& trace = scenarios.trace;
   progress.start(fmt::format("{}: the {} requests alone (the reference tokens)", device, trace.size()));
   const auto solo = step07::solo_outputs(*baseline, trace);
   DeviceParts parts;
   progress.start(fmt::format("{}: batch scaling, one forward of n decode rows", device));
-  const llm::DType weight_type = engine_weight_type(device, options.common);
   step07::BatchScalingOptions scaling = options.scaling;
-  scaling.weight_type = weight_type;
+  scaling.weight_type = limits.weight_type;
   parts.scaling = step07::measure_batch_scaling(device, *model, scaling);
   progress.start(fmt::format("{}: the trace under each policy", device));
-  parts.policies = step07::compare_policies(device, *model, trace, solo, options.limits, policy_ids, options.repeats);
+  parts.policies = step07::compare_policies(device, *model, trace, solo, limits, policy_ids, options.repeats);
   // Loads are fractions of what continuous batching sustains offline, here.
   const step07::PolicyRun* continuous = step07::find_policy_run(parts.policies, step07::kContinuous);
   const step07::ServingMetrics offline =
       continuous != nullptr ? continuous->replay.metrics
                             : step07::replay(*model, trace,
                                              step07::engine_options_for(step07::policy(step07::kContinuous),
-                                                                        options.limits, loaded.weights.config.seq_len))
+                                                                        limits, loaded.weights.config.seq_len))
                                   .metrics;
   progress.start(fmt::format("{}: rate sweep, Poisson arrivals at {} loads", device, options.sweep.load_factors.size()));
-  parts.sweep = step07::sweep_rates(device, *model, trace, solo, options.limits, offline.requests_per_s, options.sweep);
+  parts.sweep = step07::sweep_rates(device, *model, trace, solo, limits, offline.requests_per_s, options.sweep);
   progress.start(fmt::format("{}: long prompts with and without chunked prefill", device));
   const auto long_prompts = step07::with_arrivals(
       scenarios.long_prompts, options.chunking.load_factor * offline.requests_per_s, options.chunking.seed);
   parts.chunked = step07::compare_chunk_sizes(device, *model, long_prompts,
-                                              step07::solo_outputs(*baseline, long_prompts), options.limits,
+                                              step07::solo_outputs(*baseline, long_prompts), limits,
                                               options.chunking);
   if (options.loopback) {
     progress.start(fmt::format("{}: the engine behind the HTTP server on loopback", device));
-    parts.loopback = step07::serve_over_loopback(device, *model, loaded.name, trace, solo, options.limits,
+    parts.loopback = step07::serve_over_loopback(device, *model, loaded.name, trace, solo, limits,
                                                  offline.output_tokens_per_s);
   }
   progress.start(fmt::format("{}: a shared system prompt with the prefix cache off and on", device));
   const auto shared_system = step07::with_arrivals(
       scenarios.shared_system, options.prefix.load_factor * offline.requests_per_s, options.prefix.seed);
   parts.prefix = step07::compare_prefix_caching(device, *model, shared_system,
-                                                step07::solo_outputs(*baseline, shared_system), options.limits,
+                                                step07::solo_outputs(*baseline, shared_system), limits,
                                                 options.prefix);
   progress.start(fmt::format("{}: parallel sampling, n = {} forked and as separate requests", device,
                              fmt::join(options.sampling.samples, ", ")));
   const std::vector<int> sampling_solo = step07::solo_outputs(*baseline, {scenarios.sampling_prompt}).front();
-  step07::ParallelSamplingOptions sampling = options.sampling;
-  sampling.weight_type = weight_type;
   parts.sampling = step07::compare_parallel_sampling(device, *model, scenarios.sampling_prompt, sampling_solo,
-                                                     options.limits, sampling);
+                                                     limits, options.sampling);
   return parts;
 }
 

@@ -172,13 +172,6 @@ std::vector<RequestRecord> numbered_by_sample(std::vector<RequestRecord> records
   return records;
 }
 
-// Whether a row's logits are the same bits whatever other rows share its
-// forward. The CPU model runs each row through the same loops; cuBLAS picks
-// its GEMM kernel by the row count, so on CUDA a row's logits move by
-// rounding-level amounts with the batch (part 1 checks them within the fp32
-// tolerance, not bit for bit).
-bool batch_invariant(const llm::Model& model) { return model.device_name() == "cpu"; }
-
 // Sample `sample`'s tokens `got` (its logits rows `got_logits`) against its
 // alone run's `want` (`want_logits`), which differ: explained or not, and where.
 struct Divergence {
@@ -316,7 +309,7 @@ std::vector<ParallelSamplingRow> compare_parallel_sampling(const std::string& de
       row.sampled = check_sampled_outputs(numbered_by_sample(drawn.records),
                                           std::vector<std::vector<int>>(alone.begin(), alone.begin() + n),
                                           drawn_logits, alone_logits, sampled, model.config().vocab_size, exact,
-                                          options.weight_type);
+                                          limits.weight_type);
       rows.push_back(std::move(row));
     }
   }

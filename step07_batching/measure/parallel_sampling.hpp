@@ -45,9 +45,6 @@ struct ParallelSamplingOptions {
   // default --seed, 45's window is one that greedy decoding continues for all
   // 64 tokens (44's ends its story after 11), so the part times the decode.
   std::uint64_t seed = 45;
-  // The model's weight type (the CUDA model's --dtype): the sampled check's
-  // tolerance between two logits rows (same_rounding_logits_tolerance).
-  llm::DType weight_type = llm::DType::F32;
 };
 
 // --samples LIST, --sampling-prompt-tokens N, --sampling-max-tokens N (main.cpp's command line).

@@ -5,9 +5,9 @@
 namespace step07 {
 
 ReplayResult median_replay(llm::Model& model, const std::vector<Request>& requests, const EngineOptions& options,
-                           int repeats) {
+                           int repeats, const std::vector<std::vector<int>>* watch) {
   std::vector<ReplayResult> results;
-  for (int i = 0; i < std::max(repeats, 1); ++i) results.push_back(replay(model, requests, options));
+  for (int i = 0; i < std::max(repeats, 1); ++i) results.push_back(replay(model, requests, options, watch));
   std::sort(results.begin(), results.end(), [](const ReplayResult& a, const ReplayResult& b) {
     return a.metrics.output_tokens_per_s < b.metrics.output_tokens_per_s;
   });
@@ -32,8 +32,9 @@ std::vector<PolicyRun> compare_policies(const std::string& device, llm::Model& m
     run.device = device;
     run.policy_id = policy.id;
     run.policy_name = policy.name;
-    run.replay = median_replay(model, requests, engine_options_for(policy.fn, limits, model.config().seq_len), repeats);
-    run.check = check_outputs(run.replay.records, solo);
+    run.replay =
+        median_replay(model, requests, engine_options_for(policy.fn, limits, model.config().seq_len), repeats, &solo);
+    run.check = check_replay(model, requests, run.replay, solo, llm::same_rounding_logits_tolerance(limits.weight_type));
     runs.push_back(std::move(run));
   }
   return runs;

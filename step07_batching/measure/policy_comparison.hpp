@@ -29,9 +29,9 @@ std::vector<PolicyRun> compare_policies(const std::string& device, llm::Model& m
                                         const std::vector<int>& policy_ids, int repeats);
 
 // Replays `requests` `repeats` times (>= 1) and returns the run with the
-// median output tokens/s (the other parts use it too).
+// median output tokens/s (the other parts use it too); `watch` as replay's.
 ReplayResult median_replay(llm::Model& model, const std::vector<Request>& requests, const EngineOptions& options,
-                           int repeats);
+                           int repeats, const std::vector<std::vector<int>>* watch = nullptr);
 
 // The first few requests of `requests`, all at t = 0, once through the
 // continuous policy, untimed.

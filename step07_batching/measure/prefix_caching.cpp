@@ -34,13 +34,13 @@ std::vector<PrefixCachingRow> compare_prefix_caching(const std::string& device, 
   for (const bool prefix_caching : {false, true}) {
     EngineOptions engine = engine_options_for(policy(kContinuous), limits, context);
     engine.prefix_caching = prefix_caching;
-    const ReplayResult run = replay(model, scenario, engine);
+    const ReplayResult run = replay(model, scenario, engine, &solo);
     PrefixCachingRow row;
     row.device = device;
     row.prefix_caching = prefix_caching;
     row.system_prompt_tokens = system_prompt_tokens(options, context);
     row.metrics = run.metrics;
-    row.check = check_outputs(run.records, solo);
+    row.check = check_replay(model, scenario, run, solo, llm::same_rounding_logits_tolerance(limits.weight_type));
     for (const IterationRecord& iteration : run.iterations) {
       row.rows_computed += iteration.decode_rows + iteration.prefill_rows;
       row.prefill_rows += iteration.prefill_rows;

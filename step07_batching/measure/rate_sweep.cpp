@@ -26,10 +26,10 @@ std::vector<RateSweepPoint> sweep_rates(const std::string& device, llm::Model& m
       point.load_factor = load;
       point.rate_per_s = rate;
       const ReplayResult run =
-          replay(model, arriving, engine_options_for(policy.fn, limits, model.config().seq_len));
+          replay(model, arriving, engine_options_for(policy.fn, limits, model.config().seq_len), &solo);
       point.metrics = run.metrics;
       point.keeps_up = run.metrics.requests_per_s >= 0.9 * rate;
-      point.check = check_outputs(run.records, solo);
+      point.check = check_replay(model, arriving, run, solo, llm::same_rounding_logits_tolerance(limits.weight_type));
       points.push_back(std::move(point));
     }
   }

@@ -3,15 +3,28 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <span>
+#include <string>
 
+#include "llm/sampler.hpp"  // argmax
 #include "step05_paged_attention/measure/paged_generation.hpp"
 
 namespace step07 {
 
-ReplayResult replay(llm::Model& model, const std::vector<Request>& requests, const EngineOptions& options) {
+ReplayResult replay(llm::Model& model, const std::vector<Request>& requests, const EngineOptions& options,
+                    const std::vector<std::vector<int>>* watch) {
   ServingClock clock;
   Engine engine(model, options, clock);
   ReplayResult result;
+  if (watch != nullptr)
+    // One comparison per token; a row is copied only where a request parts.
+    engine.set_token_listener([&result, watch](const TokenEvent& event) {
+      const std::vector<int>& solo = watch->at(static_cast<std::size_t>(event.request_id));
+      const auto index = static_cast<std::size_t>(event.index);
+      if (event.sample != 0 || result.partings.contains(event.request_id)) return;
+      if (index < solo.size() && solo[index] == event.token) return;
+      result.partings[event.request_id] = {event.index, std::vector<float>(event.logits.begin(), event.logits.end())};
+    });
   std::size_t next = 0;  // the first request not yet submitted
   while (next < requests.size() || engine.has_work()) {
     while (next < requests.size() && requests[next].arrival_ms <= clock.now_ms()) engine.submit(requests[next++]);
@@ -45,6 +58,79 @@ std::vector<std::vector<int>> solo_outputs(llm::Model& model, const std::vector<
     cache->truncate(0, 0);
   }
   return outputs;
+}
+
+bool batch_invariant(const llm::Model& model) { return model.device_name() == "cpu"; }
+
+namespace {
+
+// [vocab] the logits row `request`'s token `token` is drawn from when it runs
+// alone on `model` with `solo` (its solo tokens) fed back before it.
+std::vector<float> solo_logits_row(llm::Model& model, const Request& request, const std::vector<int>& solo,
+                                   int token) {
+  const auto cache = model.make_cache(1, model.config().seq_len);
+  std::span<const float> logits = model.forward(llm::TokenBatch::prefill(request.prompt, 0, 0), *cache);
+  const int prompt_length = static_cast<int>(request.prompt.size());
+  for (int i = 0; i < token; ++i)
+    logits = model.forward(llm::TokenBatch::single(solo.at(static_cast<std::size_t>(i)), prompt_length + i, 0), *cache);
+  return {logits.begin(), logits.end()};
+}
+
+// Why `record` parts from `solo` (which differ): explained or not, and where.
+struct GreedyParting {
+  bool explained = false;
+  std::string text;
+};
+GreedyParting judge_parting(llm::Model& model, const Request& request, const RequestRecord& record,
+                            const std::vector<int>& solo, const ReplayResult& run, llm::Tolerance tolerance) {
+  const auto [got, want] = std::mismatch(record.generated.begin(), record.generated.end(), solo.begin(), solo.end());
+  const int t = static_cast<int>(got - record.generated.begin());
+  const std::string where = fmt::format("token {} is {} alone, {} here", t, want == solo.end() ? -1 : *want,
+                                        got == record.generated.end() ? -1 : *got);
+  if (got == record.generated.end() || want == solo.end()) return {false, where + " (one run ended before the other)"};
+  const auto kept = run.partings.find(record.id);
+  if (kept == run.partings.end() || kept->second.token != t)
+    return {false, where + " (the run kept no logits row for that token)"};
+  const std::vector<float>& here = kept->second.logits;
+  const std::vector<float> alone = solo_logits_row(model, request, solo, t);
+  if (llm::argmax(alone) != *want || llm::argmax(here) != *got)
+    return {false, where + " (a row's greedy token is not the token drawn from it)"};
+  const llm::CompareResult close = llm::compare(here, alone, tolerance);
+  if (!close.ok) return {false, where + ": the two logits rows there are past the tolerance: " + close.summary()};
+  const auto at = [](const std::vector<float>& row, int id) { return row[static_cast<std::size_t>(id)]; };
+  return {true, where + fmt::format(": the two rows agree within the tolerance (max_abs {:.2e}); the two tokens' "
+                                    "logits are {:.4f} / {:.4f} alone, {:.4f} / {:.4f} here",
+                                    close.max_abs_err, at(alone, *want), at(alone, *got), at(here, *want),
+                                    at(here, *got))};
+}
+
+}  // namespace
+
+OutputCheck check_replay(llm::Model& model, const std::vector<Request>& requests, const ReplayResult& run,
+                         const std::vector<std::vector<int>>& solo, llm::Tolerance tolerance) {
+  const OutputCheck check = check_outputs(run.records, solo);
+  if (batch_invariant(model)) return check;
+  return explain_partings(check, model, requests, run, solo, tolerance);
+}
+
+OutputCheck explain_partings(OutputCheck check, llm::Model& model, const std::vector<Request>& requests,
+                             const ReplayResult& run, const std::vector<std::vector<int>>& solo,
+                             llm::Tolerance tolerance) {
+  if (check.ok() || check.requests != check.expected) return check;
+  check.first_difference.clear();
+  for (const RequestRecord& record : run.records) {
+    const std::vector<int>& expected = solo.at(static_cast<std::size_t>(record.id));
+    if (record.generated == expected) continue;
+    const auto request = std::find_if(requests.begin(), requests.end(),
+                                      [&record](const Request& candidate) { return candidate.id == record.id; });
+    const GreedyParting parting =
+        request == requests.end() ? GreedyParting{false, "not in the trace"}
+                                  : judge_parting(model, *request, record, expected, run, tolerance);
+    if (parting.explained) ++check.explained;
+    std::string& first = parting.explained ? check.first_explained : check.first_difference;
+    if (first.empty()) first = fmt::format("request {}: {}", record.id, parting.text);
+  }
+  return check;
 }
 
 OutputCheck check_outputs(const std::vector<RequestRecord>& records, const std::vector<std::vector<int>>& solo) {

@@ -12,6 +12,20 @@ namespace step07 {
 
 namespace {
 
+// A run's tokens against the solo runs, in a table's tokens column: same;
+// explained (check_replay: parted from a solo run only at a near-tie of
+// logits rows that agree within the tolerance); DIFFER.
+const char* tokens_word(const OutputCheck& check) {
+  return !check.ok() ? "DIFFER" : check.explained > 0 ? "explained" : "same";
+}
+
+// Under a table: each explained run's count and its first explanation.
+void print_explained(const std::string& label, const OutputCheck& check) {
+  if (check.ok() && check.explained > 0)
+    fmt::print("  {}: {} of {} requests parted from their solo tokens at a near-tie, the first: {}\n", label,
+               check.explained, check.expected, check.first_explained);
+}
+
 // Static batching's tokens/s on `device` (0 when it did not run).
 double static_tokens_per_s(const std::vector<PolicyRun>& runs, const std::string& device) {
   for (const PolicyRun& run : runs)
@@ -97,6 +111,7 @@ void add_policy_rows(llm::Results& results, const std::vector<PolicyRun>& runs, 
     row.extra["kind"] = std::string("policy");
     row.extra["speedup_over"] = std::string("static");
     row.extra["identical_requests"] = static_cast<long long>(run.check.identical);
+    row.extra["explained_requests"] = static_cast<long long>(run.check.explained);
     row.extra["max_sequences"] = static_cast<long long>(run.replay.max_sequences);
     row.extra["kv_blocks"] = static_cast<long long>(run.replay.kv_blocks);
     row.extra["peak_blocks_used"] = static_cast<long long>(run.replay.peak_blocks_used);
@@ -138,10 +153,11 @@ void print_policies(const std::vector<PolicyRun>& runs) {
         run.device, run.policy_name, metrics.output_tokens_per_s, metrics.requests_per_s,
         static_rate > 0 ? metrics.output_tokens_per_s / static_rate : 0.0, 100.0 * metrics.mean_occupancy,
         metrics.ttft_ms.p50, metrics.ttft_ms.p99, metrics.tpot_ms.p50, metrics.tpot_ms.p99, metrics.preemptions,
-        metrics.iterations, run.check.ok() ? "same" : "DIFFER");
+        metrics.iterations, tokens_word(run.check));
   }
   fmt::print("vs static = output tok/s / static batching's, same device. occup.: sequences per forward / the largest "
              "batch, averaged over forwards. tokens: every request's tokens vs the same request run alone.\n");
+  for (const PolicyRun& run : runs) print_explained(run.device + " " + run.policy_name, run.check);
 }
 
 void add_rate_sweep(llm::Results& results, const std::vector<RateSweepPoint>& points) {
@@ -153,7 +169,8 @@ void add_rate_sweep(llm::Results& results, const std::vector<RateSweepPoint>& po
                            {"load_factor", point.load_factor},
                            {"rate_per_s", point.rate_per_s},
                            {"keeps_up", point.keeps_up},
-                           {"identical_tokens", point.check.ok()}};
+                           {"identical_tokens", point.check.ok()},
+                           {"explained_requests", static_cast<long long>(point.check.explained)}};
     add_metrics(row, point.metrics);
     table.rows.push_back(std::move(row));
     if (!point.check.ok())
@@ -174,7 +191,10 @@ void print_rate_sweep(const std::vector<RateSweepPoint>& points) {
         point.device, point.load_factor, point.rate_per_s, point.policy_name, point.metrics.requests_per_s,
         point.metrics.output_tokens_per_s, point.metrics.ttft_ms.p50, point.metrics.ttft_ms.p99,
         point.metrics.tpot_ms.p50, point.metrics.tpot_ms.p99, point.keeps_up ? "yes" : "no",
-        point.check.ok() ? "same" : "DIFFER");
+        tokens_word(point.check));
+  for (const RateSweepPoint& point : points)
+    print_explained(fmt::format("{} {} at load {:.2f}", point.device, point.policy_name, point.load_factor),
+                    point.check);
   const std::string miss = continuous_beats_static_ttft(points);
   fmt::print("target: continuous p99 TTFT below static's at every load static keeps up with: {}\n",
              miss.empty() ? "met" : "missed (" + miss + ")");
@@ -200,6 +220,7 @@ void add_chunked_prefill(llm::Results& results, const std::vector<ChunkedPrefill
     result.extra["time_is"] = std::string("p99 inter-token latency");
     result.extra["speedup_over"] = std::string("p99 inter-token latency without chunks");
     result.extra["chunk_tokens"] = static_cast<long long>(row.chunk_tokens);
+    result.extra["explained_requests"] = static_cast<long long>(row.check.explained);
     add_metrics(result.extra, row.metrics);
     if (!row.check.ok()) llm::report_failed_check(row.device + " " + result.variant, row.check.first_difference);
     results.add_row(std::move(result));
@@ -223,8 +244,10 @@ void print_chunked_prefill(const std::vector<ChunkedPrefillRow>& rows, const Chu
         row.device, row.chunk_tokens == 0 ? std::string("off") : std::to_string(row.chunk_tokens),
         row.metrics.output_tokens_per_s, row.metrics.itl_ms.p50, row.metrics.itl_ms.p99, row.metrics.itl_ms.max,
         row.metrics.tpot_ms.p50, row.metrics.tpot_ms.p99, row.metrics.ttft_ms.p50, row.metrics.ttft_ms.p99,
-        row.metrics.preemptions, row.check.ok() ? "same" : "DIFFER");
+        row.metrics.preemptions, tokens_word(row.check));
   fmt::print("ITL: every gap between two tokens of a request (a stall shows here); TPOT: each request's mean gap.\n");
+  for (const ChunkedPrefillRow& row : rows)
+    print_explained(fmt::format("{} chunk {}", row.device, row.chunk_tokens), row.check);
 }
 
 namespace {
@@ -263,6 +286,7 @@ void add_prefix_caching(llm::Results& results, const std::vector<PrefixCachingRo
     result.extra["kind"] = std::string("prefix_caching");
     result.extra["time_is"] = std::string("p50 time to first token");
     result.extra["speedup_over"] = std::string("p50 time to first token with the prefix cache off");
+    result.extra["explained_requests"] = static_cast<long long>(row.check.explained);
     put_prefix_columns([&](const std::string& key, llm::JsonScalar value) { result.extra[key] = std::move(value); },
                        row);
     add_metrics(result.extra, row.metrics);
@@ -288,9 +312,11 @@ void print_prefix_caching(const std::vector<PrefixCachingRow>& rows) {
     fmt::print("{:<6} {:>6} {:>9.0f} {:>10.2f} / {:>9.2f} {:>12} {:>10} {:>7} / {:>5} {:>7.0f}% {:>6}\n", row.device,
                row.prefix_caching ? "on" : "off", row.metrics.output_tokens_per_s, row.metrics.ttft_ms.p50,
                row.metrics.ttft_ms.p90, row.rows_computed, row.prefill_rows, row.blocks.prefix_hit_blocks,
-               row.blocks.prefix_queried_blocks, 100.0 * row.hit_rate(), row.check.ok() ? "same" : "DIFFER");
+               row.blocks.prefix_queried_blocks, 100.0 * row.hit_rate(), tokens_word(row.check));
   fmt::print("rows run: every row of every forward; prefill: those that sample no token or are more than one; hit "
              "rate: blocks shared from the cache / full prompt blocks the admissions asked for.\n");
+  for (const PrefixCachingRow& row : rows)
+    print_explained(fmt::format("{} prefix cache {}", row.device, row.prefix_caching ? "on" : "off"), row.check);
 }
 
 namespace {
@@ -465,7 +491,7 @@ void print_loopback(const std::vector<LoopbackRun>& runs) {
         "{:<6} {:>10.0f} {:>12.0f} {:>7.2f}x {:>12.1f} {:>10.2f} / {:>9.2f} {:>9.3f} / {:>8.3f} {:>5} {:>6} {:>6}\n",
         run.device, run.served.output_tokens_per_s, run.in_process_tokens_per_s, run.ratio, http_us_per_token(run),
         run.served.ttft_ms.p50, run.served.ttft_ms.p99, run.served.tpot_ms.p50, run.served.tpot_ms.p99, run.load.sent,
-        run.load.failed, run.check.ok() ? "same" : "DIFFER");
+        run.load.failed, tokens_word(run.check));
   fmt::print("target: served throughput within 15% of in-process (ratio >= 0.85). HTTP us/tok: 1/served - "
              "1/in-process, what the events, the JSON and the threads add per token; it matters against a forward "
              "that costs tens of microseconds per token, not against one that costs milliseconds.\n");
