@@ -13,12 +13,14 @@
 // engine (step 07) puts a request's decode row into a forward with other
 // requests' prefill rows, more than 16 in all, so the row goes through
 // cuBLAS there and through the GEMV when it runs alone. With x rounded alike
-// on both paths, the two results differ only by the order of fp32 sums
-// (about 1e-6 of the output), as the fp32 model's cuBLAS kernels do between
-// row counts; with fp32 x on one path and half x on the other they would
-// differ by x's rounding (about 1e-3), enough to swap two near-equal logits
-// and change a greedy token. A row of the model gives nearly the same logits
-// in any batch (tested), so batched and solo runs agree token for token.
+// on both paths, one product's two results differ only by the order of fp32
+// sums, as the fp32 model's cuBLAS kernels do between row counts, not by x's
+// rounding. Through the model that order still matters: the next product
+// rounds its input to half again, and a last-bit difference moves that
+// rounding by one step now and then, so a row's logits alone and in a batch
+// differ by far more than fp32 sums do (measured: docs/results/gpu_decode/
+// README.md) and may pick another greedy token at a near-tie. Step 07's check_replay says when
+// that is all that happened.
 //
 // The GEMV (rows <= kMaxGemvRows = 16). Why 16: speculative decoding verifies
 // k + 1 <= 9 rows at once and step 07 batches a few sequences per step; a

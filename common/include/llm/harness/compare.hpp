@@ -33,7 +33,7 @@ Tolerance model_logits_tolerance(DType dtype);
 // the GPU (cuBLAS picks its kernel by the row count; the half model's
 // products leave its GEMV past 16 rows), or the CUDA half model and the CPU
 // model rounding its products' inputs the same way. In fp32 the sums' order
-// moves logits by about 1e-6: fp32's 1e-4. With fp16/bf16 products each such
+// moves logits far less than fp32's 1e-4. With fp16/bf16 products each such
 // last-bit difference may move an input's rounding to the half type by one
 // step (2^-11 of the value for fp16, 2^-8 for bf16), and through the layers
 // these add up to far more than fp32's order does (measured:
