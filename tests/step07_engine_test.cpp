@@ -539,7 +539,8 @@ std::vector<Request> shared_system_workload(const llm::ModelConfig& config, int 
 TEST(Step07EnginePrefixCaching, TokensAreIdenticalWithTheCacheOnAndOff) {
   const llm::ModelWeights weights = tiny_weights();
   auto model = step05::make_paged_model_on("cpu", weights);
-  const auto requests = with_arrivals(shared_system_workload(weights.config, 24, 21), 300.0, 21);
+  const int n_requests = llm::testing::kSanitizerBuild ? 12 : 24;  // half under the sanitizers
+  const auto requests = with_arrivals(shared_system_workload(weights.config, n_requests, 21), 300.0, 21);
   const auto solo = solo_outputs(*model, requests);
   long long hits = 0, preemptions = 0;
   for (const auto& policy : policies()) {

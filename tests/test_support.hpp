@@ -15,6 +15,21 @@
 
 namespace llm::testing {
 
+// Whether this build runs under AddressSanitizer (CI's sanitizer tier, where
+// the CPU model runs 10-20x slower): the longest replay test takes a smaller
+// trace there (step 07's prefix caching), with the same checks.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kSanitizerBuild = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kSanitizerBuild = true;
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+#else
+inline constexpr bool kSanitizerBuild = false;
+#endif
+
 // Fresh random values in [-scale, scale]; never all zeros.
 std::vector<float> random_vector(std::size_t n, std::uint64_t seed, float scale = 1.0f);
 
