@@ -26,6 +26,7 @@
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
 #include "llm/harness/device_info.hpp"
+#include "llm/harness/model_on_device.hpp"  // compare_dtype
 #include "llm/linear.hpp"
 #include "llm/sampler.hpp"
 #include "llm/tokenizer.hpp"
@@ -279,7 +280,7 @@ CpuModel cpu_model_with_half_products(const ModelWeights& weights, cuda::WeightD
 
 // compare.hpp's same_rounding_logits_tolerance for the weights' type.
 Tolerance same_rounding_tolerance(cuda::WeightDtype dtype) {
-  return same_rounding_logits_tolerance(dtype == cuda::WeightDtype::BFloat16 ? DType::BF16 : DType::F16);
+  return same_rounding_logits_tolerance(compare_dtype(dtype));
 }
 
 // Logits within `tolerance`, row by row, with the worst error printed.
@@ -835,8 +836,7 @@ TEST(CudaFusions, NormInProductGivesTheUnfoldedBits) {
                       std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
               << what << ": the folded model's logits are not the unfolded model's bits";
           const CompareResult check = compare(got, run(cpu, batch, *cpu_cache, which),
-                                              model_logits_tolerance(dtype == cuda::WeightDtype::Float16
-                                                                         ? DType::F16 : DType::BF16));
+                                              model_logits_tolerance(compare_dtype(dtype)));
           EXPECT_TRUE(check.ok) << what << " vs the CPU: max_abs " << check.max_abs_err << ", "
                                 << check.over_tolerance << " over, " << check.nan_or_inf << " NaN/Inf";
           return got;

@@ -41,7 +41,7 @@ void expect_cuda_policies_match_solo(const llm::ModelWeights& weights, const std
     auto engine_model = llm::make_model_on("cuda", weights, run);
     auto solo_model = llm::make_model_on("cuda", weights, run);
     ServingLimits limits = tight_limits(weights.config);
-    limits.weight_type = dtype == llm::cuda::WeightDtype::Float16 ? llm::DType::F16 : llm::DType::F32;
+    limits.weight_type = llm::compare_dtype(dtype);
     expect_every_policy_exact(*engine_model, requests, solo_outputs(*solo_model, requests), limits, true);
   }
 }

@@ -291,15 +291,9 @@ std::unique_ptr<llm::Model> make_engine_model(const std::string& device, const l
   return step05::make_paged_model_on(device, weights);
 }
 
-// The weight type part 1's roofline and tolerance use: --dtype on CUDA.
+// The weight type the roofline and the tolerances use: --dtype on CUDA.
 llm::DType engine_weight_type(const std::string& device, const llm::CommonOptions& common) {
-  if (device != "cuda") return llm::DType::F32;
-  switch (llm::cuda_run_options(common).dtype) {
-    case llm::cuda::WeightDtype::Float16: return llm::DType::F16;
-    case llm::cuda::WeightDtype::BFloat16: return llm::DType::BF16;
-    case llm::cuda::WeightDtype::Float32: break;
-  }
-  return llm::DType::F32;
+  return device == "cuda" ? llm::compare_dtype(llm::cuda_run_options(common).dtype) : llm::DType::F32;
 }
 
 DeviceParts run_device(const std::string& device, const Step07Options& options, const llm::LoadedModel& loaded,

@@ -172,45 +172,35 @@ std::vector<RequestRecord> numbered_by_sample(std::vector<RequestRecord> records
   return records;
 }
 
-// Sample `sample`'s tokens `got` (its logits rows `got_logits`) against its
-// alone run's `want` (`want_logits`), which differ: explained or not, and where.
-struct Divergence {
-  bool explained = false;
-  std::string text;
-};
-Divergence judge_divergence(const std::vector<int>& got, const std::vector<int>& want,
-                            const std::vector<float>& got_logits, const std::vector<float>& want_logits,
-                            const SamplingParams& sampling, int vocab_size, llm::DType weight_type) {
-  const auto [got_token, want_token] = std::mismatch(got.begin(), got.end(), want.begin(), want.end());
-  const auto t = static_cast<std::size_t>(got_token - got.begin());
-  const std::string where = fmt::format("token {} is {} alone, {} here", t, want_token == want.end() ? -1 : *want_token,
-                                        got_token == got.end() ? -1 : *got_token);
-  if (got_token == got.end() || want_token == want.end()) return {false, where + " (one run ended before the other)"};
+// check_sampled_outputs' verdict on a sample whose tokens `got` part from its
+// alone run's `want` at token t (`got_logits`, `want_logits` their rows).
+PartingVerdict judge_sampled_parting(const std::vector<int>& got, const std::vector<int>& want, std::size_t t,
+                                     const std::vector<float>& got_logits, const std::vector<float>& want_logits,
+                                     const SamplingParams& sampling, int vocab_size, llm::DType weight_type) {
   const auto vocab = static_cast<std::size_t>(vocab_size);
   if (got_logits.size() < (t + 1) * vocab || want_logits.size() < (t + 1) * vocab)
-    return {false, where + " (no logits were kept for that token)"};
+    return {false, " (no logits were kept for that token)"};
   const std::span<const float> got_row(got_logits.data() + t * vocab, vocab);
   const std::span<const float> want_row(want_logits.data() + t * vocab, vocab);
   const llm::CompareResult close = llm::compare(got_row, want_row, llm::same_rounding_logits_tolerance(weight_type));
   const char* type = llm::dtype_name(weight_type);
   if (!close.ok)
-    return {false, where + fmt::format(": the two logits rows there are past the {} tolerance: {}", type, close.summary())};
+    return {false, fmt::format(": the two logits rows there are past the {} tolerance: {}", type, close.summary())};
   // The sampler takes one coin per token: replayed over the alone run's
   // earlier rows, it holds the coin both runs drew token t with.
   llm::Sampler replay(vocab_size, sampling.temperature, sampling.top_p, sampling.seed);
   for (std::size_t s = 0; s < t; ++s)
     if (replay.sample(std::span<const float>(want_logits.data() + s * vocab, vocab)) != want[s])
-      return {false,
-              where + fmt::format(": the sampler seeded {} does not replay the alone run's token {}", sampling.seed, s)};
+      return {false, fmt::format(": the sampler seeded {} does not replay the alone run's token {}", sampling.seed, s)};
   llm::Sampler replay_here = replay;  // the same state: the same coin
   const int alone_draw = replay.sample(want_row);
   const int here_draw = replay_here.sample(got_row);
-  if (alone_draw != *want_token || here_draw != *got_token)
-    return {false, where + fmt::format(": the sampler seeded {} draws {} from the alone row and {} from this run's row",
-                                       sampling.seed, alone_draw, here_draw)};
-  return {true, where + fmt::format(": the logits there agree within the {} tolerance (max_rel {:.2e}), and the same "
-                                    "coin draws each token from its own row",
-                                    type, close.max_rel_err)};
+  if (alone_draw != want[t] || here_draw != got[t])
+    return {false, fmt::format(": the sampler seeded {} draws {} from the alone row and {} from this run's row",
+                               sampling.seed, alone_draw, here_draw)};
+  return {true, fmt::format(": the logits there agree within the {} tolerance (max_rel {:.2e}), and the same coin "
+                            "draws each token from its own row",
+                            type, close.max_rel_err)};
 }
 
 }  // namespace
@@ -219,22 +209,16 @@ OutputCheck check_sampled_outputs(const std::vector<RequestRecord>& records, con
                                   const LogitsBySample& logits, const LogitsBySample& alone_logits,
                                   const SamplingParams& sampling, int vocab_size, bool exact,
                                   llm::DType weight_type) {
-  OutputCheck check = check_outputs(records, alone);
-  if (exact || check.ok() || check.requests != check.expected) return check;
-  check.first_difference.clear();
+  const OutputCheck check = check_outputs(records, alone);
+  if (exact) return check;
   static const std::vector<float> none;
-  for (const RequestRecord& record : records) {
+  return judge_partings(check, records, alone, [&](const RequestRecord& record, int t) {
     const auto sample = static_cast<std::size_t>(record.id);
-    if (record.generated == alone.at(sample)) continue;
-    const Divergence divergence =
-        judge_divergence(record.generated, alone.at(sample), sample < logits.size() ? logits[sample] : none,
-                         sample < alone_logits.size() ? alone_logits[sample] : none, seeded(sampling, record.id),
-                         vocab_size, weight_type);
-    std::string& first = divergence.explained ? check.first_explained : check.first_difference;
-    if (divergence.explained) ++check.explained;
-    if (first.empty()) first = fmt::format("request {}: {}", record.id, divergence.text);
-  }
-  return check;
+    return judge_sampled_parting(record.generated, alone.at(sample), static_cast<std::size_t>(t),
+                                 sample < logits.size() ? logits[sample] : none,
+                                 sample < alone_logits.size() ? alone_logits[sample] : none,
+                                 seeded(sampling, record.id), vocab_size, weight_type);
+  });
 }
 
 std::vector<ParallelSamplingRow> compare_parallel_sampling(const std::string& device, llm::Model& model,

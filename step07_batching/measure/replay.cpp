@@ -76,32 +76,26 @@ std::vector<float> solo_logits_row(llm::Model& model, const Request& request, co
   return {logits.begin(), logits.end()};
 }
 
-// Why `record` parts from `solo` (which differ): explained or not, and where.
-struct GreedyParting {
-  bool explained = false;
-  std::string text;
-};
-GreedyParting judge_parting(llm::Model& model, const Request& request, const RequestRecord& record,
-                            const std::vector<int>& solo, const ReplayResult& run, llm::Tolerance tolerance) {
-  const auto [got, want] = std::mismatch(record.generated.begin(), record.generated.end(), solo.begin(), solo.end());
-  const int t = static_cast<int>(got - record.generated.begin());
-  const std::string where = fmt::format("token {} is {} alone, {} here", t, want == solo.end() ? -1 : *want,
-                                        got == record.generated.end() ? -1 : *got);
-  if (got == record.generated.end() || want == solo.end()) return {false, where + " (one run ended before the other)"};
+// check_replay's verdict on `record`, which parts from `solo` at token t:
+// the run's kept row and the solo row recomputed alone must agree within
+// `tolerance`, each row's greedy token being the one drawn from it.
+PartingVerdict judge_greedy_parting(llm::Model& model, const Request& request, const RequestRecord& record,
+                                    const std::vector<int>& solo, int t, const ReplayResult& run,
+                                    llm::Tolerance tolerance) {
   const auto kept = run.partings.find(record.id);
   if (kept == run.partings.end() || kept->second.token != t)
-    return {false, where + " (the run kept no logits row for that token)"};
+    return {false, " (the run kept no logits row for that token)"};
+  const int want = solo[static_cast<std::size_t>(t)], got = record.generated[static_cast<std::size_t>(t)];
   const std::vector<float>& here = kept->second.logits;
   const std::vector<float> alone = solo_logits_row(model, request, solo, t);
-  if (llm::argmax(alone) != *want || llm::argmax(here) != *got)
-    return {false, where + " (a row's greedy token is not the token drawn from it)"};
+  if (llm::argmax(alone) != want || llm::argmax(here) != got)
+    return {false, " (a row's greedy token is not the token drawn from it)"};
   const llm::CompareResult close = llm::compare(here, alone, tolerance);
-  if (!close.ok) return {false, where + ": the two logits rows there are past the tolerance: " + close.summary()};
+  if (!close.ok) return {false, ": the two logits rows there are past the tolerance: " + close.summary()};
   const auto at = [](const std::vector<float>& row, int id) { return row[static_cast<std::size_t>(id)]; };
-  return {true, where + fmt::format(": the two rows agree within the tolerance (max_abs {:.2e}); the two tokens' "
-                                    "logits are {:.4f} / {:.4f} alone, {:.4f} / {:.4f} here",
-                                    close.max_abs_err, at(alone, *want), at(alone, *got), at(here, *want),
-                                    at(here, *got))};
+  return {true, fmt::format(": the two rows agree within the tolerance (max_abs {:.2e}); the two tokens' logits are "
+                            "{:.4f} / {:.4f} alone, {:.4f} / {:.4f} here",
+                            close.max_abs_err, at(alone, want), at(alone, got), at(here, want), at(here, got))};
 }
 
 }  // namespace
@@ -116,19 +110,35 @@ OutputCheck check_replay(llm::Model& model, const std::vector<Request>& requests
 OutputCheck explain_partings(OutputCheck check, llm::Model& model, const std::vector<Request>& requests,
                              const ReplayResult& run, const std::vector<std::vector<int>>& solo,
                              llm::Tolerance tolerance) {
-  if (check.ok() || check.requests != check.expected) return check;
-  check.first_difference.clear();
-  for (const RequestRecord& record : run.records) {
-    const std::vector<int>& expected = solo.at(static_cast<std::size_t>(record.id));
-    if (record.generated == expected) continue;
+  return judge_partings(check, run.records, solo, [&](const RequestRecord& record, int t) {
     const auto request = std::find_if(requests.begin(), requests.end(),
                                       [&record](const Request& candidate) { return candidate.id == record.id; });
-    const GreedyParting parting =
-        request == requests.end() ? GreedyParting{false, "not in the trace"}
-                                  : judge_parting(model, *request, record, expected, run, tolerance);
-    if (parting.explained) ++check.explained;
-    std::string& first = parting.explained ? check.first_explained : check.first_difference;
-    if (first.empty()) first = fmt::format("request {}: {}", record.id, parting.text);
+    if (request == requests.end()) return PartingVerdict{false, " (the request is not in the trace)"};
+    return judge_greedy_parting(model, *request, record, solo.at(static_cast<std::size_t>(record.id)), t, run,
+                                tolerance);
+  });
+}
+
+OutputCheck judge_partings(OutputCheck check, const std::vector<RequestRecord>& records,
+                           const std::vector<std::vector<int>>& reference,
+                           const std::function<PartingVerdict(const RequestRecord&, int)>& judge) {
+  if (check.ok() || check.requests != check.expected) return check;
+  check.first_difference.clear();
+  for (const RequestRecord& record : records) {
+    const std::vector<int>& want = reference.at(static_cast<std::size_t>(record.id));
+    if (record.generated == want) continue;
+    const auto [got_token, want_token] =
+        std::mismatch(record.generated.begin(), record.generated.end(), want.begin(), want.end());
+    const int t = static_cast<int>(got_token - record.generated.begin());
+    std::string text = fmt::format("request {}: token {} is {} alone, {} here", record.id, t,
+                                   want_token == want.end() ? -1 : *want_token,
+                                   got_token == record.generated.end() ? -1 : *got_token);
+    const bool ended = got_token == record.generated.end() || want_token == want.end();
+    const PartingVerdict verdict = ended ? PartingVerdict{false, " (one run ended before the other)"} : judge(record, t);
+    text += verdict.why;
+    if (verdict.explained) ++check.explained;
+    std::string& first = verdict.explained ? check.first_explained : check.first_difference;
+    if (first.empty()) first = std::move(text);
   }
   return check;
 }

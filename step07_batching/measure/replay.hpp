@@ -14,6 +14,7 @@
 // amounts with the rows that share its forward, and a greedy token may then
 // take the other side of a near-tie: check_replay says when that is all that
 // happened.
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -74,6 +75,22 @@ struct OutputCheck {
   bool ok() const { return identical + explained == expected && requests == expected && first_difference.empty(); }
 };
 OutputCheck check_outputs(const std::vector<RequestRecord>& records, const std::vector<std::vector<int>>& solo);
+
+// Why a request's tokens part from its reference at token t: explained or
+// not, and the reason (appended to "token t is A alone, B here").
+struct PartingVerdict {
+  bool explained = false;
+  std::string why;
+};
+// `check` (check_outputs of `records` against `reference`, indexed by
+// record id) with every request that parts from its reference judged by
+// `judge`(record, t), t the first differing token, which both runs have (one
+// that ended before the other is not explained). `first_difference` and
+// `first_explained` read "request ID: token t is A alone, B here" + why.
+// The greedy check (explain_partings) and part 7's sampled one share it.
+OutputCheck judge_partings(OutputCheck check, const std::vector<RequestRecord>& records,
+                           const std::vector<std::vector<int>>& reference,
+                           const std::function<PartingVerdict(const RequestRecord&, int)>& judge);
 
 // check_outputs for a run replayed with `watch` = &solo. On a batch-invariant
 // model, exactly that. Otherwise a request whose tokens part from its solo

@@ -29,6 +29,15 @@ cuda::CudaRunOptions cuda_run_options(const CommonOptions& options) {
   return run;
 }
 
+DType compare_dtype(cuda::WeightDtype dtype) {
+  switch (dtype) {
+    case cuda::WeightDtype::Float16: return DType::F16;
+    case cuda::WeightDtype::BFloat16: return DType::BF16;
+    case cuda::WeightDtype::Float32: break;
+  }
+  return DType::F32;
+}
+
 namespace cuda {
 
 std::string to_string(WeightDtype dtype) {

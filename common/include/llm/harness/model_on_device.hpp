@@ -6,6 +6,7 @@
 
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/harness/cli.hpp"
+#include "llm/harness/compare.hpp"
 #include "llm/model.hpp"
 #include "llm/weights.hpp"
 
@@ -24,5 +25,8 @@ std::unique_ptr<Model> make_model_on(const std::string& device, const ModelWeigh
 
 // The CUDA run options a step's command line asked for.
 cuda::CudaRunOptions cuda_run_options(const CommonOptions& options);
+
+// The tolerances' element type (compare.hpp) of a CUDA weight type.
+DType compare_dtype(cuda::WeightDtype dtype);
 
 }  // namespace llm
