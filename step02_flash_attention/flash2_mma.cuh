@@ -1,18 +1,12 @@
 #pragma once
 // The tensor-core pieces every FlashAttention-2 kernel of step 02 shares
 // (v4_v5_cuda_flash2_mma.cu, the baseline; v7_v12_cuda_flash2_tuned.cu, the
-// ladder on top of it): the mma.sync fragment layouts and the one product,
-// the 16-bit packing of P, the tile loads from global memory (through
+// ladder on top of it): the 16-bit packing of P, the tile loads from global memory (through
 // registers, or with cp.async), and ldmatrix. CUDA translation units only.
 //
-// The mma.sync fragment layouts (PTX ISA, "mma.m16n8k16"), for lane =
-// 4 * g + t (g = lane / 4 in 0..7, t = lane % 4 in 0..3), each register
-// holding two 16-bit values (lower address = lower half):
-//   A (16 x 16, row-major)  a[0] = A[g][2t..2t+1]     a[1] = A[g+8][2t..2t+1]
-//                           a[2] = A[g][2t+8..2t+9]   a[3] = A[g+8][2t+8..2t+9]
-//   B (16 x 8, "col")       b[0] = B[2t..2t+1][g]     b[1] = B[2t+8..2t+9][g]
-//   C (16 x 8, fp32)        c[0..1] = C[g][2t..2t+1]  c[2..3] = C[g+8][2t..2t+1]
-// So a thread holds two rows (g and g+8) of every accumulator, and the C
+// The mma.sync fragment layouts (PTX ISA, "mma.m16n8k16") are written out
+// beside the product itself, in common/cuda/mma_fragments.cuh (lane = 4 g + t):
+// a thread holds two rows (g and g+8) of every accumulator, and the C
 // fragments of S for keys 16k..16k+15 (two n-tiles of 8) are exactly the A
 // fragment of P for the P V product: P goes from the first mma to the second
 // without touching memory (converted to 16 bits in registers).
@@ -24,17 +18,18 @@
 //  |  16 rows   |         |  all warps |  P = exp2(S - m)   then O(16 x d) += P V
 //  +------------+ ...     +------------+                    (d/8 C fragments of O per warp)
 //
-// sm_75 (T4) has no m16n8k16 for fp16 but has m16n8k8; one k16 product is two
-// k8 products on the two halves of the A and B registers (same layouts).
-// bf16 mma needs sm_80: the bf16 kernel compiles to a trap below that, and
-// the host refuses to launch a kernel compiled below it (kernel_image.hpp:
-// decided from the kernel's own attributes, so a compute_75-only build on
-// an sm_90 card, which runs the JIT-compiled compute_75 code, refuses too).
+// sm_75 (T4) runs the fp16 product as two k8 halves; bf16 mma needs sm_80:
+// the bf16 kernel compiles to a trap below that, and the host refuses to
+// launch a kernel compiled below it (kernel_image.hpp: decided from the
+// kernel's own attributes, so a compute_75-only build on an sm_90 card,
+// which runs the JIT-compiled compute_75 code, refuses too).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstddef>
 #include <cstdint>
+
+#include "mma_fragments.cuh"
 
 namespace step02::cuda::mma {
 
@@ -47,47 +42,9 @@ namespace step02::cuda::mma {
 // cp.async's 16-byte copies and ldmatrix's row addresses require.
 constexpr int kPad = 8;
 
-// D = A B + D on one 16 x 8 x 16 tile (fp32 accumulators).
-template <bool kBf16>
-__device__ __forceinline__ void mma_16x8x16(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                            std::uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (kBf16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-  if constexpr (kBf16) {
-    __trap();  // never launched: the host checks the kernel was compiled for sm_80+
-  } else {
-    // k = 0..7: A registers 0 and 1 (columns 2t, 2t+1 of rows g, g+8), B register 0.
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(b0));
-    // k = 8..15: A registers 2 and 3, B register 1.
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[2]), "r"(a[3]), "r"(b1));
-  }
-#else
-  // Host pass, or a GPU older than sm_75: the kernel is never launched there.
-  (void)d; (void)a; (void)b0; (void)b1;
-#if defined(__CUDA_ARCH__)
-  __trap();
-#endif
-#endif
-}
+// D = A B + D on one 16 x 8 x 16 tile: the course's one tensor-core product
+// (common/cuda/mma_fragments.cuh, with the sm_75 and bf16 rules).
+using llm::cuda::device::mma_16x8x16;
 
 // Two fp32 values -> one register of two 16-bit values (lo in the low half).
 template <bool kBf16>

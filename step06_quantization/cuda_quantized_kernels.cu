@@ -59,6 +59,7 @@
 #include "cuda_linear.hpp"
 #include "cuda_model.hpp"
 #include "exercise.cuh"
+#include "mma_fragments.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/cuda/cuda_timer.hpp"
@@ -245,40 +246,11 @@ __device__ __forceinline__ std::uint32_t sub_f16x2(std::uint32_t a, std::uint32_
   return d;
 }
 
-__device__ __forceinline__ std::uint32_t word_of(const uint4& v, int w) {
-  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;  // w is a compile-time constant after unrolling
-}
-
-// d += A (16 x 16, fp16, row-major fragment) . B (16 x 8, fp16, column
-// fragment), fp32 accumulation. Fragments (PTX ISA, mma.m16n8k16; lane = 4 g + t):
-//   a0 = A[g][2t, 2t+1]   a1 = A[g+8][2t, 2t+1]   a2 = A[g][2t+8, 2t+9]   a3 = A[g+8][2t+8, 2t+9]
-//   b0 = B[2t, 2t+1][g]   b1 = B[2t+8, 2t+9][g]
-//   d0, d1 = D[g][2t, 2t+1]   d2, d3 = D[g+8][2t, 2t+1]
-// (low half of each register = the first of the pair). sm_75 has only the
-// k8 shape: the same product is two m16n8k8, one per half of k.
-__device__ __forceinline__ void mma_16x8x16(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
-                                            std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a0), "r"(a1), "r"(b0));
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a2), "r"(a3), "r"(b1));
-#else
-  // No fp16 tensor cores before sm_75; the host refuses to launch there
-  // (check_compute_capability), so this is never reached.
-  static_cast<void>(d), static_cast<void>(a0), static_cast<void>(a1), static_cast<void>(a2),
-      static_cast<void>(a3), static_cast<void>(b0), static_cast<void>(b1);
-  __trap();
-#endif
-}
+// The tensor-core product (d += A . B on a 16 x 8 x 16 tile, fp16 inputs,
+// fp32 accumulation; the fragment layouts, lane = 4 g + t, are written out
+// in common/cuda/mma_fragments.cuh) and a 16-byte vector's 32-bit words.
+using llm::cuda::device::mma_16x8x16;
+using llm::cuda::device::word_of;
 
 // --- Dequantization in registers: one fp16x2 register of an A fragment.
 //
@@ -614,7 +586,7 @@ __device__ __forceinline__ void multiply_int4_word(float (&acc)[kNTiles][4], std
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
       const uint2 b = *reinterpret_cast<const uint2*>(x_word + 8 * h + 8 * nt * x_stride_words);
-      mma_16x8x16(part[nt], a0, a1, a2, a3, b.x, b.y);
+      mma_16x8x16<false>(part[nt], {a0, a1, a2, a3}, b.x, b.y);
     }
   }
   const float2 s = __half22float2(scale);
@@ -638,7 +610,7 @@ __device__ __forceinline__ void multiply_int8_word(float (&acc)[kNTiles][4], std
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
     const uint2 b = *reinterpret_cast<const uint2*>(x_word + 8 * nt * x_stride_words);
-    mma_16x8x16(acc[nt], a0, a1, a2, a3, b.x, b.y);
+    mma_16x8x16<false>(acc[nt], {a0, a1, a2, a3}, b.x, b.y);
   }
 }
 
