@@ -187,6 +187,20 @@ struct HalfCase {
 
 class CudaHalfVsCpu : public ::testing::TestWithParam<ConfigCase> {};
 
+// fp16 and bf16, each with its products of 1..16 rows on either GEMV kernel
+// (the CUDA cores' fmaf or the tensor cores' mma), graphs on.
+std::vector<cuda::CudaRunOptions> half_runs_on_both_gemv_kernels() {
+  std::vector<cuda::CudaRunOptions> runs;
+  for (const cuda::HalfGemvKernel gemv : {cuda::HalfGemvKernel::CudaCores, cuda::HalfGemvKernel::TensorCores})
+    for (const cuda::WeightDtype dtype : {cuda::WeightDtype::Float16, cuda::WeightDtype::BFloat16}) {
+      cuda::CudaRunOptions run;
+      run.dtype = dtype;
+      run.gemv = gemv;
+      runs.push_back(run);
+    }
+  return runs;
+}
+
 // The tokens are the CPU's (teacher-forced), so both models see the same
 // inputs however the rounding falls: prefill logits, then 20 decode steps,
 // every row within the dtype's model tolerance (compare.hpp).
@@ -306,11 +320,12 @@ TEST_P(CudaHalfVsCpu, MatchesTheCpuOnTheSameRoundedWeights) {
   LLM_REQUIRE_CUDA_DEVICE();
   const ModelConfig& config = GetParam().config;
   const ModelWeights weights = random_weights(config, 31337);
-  for (const cuda::WeightDtype dtype : {cuda::WeightDtype::Float16, cuda::WeightDtype::BFloat16}) {
-    SCOPED_TRACE(cuda::to_string(dtype));
+  for (const cuda::CudaRunOptions& half : half_runs_on_both_gemv_kernels()) {
+    const cuda::WeightDtype dtype = half.dtype;
+    SCOPED_TRACE(cuda::to_string(dtype) + ", GEMV on " + cuda::to_string(half.gemv));
     const Tolerance tolerance = same_rounding_tolerance(dtype);
     CpuModel cpu = cpu_model_with_half_products(weights, dtype);
-    const auto gpu = cuda::make_cuda_model(weights, {dtype, true});
+    const auto gpu = cuda::make_cuda_model(weights, half);
     const auto cpu_cache = cpu.make_cache(2, config.seq_len);
     const auto gpu_cache = gpu->make_cache(2, config.seq_len);
     const std::vector<int> short_prompt = random_tokens(13, config.vocab_size, 3);
@@ -346,9 +361,10 @@ TEST_P(CudaHalfVsCpu, ADecodeRowGivesItsSoloLogitsInAForwardOfManyRows) {
   const std::vector<int> cached = random_tokens(9, vocab, 5);    // sequence 1's prompt
   const std::vector<int> prefill = random_tokens(20, vocab, 6);  // sequence 0's, in the shared forward
   const int next = 11;                                           // sequence 1's decode token
-  for (const cuda::WeightDtype dtype : {cuda::WeightDtype::Float16, cuda::WeightDtype::BFloat16}) {
-    SCOPED_TRACE(cuda::to_string(dtype));
-    const auto gpu = cuda::make_cuda_model(weights, {dtype, true});
+  for (const cuda::CudaRunOptions& half : half_runs_on_both_gemv_kernels()) {
+    const cuda::WeightDtype dtype = half.dtype;
+    SCOPED_TRACE(cuda::to_string(dtype) + ", GEMV on " + cuda::to_string(half.gemv));
+    const auto gpu = cuda::make_cuda_model(weights, half);
     const auto solo_cache = gpu->make_cache(2, config.seq_len);
     const auto shared_cache = gpu->make_cache(2, config.seq_len);
     for (KvCache* cache : {solo_cache.get(), shared_cache.get()}) run(*gpu, TokenBatch::prefill(cached, 0, 1), *cache);

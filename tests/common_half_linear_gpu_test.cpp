@@ -4,15 +4,16 @@
 // conversions, round to nearest even: both of the layer's paths multiply
 // half weights by x rounded to the half type), so the only differences left
 // are the device's fp32 sums:
-//   - the GEMV (rows <= 16): fp32 sums in another order. A sum whose
-//     longest chain of additions has D terms is off by at most D 2^-24 of
-//     sum |w| |x| (fmaf rounds each product into the sum once); the GEMV's
-//     chains are in/8 columns per lane, 3 shuffles, and one add per column
-//     slice (at most in/64).
-//   - cuBLAS (rows > 16): fp32 sums in an order we do not know: in 2^-23 of
-//     sum |w| |x| covers any order, even with truncating adds (plus 2^-25
-//     absolute per |w| for fp16, should the tensor cores flush a subnormal
-//     x to zero).
+//   - the GEMV on CUDA cores (rows <= 16): fp32 sums in another order. A
+//     sum whose longest chain of additions has D terms is off by at most
+//     D 2^-24 of sum |w| |x| (fmaf rounds each product into the sum once);
+//     the GEMV's chains are in/8 columns per lane, 3 shuffles, and one add
+//     per column slice (at most in/64).
+//   - cuBLAS (rows > 16) and the GEMV on tensor cores: fp32 sums in an order
+//     (inside the mma) we do not know: in 2^-23 of sum |w| |x| covers any
+//     order, even with truncating adds (plus 2^-25 absolute per |w| for
+//     fp16, should the tensor cores flush a subnormal x to zero).
+// Every GEMV test runs both kernels (HalfGemvKernel).
 // Both bounds against one reference also bound how far a row's output moves
 // between the two paths: what lets a serving engine batch a decode row with
 // prefill rows and still get the row's solo result (half_linear.cu).
@@ -63,13 +64,25 @@ struct HalfCase {
   bool bf16 = false;
   int out = 0;
   int in = 0;
+  bool tensor_cores = false;  // the GEMV's kernel: HalfGemvKernel::TensorCores, else CudaCores
 };
 void PrintTo(const HalfCase& c, std::ostream* os) {
-  *os << (c.bf16 ? "bf16" : "fp16") << " [" << c.out << ", " << c.in << "]";
+  *os << (c.bf16 ? "bf16" : "fp16") << " [" << c.out << ", " << c.in << "]"
+      << (c.tensor_cores ? " tensor cores" : " CUDA cores");
 }
 std::string case_name(const ::testing::TestParamInfo<HalfCase>& info) {
   return std::string(info.param.bf16 ? "bf16_" : "fp16_") + std::to_string(info.param.out) + "x" +
-         std::to_string(info.param.in);
+         std::to_string(info.param.in) + (info.param.tensor_cores ? "_tensor_cores" : "_cuda_cores");
+}
+// Each case on both GEMV kernels.
+std::vector<HalfCase> on_both_kernels(const std::vector<HalfCase>& cases) {
+  std::vector<HalfCase> both;
+  for (const bool tensor_cores : {false, true})
+    for (HalfCase c : cases) {
+      c.tensor_cores = tensor_cores;
+      both.push_back(c);
+    }
+  return both;
 }
 
 // TinyLlama's K/V projection and its MLP, then odd widths (the odd model
@@ -82,7 +95,7 @@ std::vector<HalfCase> half_cases() {
   std::vector<HalfCase> cases;
   for (const bool bf16 : {false, true})
     for (const auto& [out, in] : shapes) cases.push_back({bf16, out, in});
-  return cases;
+  return on_both_kernels(cases);
 }
 
 #if defined(LLM_WITH_CUDA)
@@ -93,6 +106,14 @@ using cuda::HalfCudaLinear;
 using cuda::HalfType;
 
 HalfType half_type(bool bf16) { return bf16 ? HalfType::BFloat16 : HalfType::Float16; }
+cuda::HalfGemvKernel gemv_kernel(bool tensor_cores) {
+  return tensor_cores ? cuda::HalfGemvKernel::TensorCores : cuda::HalfGemvKernel::CudaCores;
+}
+// A layer of case c, with its own scratch.
+HalfCudaLinear make_layer(const std::vector<float>& weight, const HalfCase& c, cublasHandle_t cublas) {
+  return HalfCudaLinear(weight, c.out, c.in, half_type(c.bf16), std::make_shared<HalfActivationScratch>(), cublas,
+                        gemv_kernel(c.tensor_cores));
+}
 
 // v rounded to the half type and back (round to nearest even; fp16 past
 // 65504 is inf), by CUDA's host conversions.
@@ -167,9 +188,11 @@ std::vector<float> run_forward(const HalfCudaLinear& layer, const DeviceBuffer<f
 // Rows [0, rows) of `got` within the bound of its path; rows past `rows`
 // untouched (still poison). A NaN never passes (!(error <= bound)).
 ::testing::AssertionResult matches_reference(const std::vector<float>& got, const Reference& ref, int rows, int out,
-                                             int in, bool bf16) {
-  const bool gemv = rows <= cuda::kMaxGemvRows;
-  const double relative = gemv ? gemv_relative_bound(in) : gemm_relative_bound(in) + gemv_relative_bound(in);
+                                             int in, bool bf16, bool tensor_cores) {
+  // Sums the tensor cores add: cuBLAS's, or the GEMV's on tensor cores.
+  const bool tensor_core_sums = rows > cuda::kMaxGemvRows || tensor_cores;
+  const double relative =
+      tensor_core_sums ? gemm_relative_bound(in) + gemv_relative_bound(in) : gemv_relative_bound(in);
   int failures = 0;
   std::string first_failures;
   double worst_ratio = 0.0;
@@ -177,7 +200,7 @@ std::vector<float> run_forward(const HalfCudaLinear& layer, const DeviceBuffer<f
     for (int o = 0; o < out; ++o) {
       const std::size_t at = static_cast<std::size_t>(r) * out + o;
       double bound = relative * ref.magnitude[at] + 1e-30;
-      if (!gemv && !bf16) bound += std::ldexp(1.0, -25) * ref.weight_abs_sum[o];  // fp16 subnormal x
+      if (tensor_core_sums && !bf16) bound += std::ldexp(1.0, -25) * ref.weight_abs_sum[o];  // fp16 subnormal x
       const double error = std::fabs(static_cast<double>(got[at]) - ref.y[at]);
       if (!(error <= bound)) {
         if (++failures <= 5)
@@ -218,8 +241,8 @@ TEST_P(HalfLinearVsHost, MatchesTheDoubleProductOfTheRoundedWeights) {
   const Reference ref = reference_product(weight_rounded, rounded_all(x, c.bf16), kMaxRows, c.out, c.in);
 
   cuda::CublasHandle cublas;
-  HalfCudaLinear layer(weight, c.out, c.in, half_type(c.bf16), std::make_shared<HalfActivationScratch>(),
-                       cublas.get());
+  HalfCudaLinear layer = make_layer(weight, c, cublas.get());
+  EXPECT_EQ(layer.gemv_kernel(), gemv_kernel(c.tensor_cores));
   EXPECT_EQ(layer.in_features(), c.in);
   EXPECT_EQ(layer.out_features(), c.out);
   EXPECT_EQ(layer.padded_in_features() % 8, 0);
@@ -227,8 +250,8 @@ TEST_P(HalfLinearVsHost, MatchesTheDoubleProductOfTheRoundedWeights) {
   if (c.in % 8 == 0) {
     EXPECT_EQ(layer.weight_bytes(), static_cast<std::size_t>(c.out) * c.in * 2);
   }
-  std::cout << "[ info     ] " << to_string(layer.type()) << " [" << c.out << ", " << c.in << "]: GEMV splits the columns "
-            << layer.gemv_k_splits() << " ways\n";
+  std::cout << "[ info     ] " << to_string(layer.type()) << " [" << c.out << ", " << c.in << "], GEMV on "
+            << to_string(layer.gemv_kernel()) << ": splits the columns " << layer.gemv_k_splits() << " ways\n";
 
   // The stored weights are exactly the host's rounding (padding columns zero).
   std::vector<std::uint16_t> stored(static_cast<std::size_t>(c.out) * layer.padded_in_features());
@@ -252,7 +275,7 @@ TEST_P(HalfLinearVsHost, MatchesTheDoubleProductOfTheRoundedWeights) {
   DeviceBuffer<float> y_dev(static_cast<std::size_t>(kMaxRows) * c.out);
   for (const int rows : {1, 2, 3, 5, 8, 9, 15, 16, 17, 33, 64}) {
     const std::vector<float> y = run_forward(layer, x_dev, rows, y_dev);
-    const ::testing::AssertionResult check = matches_reference(y, ref, rows, c.out, c.in, c.bf16);
+    const ::testing::AssertionResult check = matches_reference(y, ref, rows, c.out, c.in, c.bf16, c.tensor_cores);
     EXPECT_TRUE(check) << rows << " rows";
     if (check) std::cout << "[ info     ] " << rows << " rows: " << check.message() << "\n";
   }
@@ -267,9 +290,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HalfLinearVsHost, ::testing::ValuesIn(half_case
 class HalfGemvRowOrder : public ::testing::TestWithParam<HalfCase> {};
 
 // A row's outputs do not depend on which rows run with it: the GEMV's order
-// of additions is fixed by the shape alone (half_linear.cu), and fmaf is
-// explicit, so the bits are equal in every bucket (1, 2, 4, 8, 16) and for
-// a row alone.
+// of additions is fixed by the shape alone (half_linear.cu), fmaf is
+// explicit, and each element of an mma's D is its own dot product, so the
+// bits are equal in every bucket (1, 2, 4, 8, 16 on CUDA cores; 8 and 16 on
+// tensor cores) and for a row alone.
 TEST_P(HalfGemvRowOrder, ARowGivesTheSameBitsAloneOrAmong16) {
   LLM_REQUIRE_CUDA_DEVICE();
 #if defined(LLM_WITH_CUDA)
@@ -279,8 +303,7 @@ TEST_P(HalfGemvRowOrder, ARowGivesTheSameBitsAloneOrAmong16) {
   const std::vector<float> weight = random_vector(static_cast<std::size_t>(c.out) * c.in, seed, 0.5f);
   const std::vector<float> x = random_vector(static_cast<std::size_t>(kRows) * c.in, seed + 1, 1.0f);
   cuda::CublasHandle cublas;
-  HalfCudaLinear layer(weight, c.out, c.in, half_type(c.bf16), std::make_shared<HalfActivationScratch>(),
-                       cublas.get());
+  HalfCudaLinear layer = make_layer(weight, c, cublas.get());
   layer.reserve_rows(kRows);
   const DeviceBuffer<float> x_dev{std::span<const float>(x)};
   DeviceBuffer<float> y_dev(static_cast<std::size_t>(kRows) * c.out);
@@ -310,8 +333,8 @@ TEST_P(HalfGemvRowOrder, ARowGivesTheSameBitsAloneOrAmong16) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HalfGemvRowOrder,
-                         ::testing::Values(HalfCase{false, 256, 2048}, HalfCase{true, 256, 2048},
-                                           HalfCase{false, 72, 512}, HalfCase{true, 20000, 100}),
+                         ::testing::ValuesIn(on_both_kernels({HalfCase{false, 256, 2048}, HalfCase{true, 256, 2048},
+                                                              HalfCase{false, 72, 512}, HalfCase{true, 20000, 100}})),
                          case_name);
 
 class HalfGemvFusions : public ::testing::TestWithParam<HalfCase> {};
@@ -338,8 +361,7 @@ TEST_P(HalfGemvFusions, FoldedNormSwigluAndAddGiveTheBitsOfTheKernels) {
   const std::vector<float> residual = random_vector(static_cast<std::size_t>(kRows) * c.out, seed + 4, 1.0f);
 
   cuda::CublasHandle cublas;
-  HalfCudaLinear layer(weight, c.out, c.in, half_type(c.bf16), std::make_shared<HalfActivationScratch>(),
-                       cublas.get());
+  HalfCudaLinear layer = make_layer(weight, c, cublas.get());
   layer.reserve_rows(kRows);
   const DeviceBuffer<float> x_dev{std::span<const float>(x)}, norm_dev{std::span<const float>(norm)},
       gate_up_dev{std::span<const float>(gate_up)};
@@ -475,17 +497,20 @@ TEST(HalfCudaLinear, WeightsBeyondFp16RangeThrowForFp16Only) {
     EXPECT_TRUE(HasSubstr(e.what(), "fp16"));
   }
 
-  HalfCudaLinear layer(weight, kOut, kIn, HalfType::BFloat16, std::make_shared<HalfActivationScratch>(),
-                       cublas.get());
-  layer.reserve_rows(kRows);
   const std::vector<float> ones(static_cast<std::size_t>(kRows) * kIn, 1.0f);
   const DeviceBuffer<float> x_dev{std::span<const float>(ones)};
   DeviceBuffer<float> y_dev(static_cast<std::size_t>(kRows) * kOut);
-  for (const int rows : {1, kRows}) {
-    const std::vector<float> y = run_forward(layer, x_dev, rows, y_dev);
-    for (int r = 0; r < rows; ++r) {
-      EXPECT_EQ(y[static_cast<std::size_t>(r) * kOut], 999424.0f + 15 * 0.25f) << rows << " rows, row " << r;
-      for (int o = 1; o < kOut; ++o) EXPECT_EQ(y[static_cast<std::size_t>(r) * kOut + o], 4.0f);
+  for (const bool tensor_cores : {false, true}) {
+    HalfCudaLinear layer(weight, kOut, kIn, HalfType::BFloat16, std::make_shared<HalfActivationScratch>(),
+                         cublas.get(), gemv_kernel(tensor_cores));
+    layer.reserve_rows(kRows);
+    for (const int rows : {1, kRows}) {
+      const std::vector<float> y = run_forward(layer, x_dev, rows, y_dev);
+      for (int r = 0; r < rows; ++r) {
+        EXPECT_EQ(y[static_cast<std::size_t>(r) * kOut], 999424.0f + 15 * 0.25f)
+            << rows << " rows, row " << r << ", GEMV on " << to_string(layer.gemv_kernel());
+        for (int o = 1; o < kOut; ++o) EXPECT_EQ(y[static_cast<std::size_t>(r) * kOut + o], 4.0f);
+      }
     }
   }
 
@@ -511,8 +536,9 @@ TEST(HalfCudaLinear, FactoryLayersShareTheirScratch) {
   EXPECT_EQ(cuda::to_string(HalfType::BFloat16), "bf16");
   constexpr int kRows = 33;
   const std::vector<std::pair<int, int>> shapes = {{96, 200}, {300, 96}, {72, 512}};
+  for (const bool tensor_cores : {false, true})
   for (const bool bf16 : {false, true}) {
-    const cuda::CudaLinearFactory factory = cuda::half_cuda_linear_factory(half_type(bf16));
+    const cuda::CudaLinearFactory factory = cuda::half_cuda_linear_factory(half_type(bf16), gemv_kernel(tensor_cores));
     cuda::CublasHandle cublas;
     std::vector<std::unique_ptr<cuda::CudaLinear>> layers;
     std::vector<Reference> refs;
@@ -526,7 +552,9 @@ TEST(HalfCudaLinear, FactoryLayersShareTheirScratch) {
       refs.push_back(reference_product(weight_rounded, rounded_all(x, bf16), kRows, out, in));
       inputs.emplace_back(std::span<const float>(x));
       layers.push_back(factory(weight, out, in, LinearSite{static_cast<int>(l), LinearRole::Query}, cublas.get()));
-      EXPECT_NE(dynamic_cast<HalfCudaLinear*>(layers.back().get()), nullptr);
+      const auto* half_layer = dynamic_cast<HalfCudaLinear*>(layers.back().get());
+      ASSERT_NE(half_layer, nullptr);
+      EXPECT_EQ(half_layer->gemv_kernel(), gemv_kernel(tensor_cores));
     }
     for (const auto& layer : layers) layer->reserve_rows(kRows);
     for (const int rows : {kRows, 5}) {
@@ -542,8 +570,9 @@ TEST(HalfCudaLinear, FactoryLayersShareTheirScratch) {
       for (std::size_t l = 0; l < layers.size(); ++l) {
         std::vector<float> y(outputs[l].size());
         outputs[l].download(y);
-        EXPECT_TRUE(matches_reference(y, refs[l], rows, shapes[l].first, shapes[l].second, bf16))
-            << (bf16 ? "bf16" : "fp16") << " layer " << l << ", " << rows << " rows";
+        EXPECT_TRUE(matches_reference(y, refs[l], rows, shapes[l].first, shapes[l].second, bf16, tensor_cores))
+            << (bf16 ? "bf16" : "fp16") << " layer " << l << ", " << rows << " rows, GEMV on "
+            << to_string(gemv_kernel(tensor_cores));
       }
     }
   }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "llm/config.hpp"
+#include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/generated_text.hpp"
 #include "llm/harness/model_on_device.hpp"
@@ -71,6 +72,30 @@ TEST(StepCommandLine, ParsesTheCommonFlagsAndTheStepsOwn) {
   EXPECT_TRUE(common.quick);
   EXPECT_EQ(common.device, "cpu");
   EXPECT_EQ(repeats, 3);
+}
+
+// How the CUDA model runs comes from the common flags: --dtype, --gemv and
+// the switches become CudaRunOptions, and a name the model does not know is
+// an InputError (the flags' own check refuses it first, with status 1).
+TEST(StepCommandLine, TheCudaFlagsBecomeTheCudaRunOptions) {
+  CommonOptions common;
+  const cuda::CudaRunOptions defaults = cuda_run_options(common);
+  EXPECT_EQ(defaults.dtype, cuda::WeightDtype::Float32);
+  EXPECT_EQ(defaults.gemv, cuda::HalfGemvKernel::CudaCores);
+  EXPECT_TRUE(defaults.graphs);
+  ASSERT_FALSE(parse({"step", "--dtype", "bf16", "--gemv", "tensor-cores", "--no-graphs"}, common).exit_status);
+  const cuda::CudaRunOptions run = cuda_run_options(common);
+  EXPECT_EQ(run.dtype, cuda::WeightDtype::BFloat16);
+  EXPECT_EQ(run.gemv, cuda::HalfGemvKernel::TensorCores);
+  EXPECT_FALSE(run.graphs);
+  for (const cuda::HalfGemvKernel kernel : {cuda::HalfGemvKernel::CudaCores, cuda::HalfGemvKernel::TensorCores})
+    EXPECT_EQ(cuda::parse_half_gemv_kernel(cuda::to_string(kernel)), kernel);
+  EXPECT_THROW(cuda::parse_half_gemv_kernel("mma"), InputError);
+  CommonOptions refused;
+  const ParseOutcome outcome = parse({"step", "--gemv", "mma"}, refused);
+  ASSERT_TRUE(outcome.exit_status.has_value());
+  EXPECT_EQ(*outcome.exit_status, 1);
+  EXPECT_TRUE(HasSubstr(outcome.stderr_text, "--gemv"));
 }
 
 // CLI11's own errors keep CLI11's message but exit 1, the status of every

@@ -507,11 +507,11 @@ std::span<const float> CudaModel::forward(const TokenBatch& batch, KvCache& cach
   return {logits_pinned_.data(), n_logits};
 }
 
-CudaLinearFactory cuda_linear_factory(WeightDtype dtype) {
+CudaLinearFactory cuda_linear_factory(WeightDtype dtype, HalfGemvKernel gemv) {
   switch (dtype) {
     case WeightDtype::Float32: return dense_cuda_linear_factory();
-    case WeightDtype::Float16: return half_cuda_linear_factory(HalfType::Float16);
-    case WeightDtype::BFloat16: return half_cuda_linear_factory(HalfType::BFloat16);
+    case WeightDtype::Float16: return half_cuda_linear_factory(HalfType::Float16, gemv);
+    case WeightDtype::BFloat16: return half_cuda_linear_factory(HalfType::BFloat16, gemv);
   }
   throw InputError("unknown weight dtype");
 }
@@ -520,7 +520,7 @@ std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRu
   const DeviceStatus status = device_status();
   if (!status.usable) throw DeviceError("cannot run the CUDA model: " + status.reason);
   CudaModelOptions options;
-  options.linear_factory = cuda_linear_factory(run.dtype);
+  options.linear_factory = cuda_linear_factory(run.dtype, run.gemv);
   options.graphs = run.graphs;
   options.fusions = run.fusions ? CudaFusions::all() : CudaFusions::none();
   if (!run.fold_norms) options.fusions.norm_in_product = false;

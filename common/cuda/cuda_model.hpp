@@ -82,8 +82,8 @@ struct CudaModelOptions {
 };
 
 // The linear factory of a weight element type: DenseCudaLinear (fp32) or
-// HalfCudaLinear (fp16, bf16).
-CudaLinearFactory cuda_linear_factory(WeightDtype dtype);
+// HalfCudaLinear (fp16, bf16, whose products of 1..16 rows run `gemv`).
+CudaLinearFactory cuda_linear_factory(WeightDtype dtype, HalfGemvKernel gemv = HalfGemvKernel::CudaCores);
 
 class CudaModel final : public Model {
  public:

@@ -1,5 +1,7 @@
 // Half-precision weights (fp16, bf16) for the CUDA model: HalfCudaLinear
-// (half_linear.hpp), its GEMV for 1..16 rows and its cuBLAS path for more.
+// (half_linear.hpp), its GEMV for 1..16 rows, in two kernels (multiply-adds
+// on the CUDA cores, the default, or on the tensor cores: HalfGemvKernel),
+// and its cuBLAS path for more.
 //
 // What is half and what is not. The weights are rounded once, at
 // construction (round to nearest even), and stored half: at decode a token's
@@ -54,6 +56,8 @@
 // weight is multiplied 16 times in fp32: at an H100's 3.35 TB/s that is
 // about 27 TFMA/s, some 80% of its fp32 peak (33.5), so the instructions
 // around the FMAs must stay few, and 16 rows may run somewhat slower than 1.
+// (The tensor-core kernel, after this one, takes the multiply-adds off the
+// CUDA cores.)
 //
 // x in shared memory. All 8 warps of a block multiply the same x, so the
 // block stages a chunk of x's columns (16 KB: 4096 / kRows columns of every
@@ -90,11 +94,14 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "device_formulas.cuh"
+#include "mma_fragments.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
+#include "llm/cuda/tensor_core_gemv_layout.hpp"
 #include "llm/errors.hpp"
 
 namespace llm::cuda {
@@ -215,6 +222,13 @@ struct GemvArguments {
   bool accumulate = false;
 };
 
+// What a block keeps in shared memory for a folded RMSNorm.
+template <int kRows>
+struct FoldedNorm {  // in shared memory
+  float inverse_rms[kRows];             // each x row's 1 / rms
+  float warp_sums[kRows][kGemvWarps];   // stage 1's per-warp sums of squares
+};
+
 // The folded RMSNorm's first half: inverse_rms[r] for the block's x rows r <
 // rows, each row's sum of squares taken exactly as the RMSNorm kernel takes it
 // (device::thread_sum_of_squares, then device::block_reduce), but for all
@@ -225,9 +239,9 @@ struct GemvArguments {
 // launch computes the same values (its x rows are a few KiB from L2).
 // Ends with a barrier: inverse_rms is then visible to the whole block.
 template <int kRows>
-__device__ void rows_inverse_rms(const float* __restrict__ x, int rows, int in, float eps,
-                                 float* inverse_rms /* [kRows] shared */,
-                                 float (*warp_sums)[kGemvWarps] /* [kRows][kGemvWarps] shared */) {
+__device__ void rows_inverse_rms(const GemvArguments& args, FoldedNorm<kRows>& norm) {
+  const float* __restrict__ x = args.x;
+  const int rows = args.rows, in = args.in;
   const int thread = static_cast<int>(threadIdx.x);
   const int lane = thread % kWarpSize;
   const int warp = thread / kWarpSize;
@@ -244,14 +258,31 @@ __device__ void rows_inverse_rms(const float* __restrict__ x, int rows, int in, 
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const float warp_sum = device::warp_reduce(partial[r], device::SumOp{});
-    if (lane == 0) warp_sums[r][warp] = warp_sum;
+    if (lane == 0) norm.warp_sums[r][warp] = warp_sum;
   }
   __syncthreads();
   for (int r = warp; r < rows; r += kGemvWarps) {
-    const float sum = device::warp_reduce(lane < kGemvWarps ? warp_sums[r][lane] : 0.0f, device::SumOp{});
-    if (lane == 0) inverse_rms[r] = device::inverse_rms(sum, in, eps);
+    const float sum = device::warp_reduce(lane < kGemvWarps ? norm.warp_sums[r][lane] : 0.0f, device::SumOp{});
+    if (lane == 0) norm.inverse_rms[r] = device::inverse_rms(sum, in, args.norm_eps);
   }
   __syncthreads();
+}
+
+// The columns block (output block, split) multiplies: [k_begin, k_end) of
+// the padded rows, whole 64-column steps of the slice (k_end a multiple of
+// 8: every 16-byte vector is wholly inside or outside), x real below x_end.
+struct SliceColumns {
+  int k_begin = 0;
+  int k_end = 0;
+  int x_end = 0;
+};
+__device__ __forceinline__ SliceColumns slice_columns(const GemvArguments& args, int split) {
+  const int first_step = split * args.steps_per_split;
+  SliceColumns slice;
+  slice.k_begin = first_step * kStepElements;
+  slice.k_end = min((first_step + args.steps_per_split) * kStepElements, args.padded_in);
+  slice.x_end = min(slice.k_end, args.in);
+  return slice;
 }
 
 // Where column c (0 .. chunk length) of a staged x row lives in shared
@@ -263,6 +294,70 @@ __device__ int staged_column(int column) {
   const int step = column / kStepElements, within = column % kStepElements;
   const int sublane = within / kHalvesPerVector, j = within % kHalvesPerVector;
   return step * kStepElements + (j / 4) * (kStepElements / 2) + sublane * 4 + j % 4;
+}
+
+// The value the product multiplies x[r][k] by, before it is rounded to the
+// weights' type: x itself, x normalized by the folded RMSNorm (the RMSNorm
+// kernel's output element, bit for bit), or silu(gate) * up from a [2 * in]
+// gate/up row (the SwiGLU kernel's output element, bit for bit). Zero for the
+// bucket's rows past args.rows and for columns past `x_end`.
+__device__ __forceinline__ float product_input(const GemvArguments& args, int r, int k, int x_end,
+                                               const float* inverse_rms /* [rows] shared */) {
+  if (r >= args.rows || k >= x_end) return 0.0f;
+  if (args.swiglu_input) {
+    const float* gate_up_row = args.x + static_cast<std::size_t>(r) * 2 * args.in;
+    return device::swiglu_value(gate_up_row[k], gate_up_row[args.in + k]);
+  }
+  const float value = args.x[static_cast<std::size_t>(r) * args.in + k];
+  return args.input_norm != nullptr ? device::normalized(args.input_norm[k], inverse_rms[r], value) : value;
+}
+
+// One output's sum over the block's slice of columns: y itself when the
+// columns are not split (y = sum, or y += sum for the residual add, as
+// add_inplace does), else the slice's partial sum (to L2).
+__device__ __forceinline__ void store_slice_sum(const GemvArguments& args, int split, int r, int output, float sum) {
+  if (args.k_splits == 1) {
+    float& y = args.y[static_cast<std::size_t>(r) * args.out + output];
+    y = args.accumulate ? y + sum : sum;
+  } else {
+    __stcg(args.partial_sums + (static_cast<std::size_t>(split) * args.rows + r) * args.out + output, sum);
+  }
+}
+
+// Split columns (args.k_splits > 1), after every thread of the block stored
+// its partial sums: a ticket per output block; the last of the k_splits
+// blocks of outputs [first_output, first_output + outputs) to take one adds
+// every slice's partials in slice order and writes y. Called by every
+// thread of the block (it has barriers).
+__device__ void add_slices_if_last(const GemvArguments& args, int output_block, int first_output, int outputs,
+                                   bool* is_last_block /* shared */) {
+  const int thread = static_cast<int>(threadIdx.x);
+  // Release: each thread's partials are visible device-wide before the
+  // ticket is taken (the fence), and every thread has fenced before thread 0
+  // takes it (the barrier).
+  __threadfence();
+  __syncthreads();
+  if (thread == 0) {
+    // atomicInc wraps to 0 after k_splits - 1: the last block leaves the
+    // counter at zero for the next launch (or the next layer sharing it).
+    const unsigned int last_ticket = static_cast<unsigned int>(args.k_splits - 1);
+    const unsigned int ticket = atomicInc(args.split_counters + output_block, last_ticket);
+    __threadfence();  // acquire: the other slices' partials are read after their tickets
+    *is_last_block = ticket == last_ticket;
+  }
+  __syncthreads();
+  if (!*is_last_block) return;
+  for (int index = thread; index < args.rows * outputs; index += static_cast<int>(blockDim.x)) {
+    const int r = index / outputs;
+    const int output = first_output + index % outputs;
+    if (output >= args.out) continue;
+    float sum = 0.0f;
+    // __ldcg: from L2, where the other blocks' stores went (never a stale L1 line).
+    for (int s = 0; s < args.k_splits; ++s)
+      sum += __ldcg(args.partial_sums + (static_cast<std::size_t>(s) * args.rows + r) * args.out + output);
+    float& y = args.y[static_cast<std::size_t>(r) * args.out + output];
+    y = args.accumulate ? y + sum : sum;
+  }
 }
 
 // Grid (output blocks, k_splits), kGemvThreads threads. Block (b, s)
@@ -281,9 +376,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
   // (staged_column); rows >= args.rows and columns past the slice are zero.
   __shared__ __align__(16) float staged_x[kStagedXFloats];
   __shared__ bool is_last_block;
-  // The folded RMSNorm (args.input_norm): each x row's 1 / rms.
-  __shared__ float inverse_rms[kRows];
-  __shared__ float warp_sums[kRows][kGemvWarps];
+  __shared__ FoldedNorm<kRows> folded_norm;  // args.input_norm's 1 / rms per row
 
   const int thread = static_cast<int>(threadIdx.x);
   const int lane = thread % kWarpSize;
@@ -295,10 +388,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
   const int first_output =
       output_block * kOutputsPerBlock + (warp * kLaneGroupsPerWarp + lane_group) * kOutputsPerLane;
 
-  const int first_step = split * args.steps_per_split;
-  const int k_begin = first_step * kStepElements;
-  const int k_end = min((first_step + args.steps_per_split) * kStepElements, args.padded_in);  // a multiple of 8
-  const int x_end = min(k_end, args.in);
+  const auto [k_begin, k_end, x_end] = slice_columns(args, split);
 
   bool output_valid[kOutputsPerLane];
   const uint4* weight_row[kOutputsPerLane];  // 16-byte vectors of this lane's output rows
@@ -311,8 +401,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
   }
 
   // A uniform branch: every thread of every block takes it or none does.
-  const bool normalize_x = args.input_norm != nullptr;
-  if (normalize_x) rows_inverse_rms<kRows>(args.x, args.rows, args.in, args.norm_eps, inverse_rms, warp_sums);
+  if (args.input_norm != nullptr) rows_inverse_rms(args, folded_norm);
 
   float sums[kOutputsPerLane][kRows];
 #pragma unroll
@@ -327,22 +416,9 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
       for (int column = thread; column < staged_length; column += kGemvThreads) {
-        const int k = chunk_k + column;
-        float value = 0.0f;
-        if (r < args.rows && k < x_end) {
-          if (args.swiglu_input) {
-            // The SwiGLU kernel's output element, bit for bit, from the gate
-            // and up halves of a [2 * in] row.
-            const float* gate_up_row = args.x + static_cast<std::size_t>(r) * 2 * args.in;
-            value = device::swiglu_value(gate_up_row[k], gate_up_row[args.in + k]);
-          } else {
-            value = args.x[static_cast<std::size_t>(r) * args.in + k];
-            // The RMSNorm kernel's output element, bit for bit.
-            if (normalize_x) value = device::normalized(args.input_norm[k], inverse_rms[r], value);
-          }
-        }
         // Rounded to the weights' type, as forward_gemm rounds x for cuBLAS
         // (the header says why).
+        const float value = product_input(args, r, chunk_k + column, x_end, folded_norm.inverse_rms);
         staged_x[r * kChunkElements + staged_column(column)] = Traits::round_trip(value);
       }
     __syncthreads();
@@ -392,59 +468,194 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
       for (int offset = kLanesPerWeightRow / 2; offset > 0; offset /= 2)
         sums[o][r] += __shfl_xor_sync(0xffffffffu, sums[o][r], offset);
 
-  const bool writes = sublane == 0;
-  if (args.k_splits == 1) {
-    if (writes) {
-#pragma unroll
-      for (int o = 0; o < kOutputsPerLane; ++o)
-#pragma unroll
-        for (int r = 0; r < kRows; ++r)
-          if (output_valid[o] && r < args.rows) {
-            float& y = args.y[static_cast<std::size_t>(r) * args.out + first_output + o];
-            y = args.accumulate ? y + sums[o][r] : sums[o][r];  // the residual add: x + delta, as add_inplace
-          }
-    }
-    return;  // the whole block returns: no barrier follows
-  }
-
-  // Split columns: this slice's partial sums (to L2), then a ticket; the last
-  // block of this output block adds every slice's partials in slice order.
-  if (writes) {
+  if (sublane == 0) {
 #pragma unroll
     for (int o = 0; o < kOutputsPerLane; ++o)
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
-        if (output_valid[o] && r < args.rows)
-          __stcg(args.partial_sums + (static_cast<std::size_t>(split) * args.rows + r) * args.out + first_output + o,
-                 sums[o][r]);
+        if (output_valid[o] && r < args.rows) store_slice_sum(args, split, r, first_output + o, sums[o][r]);
   }
-  // Release: each thread's partials are visible device-wide before the
-  // ticket is taken (the fence), and every thread has fenced before thread 0
-  // takes it (the barrier).
-  __threadfence();
-  __syncthreads();
-  if (thread == 0) {
-    // atomicInc wraps to 0 after k_splits - 1: the last block leaves the
-    // counter at zero for the next launch (or the next layer sharing it).
-    const unsigned int last_ticket = static_cast<unsigned int>(args.k_splits - 1);
-    const unsigned int ticket = atomicInc(args.split_counters + output_block, last_ticket);
-    __threadfence();  // acquire: the other slices' partials are read after their tickets
-    is_last_block = ticket == last_ticket;
-  }
-  __syncthreads();
-  if (!is_last_block) return;
-  for (int index = thread; index < args.rows * kOutputsPerBlock; index += kGemvThreads) {
-    const int r = index / kOutputsPerBlock;
-    const int output = output_block * kOutputsPerBlock + index % kOutputsPerBlock;
-    if (output >= args.out) continue;
-    float sum = 0.0f;
-    // __ldcg: from L2, where the other blocks' stores went (never a stale L1 line).
-    for (int s = 0; s < args.k_splits; ++s)
-      sum += __ldcg(args.partial_sums + (static_cast<std::size_t>(s) * args.rows + r) * args.out + output);
-    float& y = args.y[static_cast<std::size_t>(r) * args.out + output];
-    y = args.accumulate ? y + sum : sum;
-  }
+  if (args.k_splits == 1) return;  // the whole block returns: no barrier follows
+  add_slices_if_last(args, output_block, output_block * kOutputsPerBlock, kOutputsPerBlock, &is_last_block);
 }
+
+// --- The tensor-core GEMV (HalfGemvKernel::TensorCores) -------------------
+//
+// The same product, with the multiply-adds on the tensor cores: one
+// mma.sync (mma_fragments.cuh) multiplies a 16 x 16 tile of weights by 16
+// columns of 8 rows of x. The weights are the mma's A (16 outputs by 16
+// columns), x its B (16 columns by 8 rows: rows 1..8 are one n-tile, 9..16
+// two), the fp32 accumulators D (16 outputs by 8 rows). A row bucket of 1 or
+// 8 costs the same one mma: tensor cores have far more multiply-adds than
+// HBM has bytes to feed them, so the count of rows no longer sets the
+// instruction count, as it does for the FMA kernel (16 fmaf per weight at
+// 16 rows).
+//
+// Loads, with no change to the weights' row-major layout. A warp owns 16
+// outputs; per step of 64 columns, lane (g, t) (lane = 4 g + t) loads 16
+// bytes of weight rows g and g + 8 at columns 8t .. 8t + 7 and again at
+// 32 + 8t .. 32 + 8t + 7: four 16-byte loads, each warp-wide load 8 rows x
+// 64 contiguous bytes (whole 32-byte sectors). Those 16 halves of each row
+// are not the columns the mma's A fragment names (2t, 2t+1, 2t+8, 2t+9 of
+// 16), but a dot product does not care in which order its columns come, as
+// long as A and B agree: mma j (0..3) of the step takes, for "its" columns
+// 2t, 2t+1 the lane's halves at physical columns c_j + 8t + 0, 1 and for
+// 2t+8, 2t+9 those at c_j + 8t + 2, 3, with c_j = 4 (j % 2) + 32 (j / 2).
+// Over t that is 16 distinct columns per mma and the 64 of the step over
+// the four mmas. B must hold x at the same physical columns, so lane (g, t)
+// reads x row g (of the n-tile) at 8t .. 8t + 7 and 32 + 8t .. 32 + 8t + 7:
+// two 16-byte loads from shared memory, the same words the A side used.
+// The mapping is llm/cuda/tensor_core_gemv_layout.hpp's functions, which a
+// CPU test runs through the PTX ISA's fragment definition.
+//
+//   weights [out, padded_in] half, row-major, as the FMA kernel reads them;
+//   staged_x [kRows, kChunkElements + kTensorCoreRowPad] half bit patterns
+//   (x rounded as the FMA kernel rounds it); the accumulators
+//   acc[n-tile][4] fp32 hold D: acc[nt][0, 1] = outputs g, rows 8 nt + 2t,
+//   2t + 1; acc[nt][2, 3] = output g + 8, the same rows.
+//
+// A block is 8 warps, 128 outputs; the columns are split over blocks and
+// the slices' sums added as in the FMA kernel (the same ticket code), in an
+// order fixed by the shape: a row gives the same bits alone or among 16.
+// The two kernels' sums are added in different orders, so their results
+// differ by fp32 rounding.
+namespace layout = tensor_core_gemv;
+static_assert(layout::kStepColumns == kStepElements && layout::kHalvesPerVector == kHalvesPerVector);
+constexpr int kTensorCoreOutputsPerWarp = 16;  // the mma's M
+constexpr int kTensorCoreOutputsPerBlock = kGemvWarps * kTensorCoreOutputsPerWarp;  // 128
+constexpr int kRowsPerTile = 8;                // the mma's N
+// Steps (64 columns) whose loads a lane issues together: 2 x 4 x 16 bytes =
+// 128 bytes per lane, 32 KB per block, 64 KB per SM at 2 blocks: enough in
+// flight to cover HBM latency, in 32 registers.
+constexpr int kTensorCoreStepsPerBatch = 2;
+constexpr int kTensorCoreBatchElements = kTensorCoreStepsPerBatch * kStepElements;  // 128 columns
+constexpr int kTensorCoreStagedXHalves = 16384;  // 32 KB of x per chunk: 2048 columns of 8 rows, 1024 of 16
+// x rows are padded by 32 halves (64 bytes), so consecutive rows start 64
+// bytes apart modulo 128: a 16-byte shared load is served 8 lanes at a time
+// (rows 2p and 2p + 1, 64 bytes each), and those two rows then fall in
+// different banks.
+constexpr int kTensorCoreRowPad = 32;
+static_assert(kTensorCoreStagedXHalves % (2 * kRowsPerTile * kTensorCoreBatchElements) == 0,
+              "every row bucket's chunk must hold whole batches");
+
+template <class Traits, int kRowTiles>
+__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
+    half_gemv_tensor_core_kernel(const GemvArguments args) {
+  constexpr bool kBf16 = std::is_same_v<Traits, BFloat16Traits>;
+  constexpr int kRows = kRowTiles * kRowsPerTile;  // 8 or 16
+  constexpr int kChunkElements = kTensorCoreStagedXHalves / kRows;
+  constexpr int kRowStride = kChunkElements + kTensorCoreRowPad;  // halves; 64 bytes past a multiple of 128
+  static_assert(kChunkElements % kTensorCoreBatchElements == 0);
+  static_assert((kRowStride * 2) % 128 == 64);
+  __shared__ __align__(16) std::uint16_t staged_x[kRows * kRowStride];
+  __shared__ bool is_last_block;
+  __shared__ FoldedNorm<kRows> folded_norm;  // args.input_norm's 1 / rms per row
+
+  const int thread = static_cast<int>(threadIdx.x);
+  const int lane = thread % kWarpSize;
+  const int warp = thread / kWarpSize;
+  const int g = lane / 4;  // the fragments' group: outputs g and g + 8, row g of an n-tile
+  const int t = lane % 4;  // the fragments' thread in group
+  const int output_block = static_cast<int>(blockIdx.x);
+  const int split = static_cast<int>(blockIdx.y);
+  const int first_output = output_block * kTensorCoreOutputsPerBlock + warp * kTensorCoreOutputsPerWarp;
+
+  const auto [k_begin, k_end, x_end] = slice_columns(args, split);
+
+  // The lane's two weight rows: outputs g and g + 8 of the warp's tile.
+  bool output_valid[2];  // [row half]: row g (0) or g + 8 (1)
+  const uint4* weight_row[2];
+#pragma unroll
+  for (int row_half = 0; row_half < 2; ++row_half) {
+    const int output = first_output + g + 8 * row_half;
+    output_valid[row_half] = output < args.out;
+    const std::size_t row = output_valid[row_half] ? static_cast<std::size_t>(output) : 0;
+    weight_row[row_half] = reinterpret_cast<const uint4*>(args.weight + row * static_cast<std::size_t>(args.padded_in));
+  }
+
+  if (args.input_norm != nullptr) rows_inverse_rms(args, folded_norm);  // uniform, as in the FMA kernel
+
+  float acc[kRowTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < kRowTiles; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.0f;
+
+  for (int chunk_k = k_begin; chunk_k < k_end; chunk_k += kChunkElements) {
+    const int chunk_length = min(kChunkElements, k_end - chunk_k);
+    const int staged_length = round_up(chunk_length, kTensorCoreBatchElements);  // zero past the slice
+    __syncthreads();  // every warp is done with the previous chunk
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      for (int column = thread; column < staged_length; column += kGemvThreads)
+        staged_x[r * kRowStride + column] =
+            Traits::from_float(product_input(args, r, chunk_k + column, x_end, folded_norm.inverse_rms));
+    __syncthreads();
+
+    for (int batch_offset = 0; batch_offset < chunk_length; batch_offset += kTensorCoreBatchElements) {
+      // Every load of the batch first: raw[step][row half][vector] is weight
+      // row g (+ 8 for row half 1) at columns vector_first_column(t, vector)
+      // of the step. Past the slice or past `out` the vector is zero.
+      uint4 raw[kTensorCoreStepsPerBatch][2][2];
+#pragma unroll
+      for (int step = 0; step < kTensorCoreStepsPerBatch; ++step)
+#pragma unroll
+        for (int row_half = 0; row_half < 2; ++row_half)
+#pragma unroll
+          for (int vector = 0; vector < 2; ++vector) {
+            const int k = chunk_k + batch_offset + step * kStepElements + layout::vector_first_column(t, vector);
+            raw[step][row_half][vector] = output_valid[row_half] && k < k_end
+                                              ? __ldg(weight_row[row_half] + k / kHalvesPerVector)
+                                              : make_uint4(0, 0, 0, 0);
+          }
+#pragma unroll
+      for (int step = 0; step < kTensorCoreStepsPerBatch; ++step)
+#pragma unroll
+        for (int nt = 0; nt < kRowTiles; ++nt) {
+          // x row g of the n-tile at the same columns as the weights' vectors.
+          const std::uint16_t* x_step = staged_x + (nt * kRowsPerTile + g) * kRowStride + batch_offset +
+                                        step * kStepElements;
+          const uint4 x_vectors[2] = {*reinterpret_cast<const uint4*>(x_step + layout::vector_first_column(t, 0)),
+                                      *reinterpret_cast<const uint4*>(x_step + layout::vector_first_column(t, 1))};
+#pragma unroll
+          for (int j = 0; j < layout::kMmasPerStep; ++j) {
+            const int vector = layout::mma_vector(j), low_word = layout::mma_low_word(j);
+            const std::uint32_t a[4] = {device::word_of(raw[step][0][vector], low_word),       // row g
+                                        device::word_of(raw[step][1][vector], low_word),       // row g + 8
+                                        device::word_of(raw[step][0][vector], low_word + 1),   // row g
+                                        device::word_of(raw[step][1][vector], low_word + 1)};  // row g + 8
+            device::mma_16x8x16<kBf16>(acc[nt], a, device::word_of(x_vectors[vector], low_word),
+                                       device::word_of(x_vectors[vector], low_word + 1));
+          }
+        }
+    }
+  }
+
+  // D: acc[nt][i] is output g + 8 (i / 2) of the warp's, row 8 nt + 2t + i % 2.
+#pragma unroll
+  for (int nt = 0; nt < kRowTiles; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = nt * kRowsPerTile + layout::accumulator_row(t, i);
+      if (output_valid[i / 2] && r < args.rows)  // i / 2: the row half of accumulator_output
+        store_slice_sum(args, split, r, first_output + layout::accumulator_output(g, i), acc[nt][i]);
+    }
+  if (args.k_splits == 1) return;  // the whole block returns: no barrier follows
+  add_slices_if_last(args, output_block, output_block * kTensorCoreOutputsPerBlock, kTensorCoreOutputsPerBlock,
+                     &is_last_block);
+}
+
+template <class Traits>
+void launch_tensor_core_gemv(const GemvArguments& args, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned int>(ceil_div(args.out, kTensorCoreOutputsPerBlock)),
+                  static_cast<unsigned int>(args.k_splits));
+  if (args.rows <= kRowsPerTile)
+    half_gemv_tensor_core_kernel<Traits, 1><<<grid, kGemvThreads, 0, stream>>>(args);
+  else
+    half_gemv_tensor_core_kernel<Traits, 2><<<grid, kGemvThreads, 0, stream>>>(args);
+  LLM_CUDA_CHECK_LAUNCH();
+}
+static_assert(kMaxGemvRows == 2 * kRowsPerTile, "launch_tensor_core_gemv's largest bucket is 16 rows");
 
 template <class Traits>
 void launch_gemv(const GemvArguments& args, cudaStream_t stream) {
@@ -465,6 +676,26 @@ void launch_gemv(const GemvArguments& args, cudaStream_t stream) {
 }
 static_assert(kMaxGemvRows == 16, "launch_gemv's largest bucket is 16 rows");
 
+// Throws InputError unless the tensor-core GEMV of `type` runs here: its
+// code for this GPU must have been compiled for sm_75 or later (fp16: the
+// mma as two k8 halves) or sm_80 (bf16). What decides is the architecture
+// the kernel itself was compiled for (its ptxVersion: a compute_75-only
+// build runs JIT-compiled on newer cards with the sm_75 code, whose bf16
+// mma traps), not the card's compute capability.
+void require_tensor_core_gemv(HalfType type) {
+  cudaFuncAttributes attributes{};
+  if (type == HalfType::Float16)
+    LLM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, half_gemv_tensor_core_kernel<Float16Traits, 1>));
+  else
+    LLM_CUDA_CHECK(cudaFuncGetAttributes(&attributes, half_gemv_tensor_core_kernel<BFloat16Traits, 1>));
+  const int needed = type == HalfType::Float16 ? 75 : 80;
+  if (attributes.ptxVersion < needed)
+    throw InputError("the tensor-core GEMV (--gemv tensor-cores) needs " + to_string(type) +
+                     " mma.sync, in code compiled for sm_" + std::to_string(needed) +
+                     " or later; this build's code for this GPU is for sm_" + std::to_string(attributes.ptxVersion) +
+                     " (build for this GPU's architecture, or use --gemv cuda-cores)");
+}
+
 // "[out, in]". (Appended piece by piece: GCC 12 at -O3 warns falsely
 // (-Wrestrict) about "[" + std::to_string(...).)
 std::string shape_text(int out, int in) {
@@ -481,11 +712,13 @@ std::string shape_text(int out, int in) {
 std::string to_string(HalfType type) { return type == HalfType::Float16 ? "fp16" : "bf16"; }
 
 HalfCudaLinear::HalfCudaLinear(std::span<const float> weight, int out_features, int in_features, HalfType type,
-                               std::shared_ptr<HalfActivationScratch> scratch, cublasHandle_t cublas)
+                               std::shared_ptr<HalfActivationScratch> scratch, cublasHandle_t cublas,
+                               HalfGemvKernel gemv_kernel)
     : out_(out_features),
       in_(in_features),
       padded_in_(0),
       type_(type),
+      gemv_kernel_(gemv_kernel),
       scratch_(std::move(scratch)),
       cublas_(cublas) {
   if (out_features <= 0 || in_features <= 0 ||
@@ -496,7 +729,10 @@ HalfCudaLinear::HalfCudaLinear(std::span<const float> weight, int out_features, 
     throw InputError("linear layer " + shape_text(out_features, in_features) +
                      ": more than 2^24 input features (the GEMV's column indices are ints)");
   if (scratch_ == nullptr) throw std::logic_error("HalfCudaLinear: no scratch (pass a HalfActivationScratch)");
+  if (gemv_kernel_ == HalfGemvKernel::TensorCores) require_tensor_core_gemv(type_);
   padded_in_ = round_up(in_, kHalvesPerVector);
+  gemv_outputs_per_block_ =
+      gemv_kernel_ == HalfGemvKernel::TensorCores ? kTensorCoreOutputsPerBlock : kOutputsPerBlock;
 
   // Round on the device: the fp32 matrix goes up once (a temporary), the
   // half one stays. The count of non-finite results comes back with a
@@ -525,8 +761,9 @@ HalfCudaLinear::HalfCudaLinear(std::span<const float> weight, int out_features, 
   }
 
   // The column split: about kWantedBlocksPerSm blocks per SM, slices of
-  // whole steps, none empty. Depends on the shape and the GPU only.
-  const int output_blocks = ceil_div(out_, kOutputsPerBlock);
+  // whole steps, none empty. Depends on the shape, the kernel and the GPU
+  // only, never on the row count.
+  const int output_blocks = ceil_div(out_, gemv_outputs_per_block_);
   const int total_steps = ceil_div(padded_in_, kStepElements);
   const int wanted_splits = ceil_div(kWantedBlocksPerSm * sm_count(), output_blocks);
   const int splits = std::clamp(wanted_splits, 1, std::min(total_steps, 65535));  // gridDim.y <= 65535
@@ -540,7 +777,8 @@ void HalfCudaLinear::reserve_rows(int rows) {
   const auto gemv_rows = static_cast<std::size_t>(std::min(rows, kMaxGemvRows));
   const std::size_t partial_floats =
       gemv_k_splits_ > 1 ? static_cast<std::size_t>(gemv_k_splits_) * gemv_rows * static_cast<std::size_t>(out_) : 0;
-  const std::size_t counters = gemv_k_splits_ > 1 ? static_cast<std::size_t>(ceil_div(out_, kOutputsPerBlock)) : 0;
+  const std::size_t counters =
+      gemv_k_splits_ > 1 ? static_cast<std::size_t>(ceil_div(out_, gemv_outputs_per_block_)) : 0;
   const std::size_t activation_halves =
       rows > kMaxGemvRows ? static_cast<std::size_t>(rows) * static_cast<std::size_t>(in_) : 0;
   if (partial_floats <= scratch.partial_sums.size() && counters <= scratch.split_counters.size() &&
@@ -595,7 +833,7 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
   if (gemv_k_splits_ > 1) {
     const std::size_t partial_floats =
         static_cast<std::size_t>(gemv_k_splits_) * static_cast<std::size_t>(rows) * static_cast<std::size_t>(out_);
-    const auto counters = static_cast<std::size_t>(ceil_div(out_, kOutputsPerBlock));
+    const auto counters = static_cast<std::size_t>(ceil_div(out_, gemv_outputs_per_block_));
     if (scratch_->partial_sums.size() < partial_floats || scratch_->split_counters.size() < counters)
       throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": a forward of " + std::to_string(rows) +
                              " rows needs scratch that reserve_rows(" + std::to_string(rows) +
@@ -603,10 +841,11 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
     args.partial_sums = scratch_->partial_sums.data();
     args.split_counters = scratch_->split_counters.data();
   }
+  const bool tensor_cores = gemv_kernel_ == HalfGemvKernel::TensorCores;
   if (type_ == HalfType::Float16)
-    launch_gemv<Float16Traits>(args, stream);
+    tensor_cores ? launch_tensor_core_gemv<Float16Traits>(args, stream) : launch_gemv<Float16Traits>(args, stream);
   else
-    launch_gemv<BFloat16Traits>(args, stream);
+    tensor_cores ? launch_tensor_core_gemv<BFloat16Traits>(args, stream) : launch_gemv<BFloat16Traits>(args, stream);
 }
 
 // More rows than the GEMV takes (prefill): x is rounded to the half type into
@@ -644,11 +883,11 @@ void HalfCudaLinear::forward_gemm(const float* x_dev, int rows, float* y_dev, cu
                                 /*C=*/y_dev, CUDA_R_32F, /*ldc=*/out_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-CudaLinearFactory half_cuda_linear_factory(HalfType type) {
+CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel) {
   auto scratch = std::make_shared<HalfActivationScratch>();
-  return [type, scratch](const std::vector<float>& weight, int out_features, int in_features, const LinearSite&,
-                         cublasHandle_t cublas) -> std::unique_ptr<CudaLinear> {
-    return std::make_unique<HalfCudaLinear>(weight, out_features, in_features, type, scratch, cublas);
+  return [type, gemv_kernel, scratch](const std::vector<float>& weight, int out_features, int in_features,
+                                      const LinearSite&, cublasHandle_t cublas) -> std::unique_ptr<CudaLinear> {
+    return std::make_unique<HalfCudaLinear>(weight, out_features, in_features, type, scratch, cublas, gemv_kernel);
   };
 }
 

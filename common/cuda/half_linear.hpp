@@ -5,7 +5,8 @@
 // memory (x in, y out) and every sum is accumulated in fp32; each product
 // multiplies the half weights by x rounded to the same half type. Up to
 // kMaxGemvRows rows go through a GEMV written for this (one pass over the
-// weights whatever the row count); more rows (prefill) go through cuBLAS.
+// weights whatever the row count; its multiply-adds on the CUDA cores or on
+// the tensor cores, HalfGemvKernel); more rows (prefill) go through cuBLAS.
 // Both paths round x alike, so a row's output does not depend (beyond the
 // order of fp32 sums) on which path its forward took. Why these choices, and
 // the kernel's shape: half_linear.cu.
@@ -22,6 +23,7 @@
 #include <string>
 
 #include "cuda_linear.hpp"
+#include "llm/cuda/cuda_runtime_api.hpp"  // HalfGemvKernel
 #include "llm/cuda/device_buffer.hpp"
 
 namespace llm::cuda {
@@ -59,8 +61,12 @@ class HalfCudaLinear final : public CudaLinear {
   // finite after rounding (fp16 ends at 65504: larger weights become inf; bf16
   // has fp32's exponent range). `scratch` is shared with the factory's other
   // layers; `cublas` is borrowed (the model outlives its layers' calls).
+  // `gemv_kernel` runs the products of 1..kMaxGemvRows rows; TensorCores
+  // throws InputError where the build's code for this GPU has no mma.sync of
+  // the type (fp16 needs code for sm_75 or later, bf16 sm_80).
   HalfCudaLinear(std::span<const float> weight, int out_features, int in_features, HalfType type,
-                 std::shared_ptr<HalfActivationScratch> scratch, cublasHandle_t cublas);
+                 std::shared_ptr<HalfActivationScratch> scratch, cublasHandle_t cublas,
+                 HalfGemvKernel gemv_kernel = HalfGemvKernel::CudaCores);
 
   // rows <= 0: nothing. rows <= kMaxGemvRows: the GEMV. More: x rounded to
   // the half type into the scratch, then cublasGemmEx. Never allocates (it
@@ -68,6 +74,14 @@ class HalfCudaLinear final : public CudaLinear {
   // scratch it needs was not grown by reserve_rows(rows) (of this layer or
   // another layer sharing the scratch).
   void forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const override;
+  // The prefill path (x rounded into the scratch, then cublasGemmEx) at any
+  // row count: what forward runs past kMaxGemvRows. For measuring where
+  // cuBLAS overtakes the GEMV (step 01's benchmark); the scratch must hold
+  // rows x in_features halves (reserve_rows of more than kMaxGemvRows rows
+  // grows it), else it throws std::logic_error.
+  void forward_with_cublas(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
+    if (rows > 0) forward_gemm(x_dev, rows, y_dev, stream);
+  }
   // Grows the shared scratch for forwards of up to `rows` rows. Outside any
   // forward and any stream capture (it allocates, and zeroes the split
   // counters synchronously).
@@ -87,6 +101,7 @@ class HalfCudaLinear final : public CudaLinear {
   std::size_t weight_bytes() const override { return weight_.bytes(); }
 
   HalfType type() const { return type_; }
+  HalfGemvKernel gemv_kernel() const { return gemv_kernel_; }
   // Row stride of the device weights: in_features rounded up to 8 halves (16
   // bytes), the padding columns zero, so every 16-byte load is aligned.
   int padded_in_features() const { return padded_in_; }
@@ -107,14 +122,17 @@ class HalfCudaLinear final : public CudaLinear {
   int in_;
   int padded_in_;
   HalfType type_;
+  HalfGemvKernel gemv_kernel_;
+  int gemv_outputs_per_block_ = 0;  // outputs of one GEMV block (64 on CUDA cores, 128 on tensor cores)
   int gemv_k_splits_ = 1;           // blockIdx.y of the GEMV: slices of the input columns
   int gemv_steps_per_split_ = 1;    // 64-column steps in each slice (the last may have fewer)
   std::shared_ptr<HalfActivationScratch> scratch_;
   cublasHandle_t cublas_;
 };
 
-// Layers with weights rounded to `type`; all the layers one factory makes
-// share one HalfActivationScratch.
-CudaLinearFactory half_cuda_linear_factory(HalfType type);
+// Layers with weights rounded to `type`, whose products of 1..kMaxGemvRows
+// rows run `gemv_kernel`; all the layers one factory makes share one
+// HalfActivationScratch.
+CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel = HalfGemvKernel::CudaCores);
 
 }  // namespace llm::cuda

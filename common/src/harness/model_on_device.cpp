@@ -23,6 +23,7 @@ std::unique_ptr<Model> make_model_on(const std::string& device, const ModelWeigh
 cuda::CudaRunOptions cuda_run_options(const CommonOptions& options) {
   cuda::CudaRunOptions run;
   run.dtype = cuda::parse_weight_dtype(options.dtype);
+  run.gemv = cuda::parse_half_gemv_kernel(options.gemv);
   run.graphs = !options.no_graphs;
   run.fusions = !options.no_fusions;
   run.fold_norms = !options.no_norm_folding;
@@ -53,6 +54,16 @@ WeightDtype parse_weight_dtype(const std::string& name) {
   for (WeightDtype dtype : {WeightDtype::Float32, WeightDtype::Float16, WeightDtype::BFloat16})
     if (name == to_string(dtype)) return dtype;
   throw InputError("unknown weight dtype '" + name + "' (fp32, fp16 or bf16)");
+}
+
+std::string to_string(HalfGemvKernel kernel) {
+  return kernel == HalfGemvKernel::TensorCores ? "tensor-cores" : "cuda-cores";
+}
+
+HalfGemvKernel parse_half_gemv_kernel(const std::string& name) {
+  for (HalfGemvKernel kernel : {HalfGemvKernel::CudaCores, HalfGemvKernel::TensorCores})
+    if (name == to_string(kernel)) return kernel;
+  throw InputError("unknown GEMV kernel '" + name + "' (cuda-cores or tensor-cores)");
 }
 
 }  // namespace cuda

@@ -94,6 +94,16 @@ std::string to_string(WeightDtype dtype);  // "fp32", "fp16", "bf16"
 // "fp32" | "fp16" | "bf16"; throws InputError for anything else.
 WeightDtype parse_weight_dtype(const std::string& name);
 
+// Which kernel multiplies 1..16 rows by fp16/bf16 weights (--gemv). Both
+// read every weight once whatever the row count; they differ in where the
+// multiply-adds run: the CUDA cores' fmaf (16 per weight at 16 rows), or the
+// tensor cores' mma.sync (one instruction per 16 x 16 weights and 8 rows).
+// fp32 weights always go through cuBLAS.
+enum class HalfGemvKernel { CudaCores, TensorCores };
+std::string to_string(HalfGemvKernel kernel);  // "cuda-cores", "tensor-cores"
+// "cuda-cores" | "tensor-cores"; throws InputError for anything else.
+HalfGemvKernel parse_half_gemv_kernel(const std::string& name);
+
 // How the CUDA model runs (every step's --dtype and --no-graphs).
 struct CudaRunOptions {
   WeightDtype dtype = WeightDtype::Float32;
@@ -107,6 +117,8 @@ struct CudaRunOptions {
   bool fusions = true;
   // ... that last one unless this is false (its before row).
   bool fold_norms = true;
+  // The half-precision products' kernel for 1..16 rows (fp16 and bf16 only).
+  HalfGemvKernel gemv = HalfGemvKernel::CudaCores;
 };
 
 // The transformer on the GPU: own kernels for embedding, RMSNorm, RoPE,

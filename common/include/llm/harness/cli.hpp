@@ -28,6 +28,7 @@ struct CommonOptions {
   std::uint64_t seed = 42;       // --seed (weights of presets and the sampler)
   std::string device = "all";    // --device cpu|cuda|all
   std::string dtype = "fp32";    // --dtype fp32|fp16|bf16: the CUDA model's weights
+  std::string gemv = "cuda-cores";  // --gemv cuda-cores|tensor-cores: the fp16/bf16 products' kernel for 1..16 rows
   bool no_graphs = false;        // --no-graphs: CUDA decode launches every kernel (the before row of graphs)
   bool no_fusions = false;       // --no-fusions: the CUDA model's seven products and separate small kernels
   bool no_norm_folding = false;  // --no-norm-folding: fusions, but RMSNorm/SwiGLU/residual add as their own kernels
