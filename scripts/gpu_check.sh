@@ -35,10 +35,13 @@
 #              packages are: scripts/workshop.py make-copy --out DIR --exercises
 #              ex02.2,ex02.3,ex05.3,ex06.3 --keep-prerequisite-solutions, then
 #              cmake --preset hopper && cmake --build build-gpu -j in DIR
-#   presets    the model on real models' dims, CUDA only: step 01's decode on
-#              TinyLlama-1.1B's dims in fp32 without graphs and fusions (the
-#              before row), fp16 without and with the norms folded into the
-#              products, and the tiny preset; steps 04-07 on TinyLlama's dims,
+#   presets    the model on real models' dims, CUDA only: the fp16 products
+#              alone (step 01's benchmark: each GEMV kernel and cuBLAS, 1-64
+#              rows); step 01's decode on TinyLlama-1.1B's dims in fp32
+#              without graphs and fusions (the before row), fp16 without and
+#              with the norms folded into the products and with the GEMV on
+#              tensor cores, and the tiny preset; steps 04-07 on TinyLlama's
+#              dims (step 04 on both GEMV kernels),
 #              sized to fit (--full: longer generations, fp32 with graphs,
 #              bf16, Llama-2-7B in fp16 where the GPU has the memory, step 02's
 #              and 03's kernel tables on real attention shapes, step 02's with
@@ -142,6 +145,10 @@ if ((${#steps[@]} + ${#gpu_tests[@]} == 0)); then
 fi
 missing=()
 for name in "${steps[@]}" "${gpu_tests[@]}"; do [[ -x $bin/$name ]] || missing+=("$name"); done
+# The presets' benchmark of the half products (run_half_products).
+if want presets && selected step01_kv_cache && [[ ! -x $bin/step01_kv_cache_bench ]]; then
+  missing+=(step01_kv_cache_bench)
+fi
 if ((${#missing[@]})); then
   echo "gpu_check.sh: missing in $bin: ${missing[*]}" >&2
   echo "  build first, with CUDA: cmake --preset hopper && cmake --build build-gpu -j (then --build-dir build-gpu)" >&2
@@ -275,6 +282,22 @@ run_step() {  # run_step <stage> <label> <step> [args...]
   fi
 }
 
+# The fp16 products alone (step 01's Google Benchmark, "half_product"): each
+# GEMV kernel and cuBLAS, 1-64 rows, each row count the median of 15 runs
+# from HBM; TinyLlama's shapes, and with --full Llama-2-7B's too. Its JSON is
+# Google Benchmark's.
+run_half_products() {  # run_half_products <label> <benchmark filter>
+  selected step01_kv_cache || return 0
+  local base=$out_dir/step01_kv_cache_bench_$1 start=$SECONDS
+  progress "presets: step01_kv_cache_bench --benchmark_filter=$2"
+  if timeout "$command_timeout" "$bin/step01_kv_cache_bench" --benchmark_filter="$2" \
+      --benchmark_out="$base.json" --benchmark_out_format=json >"$base.txt" 2>&1; then
+    record presets PASS "step01_kv_cache_bench $1 ($((SECONDS - start)) s)"
+  else
+    record presets FAIL "step01_kv_cache_bench $1: $(tail -1 "$base.txt")"
+  fi
+}
+
 # Step 01's cached decode (variant 1) on the CUDA model: the overhead lesson.
 # Before: fp32, every kernel launched from the host, no fused launches; then
 # graphs and fusions; then half-precision weights, without and with the
@@ -291,6 +314,9 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
   done
   run_step presets tinyllama-1.1b_fp16_unfolded step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
     --steps "$steps" --repeats "$repeats" --dtype fp16 --no-norm-folding
+  # The half GEMV's other kernel: the multiply-adds on the tensor cores.
+  run_step presets tinyllama-1.1b_fp16_tensor_cores step01_kv_cache --device cuda --preset tinyllama-1.1b \
+    --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --gemv tensor-cores
   run_step presets tiny_fp32_eager step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --no-graphs --no-fusions
   for dtype in fp32 fp16; do
@@ -315,9 +341,14 @@ if want presets && ((full)) && selected step02_flash_attention; then
   fi
 fi
 if want presets && ! ((full)); then
+  run_half_products half_products_tinyllama "half_product/.*/tinyllama"
   decode_rows 1024 3 "fp16"
+  # The target pass over k + 1 rows, with the half GEMV on CUDA cores (its
+  # time grows with the rows) and on tensor cores.
   run_step presets tinyllama-1.1b_fp16 step04_speculative --device cuda --preset tinyllama-1.1b --dtype fp16 \
     --steps 64 --k 4 --repeats 1
+  run_step presets tinyllama-1.1b_fp16_tensor_cores step04_speculative --device cuda --preset tinyllama-1.1b \
+    --dtype fp16 --gemv tensor-cores --steps 64 --k 4 --repeats 1
   run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 64
   # The two formats the chapter's GPU target names (W8A16, W4A16) beside
   # fp32 and fp16, 8 positions (each row's check runs the CPU model over
@@ -334,6 +365,7 @@ if want presets && ! ((full)); then
     --requests 8 --seed 85 --repeats 1 --loads 1.0
 fi
 if want presets && ((full)); then
+  run_half_products half_products half_product
   decode_rows 2048 5 "fp32 fp16 bf16"
   # Llama-2-7B's dims in fp16 (13.5 GB of weights; the host makes 27 GB of
   # fp32 ones first, most of the minute this row takes).
@@ -373,6 +405,9 @@ if want presets && ((full)); then
   # costs about what one row costs): TinyLlama's dims in fp16, a shorter trace.
   run_step presets tinyllama-1.1b_fp16 step07_batching --device cuda --full --preset tinyllama-1.1b --dtype fp16 \
     --requests 64 --repeats 1
+  # Part 1's forwards of 1..64 rows with the half GEMV on tensor cores.
+  run_step presets tinyllama-1.1b_fp16_tensor_cores step07_batching --device cuda --preset tinyllama-1.1b \
+    --dtype fp16 --gemv tensor-cores --requests 8 --seed 85 --repeats 1 --loads 1.0
 fi
 
 # --- compute-sanitizer -------------------------------------------------------------
@@ -426,10 +461,10 @@ if want racecheck; then
   # ones add only more of the same tiles, at minutes each under racecheck.
   sanitize racecheck common_split_kv_decode_gpu_test --gtest_filter="*Short*:*Graph*:*Split.*"
   sanitize synccheck common_split_kv_decode_gpu_test --gtest_filter="*Short*:*Graph*:*Split.*"
-  # The half GEMV (x staged in shared memory, the folded norm's warp sums):
+  # The half GEMV, both kernels (x staged in shared memory, the folded norm's warp sums):
   # one shape that splits its columns and one that pads them.
-  sanitize racecheck common_half_linear_gpu_test --gtest_filter="*Fusions*fp16_256x2048:*Fusions*bf16_96x200"
-  sanitize synccheck common_half_linear_gpu_test --gtest_filter="*Fusions*fp16_256x2048:*Fusions*bf16_96x200"
+  sanitize racecheck common_half_linear_gpu_test --gtest_filter="*Fusions*fp16_256x2048_*:*Fusions*bf16_96x200_*"
+  sanitize synccheck common_half_linear_gpu_test --gtest_filter="*Fusions*fp16_256x2048_*:*Fusions*bf16_96x200_*"
   if ! ((full)); then
     # Step 02's FlashAttention-2 kernels (v4/v5 and the ladder: cp.async
     # double buffers, ldmatrix, one barrier per tile): 129 keys cross every

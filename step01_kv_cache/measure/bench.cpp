@@ -5,6 +5,11 @@
 // And the matrix-vector product that decode is made of, three ways, over the
 // `small` preset's 58 MiB of matrices (docs/01_kv_cache.md, section 5.2):
 //   build/bin/step01_kv_cache_bench --benchmark_filter=matvec
+// On a GPU, the CUDA model's fp16 products alone, on TinyLlama's and
+// Llama-2-7B's shapes, 1 to 64 rows, through each GEMV kernel and through
+// cuBLAS: where the GEMV's time grows with its rows, and where cuBLAS
+// overtakes it (docs/01_kv_cache.md, section 5.6):
+//   build/bin/step01_kv_cache_bench --benchmark_filter=half_product
 #include <Eigen/Core>
 #include <benchmark/benchmark.h>
 
@@ -13,10 +18,21 @@
 #include "llm/harness/benchmark_main.hpp"
 
 #include "llm/cpu_model.hpp"
+#include "llm/cuda/cuda_timer.hpp"
 #include "llm/huge_page_allocator.hpp"
 #include "llm/linear.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "step01_kv_cache/generation.hpp"
+#if defined(LLM_WITH_CUDA)
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cuda_linear.hpp"  // CublasHandle
+#include "half_linear.hpp"
+#include "llm/cuda/device_buffer.hpp"
+#endif
 
 namespace {
 
@@ -108,6 +124,104 @@ void matvec(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * set.bytes));
 }
 
+#if defined(LLM_WITH_CUDA)
+// --- The fp16 products alone -------------------------------------------------
+
+// One product of a decode layer (the fused shapes the CUDA model runs:
+// llm/weights.hpp's matrices with CudaFusions on), or the classifier.
+struct ProductShape {
+  std::string name;  // e.g. "tinyllama-1.1b/qkv"
+  int out = 0;
+  int in = 0;
+};
+std::vector<ProductShape> product_shapes() {
+  std::vector<ProductShape> shapes;
+  for (const char* preset : {"tinyllama-1.1b", "llama2-7b"}) {
+    const llm::ModelConfig c = llm::find_preset(preset).config;
+    const std::string prefix = std::string(preset) + "/";
+    shapes.push_back({prefix + "qkv", c.dim + 2 * c.kv_dim(), c.dim});
+    shapes.push_back({prefix + "wo", c.dim, c.dim});
+    shapes.push_back({prefix + "gate_up", 2 * c.hidden_dim, c.dim});
+    shapes.push_back({prefix + "w2", c.dim, c.hidden_dim});
+    shapes.push_back({prefix + "classifier", c.vocab_size, c.dim});
+  }
+  return shapes;
+}
+
+enum class ProductPath { GemvCudaCores, GemvTensorCores, Cublas };
+const char* path_name(ProductPath path) {
+  switch (path) {
+    case ProductPath::GemvCudaCores: return "gemv_cuda_cores";
+    case ProductPath::GemvTensorCores: return "gemv_tensor_cores";
+    case ProductPath::Cublas: break;
+  }
+  return "cublas";
+}
+
+// The layer a benchmark multiplies by: one at a time on the device (the
+// classifier of Llama-2-7B is 262 MB of fp16), made when a benchmark of
+// another shape or kernel first asks, with fp16 weights whose values do not
+// matter to the time.
+const llm::cuda::HalfCudaLinear& half_layer(const ProductShape& shape, llm::cuda::HalfGemvKernel kernel) {
+  static llm::cuda::CublasHandle cublas;
+  static std::string current_key;
+  static std::unique_ptr<llm::cuda::HalfCudaLinear> current;
+  const std::string key = shape.name + "/" + llm::cuda::to_string(kernel);
+  if (key != current_key) {
+    current.reset();  // free the previous layer before making the next
+    std::vector<float> weight(static_cast<std::size_t>(shape.out) * static_cast<std::size_t>(shape.in));
+    for (std::size_t i = 0; i < weight.size(); ++i) weight[i] = 0.001f * static_cast<float>(i % 17) - 0.008f;
+    current = std::make_unique<llm::cuda::HalfCudaLinear>(weight, shape.out, shape.in, llm::cuda::HalfType::Float16,
+                                                          std::make_shared<llm::cuda::HalfActivationScratch>(),
+                                                          cublas.get(), kernel);
+    current->reserve_rows(64);  // the largest row count below; grows the cuBLAS path's x scratch too
+    current_key = key;
+  }
+  return *current;
+}
+
+// y [rows, out] = x [rows, in] . W^T for `rows` = state.range(0): one
+// benchmark iteration is the median of 15 runs after 3 warm-ups, each timed
+// with CUDA events after an L2 flush (the weights come from HBM, as in a
+// model whose other layers evicted them). bytes_per_second counts the
+// weights, the traffic that matters at decode.
+void half_product(benchmark::State& state, const ProductShape& shape, ProductPath path) {
+  const int rows = static_cast<int>(state.range(0));
+  const auto kernel = path == ProductPath::GemvTensorCores ? llm::cuda::HalfGemvKernel::TensorCores
+                                                           : llm::cuda::HalfGemvKernel::CudaCores;
+  const llm::cuda::HalfCudaLinear& layer = half_layer(shape, kernel);
+  std::vector<float> x_host(static_cast<std::size_t>(rows) * static_cast<std::size_t>(shape.in), 0.5f);
+  const llm::cuda::DeviceBuffer<float> x{std::span<const float>(x_host)};
+  llm::cuda::DeviceBuffer<float> y(static_cast<std::size_t>(rows) * static_cast<std::size_t>(shape.out));
+  const auto multiply = [&] {
+    if (path == ProductPath::Cublas)
+      layer.forward_with_cublas(x.data(), rows, y.data(), nullptr);
+    else
+      layer.forward(x.data(), rows, y.data(), nullptr);
+  };
+  for (auto _ : state)
+    state.SetIterationTime(llm::cuda::time_cuda(multiply, /*warmup=*/3, /*runs=*/15).median_ms / 1e3);
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(layer.weight_bytes()));
+  state.counters["rows"] = rows;
+}
+
+void register_half_products() {
+  for (const ProductShape& shape : product_shapes())
+    // cuBLAS beside the CUDA-core GEMV: the two share a layer (half_layer).
+    for (const ProductPath path : {ProductPath::GemvCudaCores, ProductPath::Cublas, ProductPath::GemvTensorCores}) {
+      const std::string name = std::string("step01/half_product/") + path_name(path) + "/" + shape.name;
+      auto* bench = benchmark::RegisterBenchmark(name.c_str(), half_product, shape, path);
+      // The GEMV's row buckets and speculative decoding's 9 rows; cuBLAS from
+      // 1 row to a batch past the GEMV's 16.
+      const std::vector<int> rows = path == ProductPath::Cublas ? std::vector<int>{1, 2, 4, 8, 9, 16, 17, 32, 64}
+                                                                : std::vector<int>{1, 2, 4, 8, 9, 16};
+      for (const int r : rows) bench->Arg(r);
+      bench->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
+    }
+}
+#endif
+
 void register_all() {
   benchmark::RegisterBenchmark("step01/matvec/eigen_general/4KiB_pages", matvec<std::vector<float>, true>)
       ->Unit(benchmark::kMillisecond);
@@ -118,7 +232,12 @@ void register_all() {
 
   static std::vector<std::unique_ptr<llm::Model>> models;
   models.push_back(std::make_unique<llm::CpuModel>(tiny_weights()));
-  if (llm::cuda::device_status().usable) models.push_back(llm::cuda::make_cuda_model(tiny_weights()));
+  if (llm::cuda::device_status().usable) {
+    models.push_back(llm::cuda::make_cuda_model(tiny_weights()));
+#if defined(LLM_WITH_CUDA)
+    register_half_products();
+#endif
+  }
   for (auto& model : models) {
     for (const auto& v : step01::variants()) {
       const std::string name = "step01/" + model->device_name() + "/" + v.name;
