@@ -884,6 +884,16 @@ TEST(Step07EngineParallelSampling, TheListenerCarriesLogprobsWhenAsked) {
   }
 }
 
+// The logits row a request's token 1 is drawn from when it runs alone: its
+// prompt, then its solo token 0 fed back.
+std::vector<float> solo_row_of_second_token(llm::Model& model, const Request& request, const std::vector<int>& solo) {
+  const auto cache = model.make_cache(1, model.config().seq_len);
+  model.forward(llm::TokenBatch::prefill(request.prompt, 0, 0), *cache);
+  const std::span<const float> next =
+      model.forward(llm::TokenBatch::single(solo[0], static_cast<int>(request.prompt.size()), 0), *cache);
+  return {next.begin(), next.end()};
+}
+
 // check_replay's judgment of a greedy run that parts from its solo run
 // (explain_partings; on the CPU, where rows are batch-invariant, it is only
 // reached directly): request 0's token 1 is forged to the solo row's
@@ -906,13 +916,7 @@ TEST(Step07Engine, AGreedyPartingIsExplainedOnlyByRowsWithinTheTolerance) {
   EXPECT_TRUE(clean.ok()) << clean.first_difference;
   EXPECT_EQ(clean.explained, 0);
 
-  // The solo row of request 0's token 1: its prompt, then its token 0 fed back.
-  const Request& request = requests[0];
-  const auto cache = model->make_cache(1, context);
-  model->forward(llm::TokenBatch::prefill(request.prompt, 0, 0), *cache);
-  const std::span<const float> next =
-      model->forward(llm::TokenBatch::single(solo[0][0], static_cast<int>(request.prompt.size()), 0), *cache);
-  const std::vector<float> row(next.begin(), next.end());
+  const std::vector<float> row = solo_row_of_second_token(*model, requests[0], solo[0]);
   const int top = llm::argmax(row);
   ASSERT_EQ(top, solo[0][1]);
   std::vector<float> without_top = row;
@@ -946,6 +950,65 @@ TEST(Step07Engine, AGreedyPartingIsExplainedOnlyByRowsWithinTheTolerance) {
   ReplayResult not_drawn = forged;
   not_drawn.partings[0].logits = row;  // its greedy token is `top`, not the forged one
   EXPECT_TRUE(llm::testing::HasSubstr(judged(not_drawn, covers).first_difference, "not the token drawn from it"));
+}
+
+// check_tokens_only's judgment (part 5's, over HTTP, where no logits row
+// comes back): request 0's token 1 forged to the solo row's runner-up is
+// explained when the solo row's gap between the two tokens is within twice
+// the tolerance, and not when it is past it; a token outside the
+// vocabulary, or the third-best token under a tolerance that only covers
+// the runner-up, is not explained. On the CPU the check itself is exact.
+TEST(Step07Engine, ATokensOnlyPartingIsExplainedOnlyAtANearTie) {
+  const llm::ModelWeights weights = tiny_weights();
+  const auto model = step05::make_paged_model_on("cpu", weights);
+  const int context = weights.config.seq_len;
+  const std::vector<Request> requests = small_workload(weights.config, 3, 12);
+  const std::vector<std::vector<int>> solo = solo_outputs(*model, requests);
+  ASSERT_GE(solo[0].size(), 3u);
+  const ReplayResult run =
+      replay(*model, requests, engine_options_for(policy_named("continuous"), tight_limits(weights.config), context));
+
+  // The solo row of request 0's token 1, and its tokens by logit.
+  const std::vector<float> next = solo_row_of_second_token(*model, requests[0], solo[0]);
+  std::vector<int> by_logit(next.size());
+  for (std::size_t i = 0; i < by_logit.size(); ++i) by_logit[i] = static_cast<int>(i);
+  std::sort(by_logit.begin(), by_logit.end(), [&next](int a, int b) {
+    return next[static_cast<std::size_t>(a)] > next[static_cast<std::size_t>(b)];
+  });
+  ASSERT_EQ(by_logit[0], solo[0][1]);
+  const int runner_up = by_logit[1], third = by_logit[2];
+  const float gap = next[static_cast<std::size_t>(by_logit[0])] - next[static_cast<std::size_t>(runner_up)];
+  const float third_gap = next[static_cast<std::size_t>(by_logit[0])] - next[static_cast<std::size_t>(third)];
+  ASSERT_GT(third_gap, gap);
+
+  std::vector<RequestRecord> records = run.records;
+  const auto judged = [&](int token, llm::Tolerance tolerance) {
+    records[0].generated = {solo[0][0], token};
+    return explain_partings_by_near_ties(check_outputs(records, solo), *model, requests, records, solo, tolerance);
+  };
+  // A tolerance t lets rows swap tokens up to 2 t apart.
+  const llm::Tolerance covers{0.51 * gap, 0.0}, misses{0.49 * gap, 0.0};
+
+  const OutputCheck near_tie = judged(runner_up, covers);
+  EXPECT_TRUE(near_tie.ok()) << near_tie.first_difference;
+  EXPECT_EQ(near_tie.explained, 1);
+  EXPECT_TRUE(llm::testing::HasSubstr(near_tie.first_explained, "request 0: token 1"));
+  EXPECT_TRUE(llm::testing::HasSubstr(near_tie.first_explained, "near-tie"));
+
+  const OutputCheck too_far = judged(runner_up, misses);
+  EXPECT_FALSE(too_far.ok());
+  EXPECT_TRUE(llm::testing::HasSubstr(too_far.first_difference, "more than a row within the tolerance can swap"));
+
+  if (third_gap > 2.0f * 0.51f * gap) {
+    EXPECT_FALSE(judged(third, covers).ok()) << "the third-best token, past what the tolerance can swap";
+  }
+  EXPECT_TRUE(llm::testing::HasSubstr(judged(weights.config.vocab_size, covers).first_difference,
+                                      "not in the vocabulary"));
+
+  // The whole check on the CPU: exact, and this run is identical.
+  const OutputCheck clean = check_tokens_only(*model, requests, run.records, solo, covers);
+  EXPECT_TRUE(clean.ok()) << clean.first_difference;
+  EXPECT_EQ(clean.explained, 0);
 }
 
 }  // namespace

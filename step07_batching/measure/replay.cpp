@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <span>
 #include <string>
 
@@ -98,7 +99,53 @@ PartingVerdict judge_greedy_parting(llm::Model& model, const Request& request, c
                             close.max_abs_err, at(alone, want), at(alone, got), at(here, want), at(here, got))};
 }
 
+// check_tokens_only's verdict on `record`, which parts from `solo` at token
+// t: the solo row's logits of the two tokens within twice the tolerance.
+PartingVerdict judge_near_tie_parting(llm::Model& model, const Request& request, const RequestRecord& record,
+                                      const std::vector<int>& solo, int t, llm::Tolerance tolerance) {
+  const int want = solo[static_cast<std::size_t>(t)], got = record.generated[static_cast<std::size_t>(t)];
+  const std::vector<float> alone = solo_logits_row(model, request, solo, t);
+  if (llm::argmax(alone) != want) return {false, " (the solo row's greedy token is not the solo token)"};
+  if (got < 0 || got >= static_cast<int>(alone.size())) return {false, " (the run's token is not in the vocabulary)"};
+  const double want_logit = alone[static_cast<std::size_t>(want)], got_logit = alone[static_cast<std::size_t>(got)];
+  const double gap = want_logit - got_logit;
+  const double swappable =
+      2.0 * (tolerance.abs_tol + tolerance.rel_tol * std::max(std::fabs(want_logit), std::fabs(got_logit)));
+  if (!(gap <= swappable))
+    return {false, fmt::format(": alone the two tokens' logits are {:.4f} / {:.4f}, {:.2e} apart, more than a row "
+                               "within the tolerance can swap ({:.2e})",
+                               want_logit, got_logit, gap, swappable)};
+  return {true, fmt::format(": alone the two tokens' logits are {:.4f} / {:.4f}, {:.2e} apart, a near-tie that a row "
+                            "within the tolerance can swap ({:.2e}); the batched row is not seen over HTTP",
+                            want_logit, got_logit, gap, swappable)};
+}
+
+// The trace's request of `record`, or null.
+const Request* request_of(const std::vector<Request>& requests, const RequestRecord& record) {
+  const auto found = std::find_if(requests.begin(), requests.end(),
+                                  [&record](const Request& candidate) { return candidate.id == record.id; });
+  return found == requests.end() ? nullptr : &*found;
+}
+
 }  // namespace
+
+OutputCheck check_tokens_only(llm::Model& model, const std::vector<Request>& requests,
+                              const std::vector<RequestRecord>& records, const std::vector<std::vector<int>>& solo,
+                              llm::Tolerance tolerance) {
+  const OutputCheck check = check_outputs(records, solo);
+  if (batch_invariant(model)) return check;
+  return explain_partings_by_near_ties(check, model, requests, records, solo, tolerance);
+}
+
+OutputCheck explain_partings_by_near_ties(OutputCheck check, llm::Model& model, const std::vector<Request>& requests,
+                                          const std::vector<RequestRecord>& records,
+                                          const std::vector<std::vector<int>>& solo, llm::Tolerance tolerance) {
+  return judge_partings(check, records, solo, [&](const RequestRecord& record, int t) {
+    const Request* request = request_of(requests, record);
+    if (request == nullptr) return PartingVerdict{false, " (the request is not in the trace)"};
+    return judge_near_tie_parting(model, *request, record, solo.at(static_cast<std::size_t>(record.id)), t, tolerance);
+  });
+}
 
 OutputCheck check_replay(llm::Model& model, const std::vector<Request>& requests, const ReplayResult& run,
                          const std::vector<std::vector<int>>& solo, llm::Tolerance tolerance) {
@@ -111,9 +158,8 @@ OutputCheck explain_partings(OutputCheck check, llm::Model& model, const std::ve
                              const ReplayResult& run, const std::vector<std::vector<int>>& solo,
                              llm::Tolerance tolerance) {
   return judge_partings(check, run.records, solo, [&](const RequestRecord& record, int t) {
-    const auto request = std::find_if(requests.begin(), requests.end(),
-                                      [&record](const Request& candidate) { return candidate.id == record.id; });
-    if (request == requests.end()) return PartingVerdict{false, " (the request is not in the trace)"};
+    const Request* request = request_of(requests, record);
+    if (request == nullptr) return PartingVerdict{false, " (the request is not in the trace)"};
     return judge_greedy_parting(model, *request, record, solo.at(static_cast<std::size_t>(record.id)), t, run,
                                 tolerance);
   });

@@ -110,4 +110,22 @@ OutputCheck explain_partings(OutputCheck check, llm::Model& model, const std::ve
                              const ReplayResult& run, const std::vector<std::vector<int>>& solo,
                              llm::Tolerance tolerance);
 
+// check_outputs for tokens that came without their logits rows (part 5's
+// client over HTTP sees tokens only). On a batch-invariant model, exactly
+// that. Otherwise a request that parts from its solo tokens at token t
+// passes as explained when the solo row there (recomputed alone) makes the
+// two tokens a near-tie that a row within `tolerance` of it could swap:
+// alone[solo token] - alone[run's token] <= 2 (abs_tol + rel_tol x the
+// larger |logit|). Weaker than check_replay's verdict: the batched row
+// itself is not seen, so this is what rounding must satisfy, not proof that
+// rounding is all that happened.
+OutputCheck check_tokens_only(llm::Model& model, const std::vector<Request>& requests,
+                              const std::vector<RequestRecord>& records, const std::vector<std::vector<int>>& solo,
+                              llm::Tolerance tolerance);
+// check_tokens_only's second half, whatever the device (the tests drive it
+// on the CPU).
+OutputCheck explain_partings_by_near_ties(OutputCheck check, llm::Model& model, const std::vector<Request>& requests,
+                                          const std::vector<RequestRecord>& records,
+                                          const std::vector<std::vector<int>>& solo, llm::Tolerance tolerance);
+
 }  // namespace step07

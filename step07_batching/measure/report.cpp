@@ -460,6 +460,7 @@ void add_loopback_rows(llm::Results& results, const std::vector<LoopbackRun>& ru
     row.throughput = run.served.output_tokens_per_s;
     row.extra["kind"] = std::string("served");
     row.extra["speedup_over"] = std::string("the in-process continuous run's output tokens/s");
+    row.extra["explained_requests"] = static_cast<long long>(run.check.explained);
     add_metrics(row.extra, run.served);
     if (!ok)
       llm::report_failed_check(run.device + " served over loopback",
@@ -473,7 +474,8 @@ void add_loopback_rows(llm::Results& results, const std::vector<LoopbackRun>& ru
                               {"sent", static_cast<long long>(run.load.sent)},
                               {"unfinished", static_cast<long long>(run.load.unfinished)},
                               {"failed", static_cast<long long>(run.load.failed)},
-                              {"identical_tokens", run.check.ok()}};
+                              {"identical_tokens", run.check.ok()},
+                              {"explained_requests", static_cast<long long>(run.check.explained)}};
     add_metrics(object, run.served);
     table.rows.push_back(std::move(object));
   }
@@ -492,6 +494,7 @@ void print_loopback(const std::vector<LoopbackRun>& runs) {
         run.device, run.served.output_tokens_per_s, run.in_process_tokens_per_s, run.ratio, http_us_per_token(run),
         run.served.ttft_ms.p50, run.served.ttft_ms.p99, run.served.tpot_ms.p50, run.served.tpot_ms.p99, run.load.sent,
         run.load.failed, tokens_word(run.check));
+  for (const LoopbackRun& run : runs) print_explained(run.device + " over loopback", run.check);
   fmt::print("target: served throughput within 15% of in-process (ratio >= 0.85). HTTP us/tok: 1/served - "
              "1/in-process, what the events, the JSON and the threads add per token; it matters against a forward "
              "that costs tens of microseconds per token, not against one that costs milliseconds.\n");
