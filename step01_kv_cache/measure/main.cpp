@@ -66,16 +66,6 @@ std::optional<int> parse_options(int argc, char** argv, Step01Options& options) 
   return exit_status;
 }
 
-// The compare.hpp element type of the CUDA model's weights.
-llm::DType logits_dtype(llm::cuda::WeightDtype dtype) {
-  switch (dtype) {
-    case llm::cuda::WeightDtype::Float16: return llm::DType::F16;
-    case llm::cuda::WeightDtype::BFloat16: return llm::DType::BF16;
-    case llm::cuda::WeightDtype::Float32: break;
-  }
-  return llm::DType::F32;
-}
-
 // One variant's generations on one device.
 struct Measured {
   std::string device;
@@ -91,7 +81,7 @@ struct Measured {
 Measured measure(const std::string& device, llm::Model& model, const llm::Variant<step01::GenerateFn>& variant,
                  std::span<const int> prompt, int positions, const llm::CommonOptions& options, int repeats) {
   Measured m{device, llm::DType::F32, &variant, {}, {}, {}};
-  if (device == "cuda") m.weights = logits_dtype(llm::cuda_run_options(options).dtype);
+  if (device == "cuda") m.weights = llm::compare_dtype(llm::cuda_run_options(options).dtype);
   // Warm-up: touches every weight and scratch buffer (and, on CUDA, loads the
   // kernels) so the timed runs measure steady state.
   {
