@@ -35,18 +35,22 @@
 #              packages are: scripts/workshop.py make-copy --out DIR --exercises
 #              ex02.2,ex02.3,ex05.3,ex06.3 --keep-prerequisite-solutions, then
 #              cmake --preset hopper && cmake --build build-gpu -j in DIR
-#   presets    the model on real models' dims, CUDA only: the fp16 products
-#              alone (step 01's benchmark: each GEMV kernel and cuBLAS, 1-64
-#              rows); step 01's decode on TinyLlama-1.1B's dims in fp32
-#              without graphs and fusions (the before row), fp16 without and
-#              with the norms folded into the products and with the GEMV on
-#              tensor cores, and the tiny preset; steps 04-07 on TinyLlama's
-#              dims (step 04 on both GEMV kernels),
+#   presets    the model on real models' dims, CUDA only: step 01's decode on
+#              TinyLlama-1.1B's dims in fp32 without graphs and fusions (the
+#              before row), fp16 without and with the norms folded into the
+#              products, and the tiny preset; steps 04-07 on TinyLlama's dims,
 #              sized to fit (--full: longer generations, fp32 with graphs,
 #              bf16, Llama-2-7B in fp16 where the GPU has the memory, step 02's
 #              and 03's kernel tables on real attention shapes, step 02's with
 #              its FlashAttention-2 ladder beside PyTorch's SDPA in the same
 #              run where PyTorch with CUDA is importable, causal and not)
+#   gemv       only when --stages names it (--full runs it with the presets):
+#              the half GEMV's two kernels side by side, the multiply-adds on
+#              the CUDA cores (the default) and on the tensor cores (--gemv):
+#              the fp16 products alone (step 01's benchmark, with cuBLAS, on
+#              TinyLlama's and Llama-2-7B's shapes, 1-64 rows), then step
+#              01's TinyLlama decode, step 04's target pass and step 07's
+#              forwards of 1-64 rows with each kernel (minutes)
 #   memcheck   compute-sanitizer memcheck: the common kernels' and the CUDA
 #              model's tests, step 06's persistent kernel on short shapes
 #              (--full: every gpu test binary)
@@ -119,8 +123,8 @@ command_timeout=${GPU_CHECK_TIMEOUT:-1800}
 
 want() { [[ ",$stages," == *",$1,"* ]]; }
 for stage in ${stages//,/ }; do
-  case $stage in info|tests|exercises|memcheck|racecheck|steps|presets|profile) ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,exercises,memcheck,racecheck,steps,presets,profile)" >&2; exit 1 ;;
+  case $stage in info|tests|exercises|memcheck|racecheck|steps|presets|gemv|profile) ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,exercises,memcheck,racecheck,steps,presets,gemv,profile)" >&2; exit 1 ;;
   esac
 done
 
@@ -145,8 +149,8 @@ if ((${#steps[@]} + ${#gpu_tests[@]} == 0)); then
 fi
 missing=()
 for name in "${steps[@]}" "${gpu_tests[@]}"; do [[ -x $bin/$name ]] || missing+=("$name"); done
-# The presets' benchmark of the half products (run_half_products).
-if want presets && selected step01_kv_cache && [[ ! -x $bin/step01_kv_cache_bench ]]; then
+# The gemv stage's benchmark of the half products (run_half_products).
+if (want gemv || (want presets && ((full)))) && selected step01_kv_cache && [[ ! -x $bin/step01_kv_cache_bench ]]; then
   missing+=(step01_kv_cache_bench)
 fi
 if ((${#missing[@]})); then
@@ -283,18 +287,19 @@ run_step() {  # run_step <stage> <label> <step> [args...]
 }
 
 # The fp16 products alone (step 01's Google Benchmark, "half_product"): each
-# GEMV kernel and cuBLAS, 1-64 rows, each row count the median of 15 runs
-# from HBM; TinyLlama's shapes, and with --full Llama-2-7B's too. Its JSON is
-# Google Benchmark's.
-run_half_products() {  # run_half_products <label> <benchmark filter>
+# GEMV kernel and cuBLAS on TinyLlama's and Llama-2-7B's shapes, 1-64 rows,
+# each row count the median of 15 runs from HBM. Its JSON is Google
+# Benchmark's.
+run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
+  local stage=$1 label=$2 filter=$3
   selected step01_kv_cache || return 0
-  local base=$out_dir/step01_kv_cache_bench_$1 start=$SECONDS
-  progress "presets: step01_kv_cache_bench --benchmark_filter=$2"
-  if timeout "$command_timeout" "$bin/step01_kv_cache_bench" --benchmark_filter="$2" \
+  local base=$out_dir/step01_kv_cache_bench_$label start=$SECONDS
+  progress "$stage: step01_kv_cache_bench --benchmark_filter=$filter"
+  if timeout "$command_timeout" "$bin/step01_kv_cache_bench" --benchmark_filter="$filter" \
       --benchmark_out="$base.json" --benchmark_out_format=json >"$base.txt" 2>&1; then
-    record presets PASS "step01_kv_cache_bench $1 ($((SECONDS - start)) s)"
+    record "$stage" PASS "step01_kv_cache_bench $label ($((SECONDS - start)) s)"
   else
-    record presets FAIL "step01_kv_cache_bench $1: $(tail -1 "$base.txt")"
+    record "$stage" FAIL "step01_kv_cache_bench $label: $(tail -1 "$base.txt")"
   fi
 }
 
@@ -314,9 +319,6 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
   done
   run_step presets tinyllama-1.1b_fp16_unfolded step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
     --steps "$steps" --repeats "$repeats" --dtype fp16 --no-norm-folding
-  # The half GEMV's other kernel: the multiply-adds on the tensor cores.
-  run_step presets tinyllama-1.1b_fp16_tensor_cores step01_kv_cache --device cuda --preset tinyllama-1.1b \
-    --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --gemv tensor-cores
   run_step presets tiny_fp32_eager step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --no-graphs --no-fusions
   for dtype in fp32 fp16; do
@@ -341,14 +343,9 @@ if want presets && ((full)) && selected step02_flash_attention; then
   fi
 fi
 if want presets && ! ((full)); then
-  run_half_products half_products_tinyllama "half_product/.*/tinyllama"
   decode_rows 1024 3 "fp16"
-  # The target pass over k + 1 rows, with the half GEMV on CUDA cores (its
-  # time grows with the rows) and on tensor cores.
   run_step presets tinyllama-1.1b_fp16 step04_speculative --device cuda --preset tinyllama-1.1b --dtype fp16 \
     --steps 64 --k 4 --repeats 1
-  run_step presets tinyllama-1.1b_fp16_tensor_cores step04_speculative --device cuda --preset tinyllama-1.1b \
-    --dtype fp16 --gemv tensor-cores --steps 64 --k 4 --repeats 1
   run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 64
   # The two formats the chapter's GPU target names (W8A16, W4A16) beside
   # fp32 and fp16, 8 positions (each row's check runs the CPU model over
@@ -365,7 +362,6 @@ if want presets && ! ((full)); then
     --requests 8 --seed 85 --repeats 1 --loads 1.0
 fi
 if want presets && ((full)); then
-  run_half_products half_products half_product
   decode_rows 2048 5 "fp32 fp16 bf16"
   # Llama-2-7B's dims in fp16 (13.5 GB of weights; the host makes 27 GB of
   # fp32 ones first, most of the minute this row takes).
@@ -405,9 +401,23 @@ if want presets && ((full)); then
   # costs about what one row costs): TinyLlama's dims in fp16, a shorter trace.
   run_step presets tinyllama-1.1b_fp16 step07_batching --device cuda --full --preset tinyllama-1.1b --dtype fp16 \
     --requests 64 --repeats 1
-  # Part 1's forwards of 1..64 rows with the half GEMV on tensor cores.
-  run_step presets tinyllama-1.1b_fp16_tensor_cores step07_batching --device cuda --preset tinyllama-1.1b \
-    --dtype fp16 --gemv tensor-cores --requests 8 --seed 85 --repeats 1 --loads 1.0
+fi
+
+# The half GEMV's two kernels side by side (stage gemv; with --full, part of
+# the presets): the products alone, then step 01's TinyLlama decode, step 04's
+# target pass over k + 1 rows and step 07's forwards of 1-64 rows (part 1),
+# each with the multiply-adds on the CUDA cores (the default) and on the
+# tensor cores, in one run.
+if want gemv || (want presets && ((full))); then
+  run_half_products gemv half_products half_product
+  for kernel in cuda-cores tensor-cores; do
+    run_step gemv "tinyllama-1.1b_fp16_$kernel" step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
+      --steps 1024 --repeats 3 --dtype fp16 --gemv "$kernel"
+    run_step gemv "tinyllama-1.1b_fp16_$kernel" step04_speculative --device cuda --preset tinyllama-1.1b \
+      --dtype fp16 --gemv "$kernel" --steps 64 --k 4 --repeats 1
+    run_step gemv "tinyllama-1.1b_fp16_$kernel" step07_batching --device cuda --preset tinyllama-1.1b --dtype fp16 \
+      --gemv "$kernel" --requests 8 --seed 85 --repeats 1 --loads 1.0
+  done
 fi
 
 # --- compute-sanitizer -------------------------------------------------------------
