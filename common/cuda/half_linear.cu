@@ -488,8 +488,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
 // two), the fp32 accumulators D (16 outputs by 8 rows). A row bucket of 1 or
 // 8 costs the same one mma: tensor cores have far more multiply-adds than
 // HBM has bytes to feed them, so the count of rows no longer sets the
-// instruction count, as it does for the FMA kernel (16 fmaf per weight at
-// 16 rows).
+// instruction count, as it does for the CUDA-core kernel (16 fmaf per
+// weight at 16 rows).
 //
 // Loads, with no change to the weights' row-major layout. A warp owns 16
 // outputs; per step of 64 columns, lane (g, t) (lane = 4 g + t) loads 16
@@ -508,15 +508,18 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
 // The mapping is llm/cuda/tensor_core_gemv_layout.hpp's functions, which a
 // CPU test runs through the PTX ISA's fragment definition.
 //
-//   weights [out, padded_in] half, row-major, as the FMA kernel reads them;
+//   weights  [out, padded_in] half, row-major, as the CUDA-core kernel
+//            reads them;
 //   staged_x [kRows, kChunkElements + kTensorCoreRowPad] half bit patterns
-//   (x rounded as the FMA kernel rounds it); the accumulators
-//   acc[n-tile][4] fp32 hold D: acc[nt][0, 1] = outputs g, rows 8 nt + 2t,
-//   2t + 1; acc[nt][2, 3] = output g + 8, the same rows.
+//            (x rounded as the CUDA-core kernel rounds it);
+//   acc      [n-tiles][4] fp32, the mma's D: acc[nt][0, 1] = output g,
+//            rows 8 nt + 2t, 2t + 1; acc[nt][2, 3] = output g + 8, the same
+//            rows.
 //
 // A block is 8 warps, 128 outputs; the columns are split over blocks and
-// the slices' sums added as in the FMA kernel (the same ticket code), in an
-// order fixed by the shape: a row gives the same bits alone or among 16.
+// the slices' sums added as in the CUDA-core kernel (the same ticket code),
+// in an order fixed by the shape: a row gives the same bits alone or among
+// 16.
 // The two kernels' sums are added in different orders, so their results
 // differ by fp32 rounding.
 namespace layout = tensor_core_gemv;
@@ -573,7 +576,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
     weight_row[row_half] = reinterpret_cast<const uint4*>(args.weight + row * static_cast<std::size_t>(args.padded_in));
   }
 
-  if (args.input_norm != nullptr) rows_inverse_rms(args, folded_norm);  // uniform, as in the FMA kernel
+  if (args.input_norm != nullptr) rows_inverse_rms(args, folded_norm);  // uniform, as in the CUDA-core kernel
 
   float acc[kRowTiles][4];
 #pragma unroll
