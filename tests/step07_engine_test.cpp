@@ -884,6 +884,23 @@ TEST(Step07EngineParallelSampling, TheListenerCarriesLogprobsWhenAsked) {
   }
 }
 
+// The run the parting tests forge a difference into: 3 requests of the tiny
+// preset replayed with continuous batching on the CPU (watching for
+// partings), and each request's solo tokens.
+struct ReplayedTrace {
+  llm::ModelWeights weights = tiny_weights();
+  std::unique_ptr<llm::Model> model = step05::make_paged_model_on("cpu", weights);
+  std::vector<Request> requests;
+  std::vector<std::vector<int>> solo;
+  ReplayResult run;
+  explicit ReplayedTrace(std::uint64_t workload_seed)
+      : requests(small_workload(weights.config, 3, workload_seed)), solo(solo_outputs(*model, requests)) {
+    run = replay(*model, requests,
+                 engine_options_for(policy_named("continuous"), tight_limits(weights.config), weights.config.seq_len),
+                 &solo);
+  }
+};
+
 // The logits row a request's token 1 is drawn from when it runs alone: its
 // prompt, then its solo token 0 fed back.
 std::vector<float> solo_row_of_second_token(llm::Model& model, const Request& request, const std::vector<int>& solo) {
@@ -902,15 +919,9 @@ std::vector<float> solo_row_of_second_token(llm::Model& model, const Request& re
 // change; not under one that does not, not when the run kept no row, and not
 // when the kept row's greedy token is not the forged one.
 TEST(Step07Engine, AGreedyPartingIsExplainedOnlyByRowsWithinTheTolerance) {
-  const llm::ModelWeights weights = tiny_weights();
-  const auto model = step05::make_paged_model_on("cpu", weights);
-  const int context = weights.config.seq_len;
-  const std::vector<Request> requests = small_workload(weights.config, 3, 11);
-  const std::vector<std::vector<int>> solo = solo_outputs(*model, requests);
+  const ReplayedTrace trace(11);
+  const auto& [weights, model, requests, solo, run] = trace;
   ASSERT_GE(solo[0].size(), 3u);
-  const ReplayResult run =
-      replay(*model, requests, engine_options_for(policy_named("continuous"), tight_limits(weights.config), context),
-             &solo);
   EXPECT_TRUE(run.partings.empty()) << "a batch-invariant run parts from no solo run";
   const OutputCheck clean = check_replay(*model, requests, run, solo, llm::model_logits_tolerance(llm::DType::F32));
   EXPECT_TRUE(clean.ok()) << clean.first_difference;
@@ -959,14 +970,9 @@ TEST(Step07Engine, AGreedyPartingIsExplainedOnlyByRowsWithinTheTolerance) {
 // vocabulary, or the third-best token under a tolerance that only covers
 // the runner-up, is not explained. On the CPU the check itself is exact.
 TEST(Step07Engine, ATokensOnlyPartingIsExplainedOnlyAtANearTie) {
-  const llm::ModelWeights weights = tiny_weights();
-  const auto model = step05::make_paged_model_on("cpu", weights);
-  const int context = weights.config.seq_len;
-  const std::vector<Request> requests = small_workload(weights.config, 3, 12);
-  const std::vector<std::vector<int>> solo = solo_outputs(*model, requests);
+  const ReplayedTrace trace(12);
+  const auto& [weights, model, requests, solo, run] = trace;
   ASSERT_GE(solo[0].size(), 3u);
-  const ReplayResult run =
-      replay(*model, requests, engine_options_for(policy_named("continuous"), tight_limits(weights.config), context));
 
   // The solo row of request 0's token 1, and its tokens by logit.
   const std::vector<float> next = solo_row_of_second_token(*model, requests[0], solo[0]);

@@ -21,8 +21,8 @@
 // rounds its input to half again, and a last-bit difference moves that
 // rounding by one step now and then, so a row's logits alone and in a batch
 // differ by far more than fp32 sums do (measured: docs/results/gpu_decode/
-// README.md) and may pick another greedy token at a near-tie. Step 07's check_replay says when
-// that is all that happened.
+// README.md) and may pick another greedy token at a near-tie. Step 07's
+// check_replay says when that is all that happened.
 //
 // The GEMV (rows <= kMaxGemvRows = 16). Why 16: speculative decoding verifies
 // k + 1 <= 9 rows at once and step 07 batches a few sequences per step; a
@@ -329,8 +329,8 @@ __device__ __forceinline__ void store_slice_sum(const GemvArguments& args, int s
 // blocks of outputs [first_output, first_output + outputs) to take one adds
 // every slice's partials in slice order and writes y. Called by every
 // thread of the block (it has barriers).
-__device__ void add_slices_if_last(const GemvArguments& args, int output_block, int first_output, int outputs,
-                                   bool* is_last_block /* shared */) {
+__device__ void add_slices_if_last(const GemvArguments& args, int output_block, int first_output, int outputs) {
+  __shared__ bool is_last_block;
   const int thread = static_cast<int>(threadIdx.x);
   // Release: each thread's partials are visible device-wide before the
   // ticket is taken (the fence), and every thread has fenced before thread 0
@@ -343,10 +343,10 @@ __device__ void add_slices_if_last(const GemvArguments& args, int output_block, 
     const unsigned int last_ticket = static_cast<unsigned int>(args.k_splits - 1);
     const unsigned int ticket = atomicInc(args.split_counters + output_block, last_ticket);
     __threadfence();  // acquire: the other slices' partials are read after their tickets
-    *is_last_block = ticket == last_ticket;
+    is_last_block = ticket == last_ticket;
   }
   __syncthreads();
-  if (!*is_last_block) return;
+  if (!is_last_block) return;
   for (int index = thread; index < args.rows * outputs; index += static_cast<int>(blockDim.x)) {
     const int r = index / outputs;
     const int output = first_output + index % outputs;
@@ -375,7 +375,6 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
   // x [kRows, kChunkElements] of the current chunk, columns swizzled
   // (staged_column); rows >= args.rows and columns past the slice are zero.
   __shared__ __align__(16) float staged_x[kStagedXFloats];
-  __shared__ bool is_last_block;
   __shared__ FoldedNorm<kRows> folded_norm;  // args.input_norm's 1 / rms per row
 
   const int thread = static_cast<int>(threadIdx.x);
@@ -476,7 +475,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
         if (output_valid[o] && r < args.rows) store_slice_sum(args, split, r, first_output + o, sums[o][r]);
   }
   if (args.k_splits == 1) return;  // the whole block returns: no barrier follows
-  add_slices_if_last(args, output_block, output_block * kOutputsPerBlock, kOutputsPerBlock, &is_last_block);
+  add_slices_if_last(args, output_block, output_block * kOutputsPerBlock, kOutputsPerBlock);
 }
 
 // --- The tensor-core GEMV (HalfGemvKernel::TensorCores) -------------------
@@ -519,8 +518,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
 // A block is 8 warps, 128 outputs; the columns are split over blocks and
 // the slices' sums added as in the CUDA-core kernel (the same ticket code),
 // in an order fixed by the shape: a row gives the same bits alone or among
-// 16.
-// The two kernels' sums are added in different orders, so their results
+// 16. The two kernels' sums are added in different orders, so their results
 // differ by fp32 rounding.
 namespace layout = tensor_core_gemv;
 static_assert(layout::kStepColumns == kStepElements && layout::kHalvesPerVector == kHalvesPerVector);
@@ -551,7 +549,6 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
   static_assert(kChunkElements % kTensorCoreBatchElements == 0);
   static_assert((kRowStride * 2) % 128 == 64);
   __shared__ __align__(16) std::uint16_t staged_x[kRows * kRowStride];
-  __shared__ bool is_last_block;
   __shared__ FoldedNorm<kRows> folded_norm;  // args.input_norm's 1 / rms per row
 
   const int thread = static_cast<int>(threadIdx.x);
@@ -644,8 +641,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
         store_slice_sum(args, split, r, first_output + layout::accumulator_output(g, i), acc[nt][i]);
     }
   if (args.k_splits == 1) return;  // the whole block returns: no barrier follows
-  add_slices_if_last(args, output_block, output_block * kTensorCoreOutputsPerBlock, kTensorCoreOutputsPerBlock,
-                     &is_last_block);
+  add_slices_if_last(args, output_block, output_block * kTensorCoreOutputsPerBlock, kTensorCoreOutputsPerBlock);
 }
 
 template <class Traits>
@@ -766,7 +762,7 @@ HalfCudaLinear::HalfCudaLinear(std::span<const float> weight, int out_features, 
   // The column split: about kWantedBlocksPerSm blocks per SM, slices of
   // whole steps, none empty. Depends on the shape, the kernel and the GPU
   // only, never on the row count.
-  const int output_blocks = ceil_div(out_, gemv_outputs_per_block_);
+  const int output_blocks = gemv_output_blocks();
   const int total_steps = ceil_div(padded_in_, kStepElements);
   const int wanted_splits = ceil_div(kWantedBlocksPerSm * sm_count(), output_blocks);
   const int splits = std::clamp(wanted_splits, 1, std::min(total_steps, 65535));  // gridDim.y <= 65535
@@ -774,14 +770,15 @@ HalfCudaLinear::HalfCudaLinear(std::span<const float> weight, int out_features, 
   gemv_k_splits_ = ceil_div(total_steps, gemv_steps_per_split_);
 }
 
+int HalfCudaLinear::gemv_output_blocks() const { return ceil_div(out_, gemv_outputs_per_block_); }
+
 void HalfCudaLinear::reserve_rows(int rows) {
   if (rows <= 0) return;
   HalfActivationScratch& scratch = *scratch_;
   const auto gemv_rows = static_cast<std::size_t>(std::min(rows, kMaxGemvRows));
   const std::size_t partial_floats =
       gemv_k_splits_ > 1 ? static_cast<std::size_t>(gemv_k_splits_) * gemv_rows * static_cast<std::size_t>(out_) : 0;
-  const std::size_t counters =
-      gemv_k_splits_ > 1 ? static_cast<std::size_t>(ceil_div(out_, gemv_outputs_per_block_)) : 0;
+  const std::size_t counters = gemv_k_splits_ > 1 ? static_cast<std::size_t>(gemv_output_blocks()) : 0;
   const std::size_t activation_halves =
       rows > kMaxGemvRows ? static_cast<std::size_t>(rows) * static_cast<std::size_t>(in_) : 0;
   if (partial_floats <= scratch.partial_sums.size() && counters <= scratch.split_counters.size() &&
@@ -836,7 +833,7 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
   if (gemv_k_splits_ > 1) {
     const std::size_t partial_floats =
         static_cast<std::size_t>(gemv_k_splits_) * static_cast<std::size_t>(rows) * static_cast<std::size_t>(out_);
-    const auto counters = static_cast<std::size_t>(ceil_div(out_, gemv_outputs_per_block_));
+    const auto counters = static_cast<std::size_t>(gemv_output_blocks());
     if (scratch_->partial_sums.size() < partial_floats || scratch_->split_counters.size() < counters)
       throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": a forward of " + std::to_string(rows) +
                              " rows needs scratch that reserve_rows(" + std::to_string(rows) +
@@ -854,10 +851,11 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
 // More rows than the GEMV takes (prefill): x is rounded to the half type into
 // the shared scratch and cuBLAS multiplies half by half with fp32 sums
 // (tensor cores). Both paths round x alike (the GEMV as it stages it): each
-// x value gains a relative error of at most 2^-11 (fp16) or 2^-8 (bf16), so an output can
-// move by up to that fraction of sum_i |w_i| |x_i| (in practice about
-// sqrt(in) times less: the errors have random signs). fp16 also turns |x| >
-// 65504 into inf and flushes |x| < 2^-24 to zero; bf16 keeps fp32's range.
+// x value gains a relative error of at most 2^-11 (fp16) or 2^-8 (bf16), so
+// an output can move by up to that fraction of sum_i |w_i| |x_i| (in
+// practice about sqrt(in) times less: the errors have random signs). fp16
+// also turns |x| > 65504 into inf and flushes |x| < 2^-24 to zero; bf16
+// keeps fp32's range.
 void HalfCudaLinear::forward_gemm(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
   const std::size_t count = static_cast<std::size_t>(rows) * static_cast<std::size_t>(in_);
   if (scratch_->activations.size() < count)

@@ -116,6 +116,9 @@ class HalfCudaLinear final : public CudaLinear {
   void forward_gemv(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                     cudaStream_t stream) const;
   void forward_gemm(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const;
+  // gridDim.x of the GEMV: blocks of gemv_outputs_per_block_ outputs (one
+  // split counter each).
+  int gemv_output_blocks() const;
 
   DeviceBuffer<std::uint16_t> weight_;  // [out_, padded_in_] half bit patterns, columns >= in_ zero
   int out_;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -120,11 +121,20 @@ PartingVerdict judge_near_tie_parting(llm::Model& model, const Request& request,
                             want_logit, got_logit, gap, swappable)};
 }
 
-// The trace's request of `record`, or null.
-const Request* request_of(const std::vector<Request>& requests, const RequestRecord& record) {
-  const auto found = std::find_if(requests.begin(), requests.end(),
-                                  [&record](const Request& candidate) { return candidate.id == record.id; });
-  return found == requests.end() ? nullptr : &*found;
+// judge_partings with each parting's request found in the trace and its
+// solo tokens handed to `verdict`(request, record, solo tokens, t): what the
+// greedy checks, in process and over HTTP, share.
+using RequestVerdict =
+    std::function<PartingVerdict(const Request&, const RequestRecord&, const std::vector<int>&, int)>;
+OutputCheck judge_trace_partings(OutputCheck check, const std::vector<Request>& requests,
+                                 const std::vector<RequestRecord>& records, const std::vector<std::vector<int>>& solo,
+                                 const RequestVerdict& verdict) {
+  return judge_partings(check, records, solo, [&](const RequestRecord& record, int t) {
+    const auto request = std::find_if(requests.begin(), requests.end(),
+                                      [&record](const Request& candidate) { return candidate.id == record.id; });
+    if (request == requests.end()) return PartingVerdict{false, " (the request is not in the trace)"};
+    return verdict(*request, record, solo.at(static_cast<std::size_t>(record.id)), t);
+  });
 }
 
 }  // namespace
@@ -140,11 +150,11 @@ OutputCheck check_tokens_only(llm::Model& model, const std::vector<Request>& req
 OutputCheck explain_partings_by_near_ties(OutputCheck check, llm::Model& model, const std::vector<Request>& requests,
                                           const std::vector<RequestRecord>& records,
                                           const std::vector<std::vector<int>>& solo, llm::Tolerance tolerance) {
-  return judge_partings(check, records, solo, [&](const RequestRecord& record, int t) {
-    const Request* request = request_of(requests, record);
-    if (request == nullptr) return PartingVerdict{false, " (the request is not in the trace)"};
-    return judge_near_tie_parting(model, *request, record, solo.at(static_cast<std::size_t>(record.id)), t, tolerance);
-  });
+  return judge_trace_partings(
+      check, requests, records, solo,
+      [&](const Request& request, const RequestRecord& record, const std::vector<int>& tokens, int t) {
+        return judge_near_tie_parting(model, request, record, tokens, t, tolerance);
+      });
 }
 
 OutputCheck check_replay(llm::Model& model, const std::vector<Request>& requests, const ReplayResult& run,
@@ -157,12 +167,11 @@ OutputCheck check_replay(llm::Model& model, const std::vector<Request>& requests
 OutputCheck explain_partings(OutputCheck check, llm::Model& model, const std::vector<Request>& requests,
                              const ReplayResult& run, const std::vector<std::vector<int>>& solo,
                              llm::Tolerance tolerance) {
-  return judge_partings(check, run.records, solo, [&](const RequestRecord& record, int t) {
-    const Request* request = request_of(requests, record);
-    if (request == nullptr) return PartingVerdict{false, " (the request is not in the trace)"};
-    return judge_greedy_parting(model, *request, record, solo.at(static_cast<std::size_t>(record.id)), t, run,
-                                tolerance);
-  });
+  return judge_trace_partings(
+      check, requests, run.records, solo,
+      [&](const Request& request, const RequestRecord& record, const std::vector<int>& tokens, int t) {
+        return judge_greedy_parting(model, request, record, tokens, t, run, tolerance);
+      });
 }
 
 OutputCheck judge_partings(OutputCheck check, const std::vector<RequestRecord>& records,
