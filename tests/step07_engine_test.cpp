@@ -886,7 +886,9 @@ TEST(Step07EngineParallelSampling, TheListenerCarriesLogprobsWhenAsked) {
 
 // The run the parting tests forge a difference into: 3 requests of the tiny
 // preset replayed with continuous batching on the CPU (watching for
-// partings), and each request's solo tokens.
+// partings), and each request's solo tokens. (The tests take its members as
+// named references, not a structured binding: clang before 16 lets no lambda
+// capture a binding.)
 struct ReplayedTrace {
   llm::ModelWeights weights = tiny_weights();
   std::unique_ptr<llm::Model> model = step05::make_paged_model_on("cpu", weights);
@@ -920,7 +922,10 @@ std::vector<float> solo_row_of_second_token(llm::Model& model, const Request& re
 // when the kept row's greedy token is not the forged one.
 TEST(Step07Engine, AGreedyPartingIsExplainedOnlyByRowsWithinTheTolerance) {
   const ReplayedTrace trace(11);
-  const auto& [weights, model, requests, solo, run] = trace;
+  const std::unique_ptr<llm::Model>& model = trace.model;
+  const std::vector<Request>& requests = trace.requests;
+  const std::vector<std::vector<int>>& solo = trace.solo;
+  const ReplayResult& run = trace.run;
   ASSERT_GE(solo[0].size(), 3u);
   EXPECT_TRUE(run.partings.empty()) << "a batch-invariant run parts from no solo run";
   const OutputCheck clean = check_replay(*model, requests, run, solo, llm::model_logits_tolerance(llm::DType::F32));
@@ -971,7 +976,10 @@ TEST(Step07Engine, AGreedyPartingIsExplainedOnlyByRowsWithinTheTolerance) {
 // the runner-up, is not explained. On the CPU the check itself is exact.
 TEST(Step07Engine, ATokensOnlyPartingIsExplainedOnlyAtANearTie) {
   const ReplayedTrace trace(12);
-  const auto& [weights, model, requests, solo, run] = trace;
+  const std::unique_ptr<llm::Model>& model = trace.model;
+  const std::vector<Request>& requests = trace.requests;
+  const std::vector<std::vector<int>>& solo = trace.solo;
+  const ReplayResult& run = trace.run;
   ASSERT_GE(solo[0].size(), 3u);
 
   // The solo row of request 0's token 1, and its tokens by logit.
@@ -1008,7 +1016,7 @@ TEST(Step07Engine, ATokensOnlyPartingIsExplainedOnlyAtANearTie) {
   if (third_gap > 2.0f * 0.51f * gap) {
     EXPECT_FALSE(judged(third, covers).ok()) << "the third-best token, past what the tolerance can swap";
   }
-  EXPECT_TRUE(llm::testing::HasSubstr(judged(weights.config.vocab_size, covers).first_difference,
+  EXPECT_TRUE(llm::testing::HasSubstr(judged(trace.weights.config.vocab_size, covers).first_difference,
                                       "not in the vocabulary"));
 
   // The whole check on the CPU: exact, and this run is identical.
