@@ -40,20 +40,27 @@ inline constexpr int kFlash2Bf16MinComputeCapability = 80;
 KernelImage flash2_fp16_kernel_image();
 KernelImage flash2_bf16_kernel_image();
 
-// Variants 7 to 12 (v7_v12_cuda_flash2_tuned.cu): variant 4 plus one change
+// Variants 7 to 16 (v7_v16_cuda_flash2_tuned.cu): variant 4 plus one change
 // each, cumulative. 7: K/V double-buffered with cp.async; 8: ldmatrix
 // fragments; 9: 128 query rows per block (32 per warp); 10: the mask only on
 // diagonal tiles, heaviest query blocks first; 11 (fp16) and 12 (bf16):
-// 16-bit output, written to args.out16 instead of args.out.
+// 16-bit output, written to args.out16 instead of args.out; 13: the softmax
+// in one FFMA and one MUFU.EX2 per score; 14: O rescaled only when a row's
+// new max shrinks P by more than 2^8; 15 (fp16) and 16 (bf16): each thread's
+// cp.async addresses computed once.
 void flash2_async_copy_attention(const AttentionProblem& p, const AttentionArgs& args);
 void flash2_ldmatrix_attention(const AttentionProblem& p, const AttentionArgs& args);
 void flash2_128_rows_attention(const AttentionProblem& p, const AttentionArgs& args);
 void flash2_causal_schedule_attention(const AttentionProblem& p, const AttentionArgs& args);
 void flash2_tuned_fp16_attention(const AttentionProblem& p, const AttentionArgs& args);
 void flash2_tuned_bf16_attention(const AttentionProblem& p, const AttentionArgs& args);
-// cp.async exists from sm_80 (Ampere): all six need it, fp16 as well as bf16.
+void flash2_fast_softmax_attention(const AttentionProblem& p, const AttentionArgs& args);
+void flash2_lazy_rescale_attention(const AttentionProblem& p, const AttentionArgs& args);
+void flash2_hoisted_copies_fp16_attention(const AttentionProblem& p, const AttentionArgs& args);
+void flash2_hoisted_copies_bf16_attention(const AttentionProblem& p, const AttentionArgs& args);
+// cp.async exists from sm_80 (Ampere): all ten need it, fp16 as well as bf16.
 inline constexpr int kFlash2TunedMinComputeCapability = 80;
-KernelImage flash2_tuned_kernel_image();  // as flash2_fp16_kernel_image, for all six
+KernelImage flash2_tuned_kernel_image();  // as flash2_fp16_kernel_image, for all ten
 
 // Variant 6 (v6_cuda_split_kv_decode.cu): Flash-Decoding. Each (query, head) is
 // split over several blocks along the keys; each writes a partial (m, l, o)

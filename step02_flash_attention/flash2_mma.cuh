@@ -1,6 +1,6 @@
 #pragma once
 // The tensor-core pieces every FlashAttention-2 kernel of step 02 shares
-// (v4_v5_cuda_flash2_mma.cu, the baseline; v7_v12_cuda_flash2_tuned.cu, the
+// (v4_v5_cuda_flash2_mma.cu, the baseline; v7_v16_cuda_flash2_tuned.cu, the
 // ladder on top of it): the 16-bit packing of P, the tile loads from global memory (through
 // registers, or with cp.async), and ldmatrix. CUDA translation units only.
 //
@@ -56,6 +56,20 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const std::uint32_t*>(&v);
   }
+}
+
+// 2^x as one instruction: the special-function unit's ex2.approx.ftz
+// (MUFU.EX2; 2^-inf = +0). exp2f compiles to the same MUFU.EX2 wrapped in a
+// fix-up for results below 2^-126 (a compare, then a multiply before and a
+// square after, predicated: they issue whether or not they apply), four
+// instructions where one does. The fix-up keeps probabilities under 2^-126
+// (1.2e-38) from flushing to zero; a row's probabilities add up to at least 1,
+// and P goes into the next product in 16 bits (fp16 flushes below 6e-8), so
+// nothing the output can show is lost.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float result;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(result) : "f"(x));
+  return result;
 }
 
 // Two 16-bit values already in the right format -> one register.

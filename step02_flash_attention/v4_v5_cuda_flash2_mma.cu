@@ -15,7 +15,7 @@
 //    16 x 8 x 16 fragments; S, P and O never leave registers (the fragment
 //    layouts are drawn in flash2_mma.cuh, with the product and the tile load).
 // docs/02_flash_attention.md, section 5, compares the three kernels;
-// v7_v12_cuda_flash2_tuned.cu takes this kernel to its anchors' speed, one
+// v7_v16_cuda_flash2_tuned.cu takes this kernel to its anchors' speed, one
 // change per variant.
 #include <cstdint>
 
@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads)
     // which also covers keys past seqlen_k); then the row maxima of this tile.
     // __fmul_rn: the scaled score is rounded on its own, never fused into an
     // FMA with the "- m" below. Whether the compiler would fuse it depends on
-    // the code around it, and the tuned variants (v7_v12) change that code:
+    // the code around it, and the tuned variants (v7_v16) change that code:
     // with the product pinned, they give this kernel's output bit for bit.
     float tile_max_a = -INFINITY, tile_max_b = -INFINITY;
 #pragma unroll

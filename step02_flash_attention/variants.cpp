@@ -19,7 +19,7 @@ namespace {
 
 std::size_t no_bytes(const AttentionProblem&) { return 0; }
 
-// A row of the FlashAttention-2 ladder (variants 7-12): 16-bit inputs, sm_80+
+// A row of the FlashAttention-2 ladder (variants 7-16): 16-bit inputs, sm_80+
 // (cp.async), head dims 64 and 128, no workspace.
 AttentionKernel tuned(AttentionFn run, llm::DType dtype, bool writes_16bit_output) {
   return {run,     dtype,   cuda::kFlash2TunedMinComputeCapability,  false, nullptr, &no_bytes,
@@ -64,10 +64,19 @@ const std::vector<AttentionVariant>& variants() {
        Backend::Cuda, tuned_fp16(STEP02_CUDA(&cuda::flash2_128_rows_attention))},
       {10, "cuda_flash2_causal", "+ mask only the tiles on the diagonal; heaviest query blocks first",
        Backend::Cuda, tuned_fp16(STEP02_CUDA(&cuda::flash2_causal_schedule_attention))},
-      {11, "cuda_flash2_tuned_fp16", "+ fp16 output (what the next product reads): the ladder's last rung",
+      {11, "cuda_flash2_tuned_fp16", "+ fp16 output (what the next product reads): the scheduling rungs' end",
        Backend::Cuda, tuned(STEP02_CUDA(&cuda::flash2_tuned_fp16_attention), DType::F16, true)},
       {12, "cuda_flash2_tuned_bf16", "variant 11 in bf16: bf16 in, bf16 out", Backend::Cuda,
        tuned(STEP02_CUDA(&cuda::flash2_tuned_bf16_attention), DType::BF16, true)},
+      // Three more rungs on variant 11, found by counting its instructions.
+      {13, "cuda_flash2_fast_softmax", "+ per score one FFMA (scale folded in) and one MUFU.EX2 (no exp2f fix-up)",
+       Backend::Cuda, tuned(STEP02_CUDA(&cuda::flash2_fast_softmax_attention), DType::F16, true)},
+      {14, "cuda_flash2_lazy_rescale", "+ O rescaled only when a row's new max shrinks P by more than 2^8", Backend::Cuda,
+       tuned(STEP02_CUDA(&cuda::flash2_lazy_rescale_attention), DType::F16, true)},
+      {15, "cuda_flash2_hoisted_copies_fp16", "+ cp.async addresses computed once per thread: the ladder's last rung",
+       Backend::Cuda, tuned(STEP02_CUDA(&cuda::flash2_hoisted_copies_fp16_attention), DType::F16, true)},
+      {16, "cuda_flash2_hoisted_copies_bf16", "variant 15 in bf16: bf16 in, bf16 out", Backend::Cuda,
+       tuned(STEP02_CUDA(&cuda::flash2_hoisted_copies_bf16_attention), DType::BF16, true)},
   };
   return table;
 }

@@ -11,12 +11,16 @@
 //    4  cuda_flash2_fp16     CUDA    FA2 style: warps split queries, tensor-core mma, fp16 in / fp32 accumulate
 //    5  cuda_flash2_bf16     CUDA    the same in bf16 (sm_80+, and a build compiled for sm_80+)
 //    6  cuda_split_kv_decode CUDA    Flash-Decoding: one query, the cache split across blocks, partials reduced
-//    7  cuda_flash2_async      CUDA  variant 4 + K/V tiles double-buffered with cp.async (sm_80+, as 8-12)
+//    7  cuda_flash2_async      CUDA  variant 4 + K/V tiles double-buffered with cp.async (sm_80+, as 8-16)
 //    8  cuda_flash2_ldmatrix   CUDA  + fragments by ldmatrix / ldmatrix.trans
 //    9  cuda_flash2_128rows    CUDA  + 128 query rows per block, 32 per warp
 //   10  cuda_flash2_causal     CUDA  + the mask on diagonal tiles only, heaviest query blocks first
 //   11  cuda_flash2_tuned_fp16 CUDA  + fp16 output
 //   12  cuda_flash2_tuned_bf16 CUDA  the same in bf16
+//   13  cuda_flash2_fast_softmax        CUDA  + one FFMA and one MUFU.EX2 per score
+//   14  cuda_flash2_lazy_rescale        CUDA  + O rescaled only when a row's new max shrinks P by more than 2^8
+//   15  cuda_flash2_hoisted_copies_fp16 CUDA  + cp.async addresses computed once per thread
+//   16  cuda_flash2_hoisted_copies_bf16 CUDA  the same in bf16
 //
 // Speedups are against the same device's naive row (0 on the CPU, 2 on CUDA).
 #include <cstddef>

@@ -6,7 +6,8 @@
 // decode gets long caches with one query. FA1 also at the small head dims it
 // is compiled for (8 = the `tiny` preset); the fused kernels must refuse those
 // with an InputError. The FlashAttention-2 ladder (variants 7-12) must also
-// give variant 4's bits (or their 16-bit rounding). Then the model: a CudaModel with
+// give variant 4's bits (or their 16-bit rounding), and its instruction cuts
+// (13-16) stay within rounding of the rung before. Then the model: a CudaModel with
 // the FA1 kernel in its attention hook against the default CudaModel and the
 // CPU reference, every logits row, one prefill and a second chunk after it.
 // Every test that needs a GPU skips with the reason where no GPU can be
@@ -168,8 +169,15 @@ TEST(step02CudaTiming, TimesEveryRunnableVariant) {
 // 1e-2; this one allows none, so a wrong fragment, a missed barrier or a
 // mask skipped on one tile too many shows even where it stays "close".
 // One exception by design: at d = 128, variants 9-12 take 32-key tiles (the
-// registers of 32 rows per warp, v7_v12_cuda_flash2_tuned.cu), a different
+// registers of 32 rows per warp, v7_v16_cuda_flash2_tuned.cu), a different
 // sequence of online-softmax rescales; there only 9 = 10 and 11 = fp16(10).
+// Variants 13 and 14 change the arithmetic on purpose (s x scale - m as one
+// FFMA, 2^x without exp2f's fix-up below 2^-126; P relative to a stale max,
+// up to 2^8), so they cannot give variant 11's bits: each is held to the rung
+// before it within half the float64 check's bound. Their rounding moves an
+// output by about one fp16 step; a real slip (a missed rescale, a max
+// applied to the wrong row) moves it by a factor. Variant 15 changes only
+// how K and V are copied: variant 14's bits again.
 
 struct LadderCase {
   std::string name;
@@ -219,7 +227,7 @@ TEST_P(Flash2LadderTest, EveryRungGivesVariant4sBits) {
   const auto v = llm::testing::random_vector(p.kv_elements(), seed + 2, 1.0f);
   step02::CudaProblem gpu(p, q, k, v);
   std::map<int, std::vector<float>> out;  // variant id -> its output [Sq, q_row], as floats
-  for (int id = 4; id <= 12; ++id) {
+  for (int id = 4; id <= 16; ++id) {
     if (id == 6) continue;  // split-KV decode: another algorithm
     const auto& variant = step02::find_variant(id);
     const std::string skip = gpu.skip_reason(variant);
@@ -238,6 +246,14 @@ TEST_P(Flash2LadderTest, EveryRungGivesVariant4sBits) {
   if (same_tiles_as_variant4)
     EXPECT_EQ(bit_differences(out[12], step02::rounded_to(out[5], llm::DType::BF16)), 0u)
         << "cuda_flash2_tuned_bf16 vs cuda_flash2_bf16 rounded to bf16";
+  const auto within_half_the_float64_bound = [&p](const std::vector<float>& got, const std::vector<float>& want,
+                                                  const char* what) {
+    const auto r = llm::compare(got, want, llm::tolerance_for(llm::DType::F16));
+    EXPECT_LE(r.max_rel_err, 5e-3) << what << " on " << p.describe() << ": " << r.summary();
+  };
+  within_half_the_float64_bound(out[13], out[11], "cuda_flash2_fast_softmax vs cuda_flash2_tuned_fp16");
+  within_half_the_float64_bound(out[14], out[13], "cuda_flash2_lazy_rescale vs cuda_flash2_fast_softmax");
+  EXPECT_EQ(bit_differences(out[15], out[14]), 0u) << "cuda_flash2_hoisted_copies_fp16 vs cuda_flash2_lazy_rescale";
 }
 
 INSTANTIATE_TEST_SUITE_P(step02, Flash2LadderTest, ::testing::ValuesIn(ladder_cases()),
@@ -251,6 +267,7 @@ TEST(step02Flash2Ladder, RefusesAMissingOutput) {
   const AttentionProblem p{2, 2, 64, 64, 64, true};
   step02::AttentionArgs args;  // no inputs either: the check comes before any launch
   EXPECT_THROW(step02::find_variant(11).fn.run(p, args), llm::InputError);
+  EXPECT_THROW(step02::find_variant(16).fn.run(p, args), llm::InputError);
   EXPECT_THROW(step02::find_variant(7).fn.run(p, args), llm::InputError);
 }
 

@@ -69,9 +69,19 @@ struct Step02Options {
   std::string python = "python3";     // --python: the interpreter that runs it (a bare name is looked up on PATH)
 };
 
+// The variant column's width: the longest name in the table.
+int name_width() {
+  static const int width = [] {
+    std::size_t longest = 0;
+    for (const auto& v : step02::variants()) longest = std::max(longest, v.name.size());
+    return static_cast<int>(longest);
+  }();
+  return width;
+}
+
 // --list: the table with each row's device and input precision.
 void print_variants() {
-  llm::print_variant_list<step02::AttentionKernel>(step02::variants(), 22, [](const AttentionVariant& v) {
+  llm::print_variant_list<step02::AttentionKernel>(step02::variants(), name_width(), [](const AttentionVariant& v) {
     return llm::VariantListDetails{
         fmt::format("{:<5} {:<5} ", llm::backend_name(v.backend), llm::dtype_name(v.fn.dtype)),
         v.fn.run ? "" : "  [not in this build]"};
@@ -304,7 +314,7 @@ void print_header(const llm::Results& results, int check_rows) {
 }
 
 void print_kernel_table_columns() {
-  fmt::print("  {:<5} {:<22} {:>10} {:>9} {:>9} {:>8} {:>11} {:>10}  {}\n", "dev", "variant", "time", "TFLOP/s",
+  fmt::print("  {:<5} {:<{}} {:>10} {:>9} {:>9} {:>8} {:>11} {:>10}  {}\n", "dev", "variant", name_width(), "time", "TFLOP/s",
              "KV GB/s", "speedup", "scores mem", "max_rel", "ok");
 }
 
@@ -320,7 +330,7 @@ bool report_kernel_rows(llm::Results& results, const AttentionProblem& p, const 
       naive_ms[m.device] = m.time.median_ms;
   for (const auto& m : measured) {
     if (!m.skipped.empty()) {
-      fmt::print("  {:<5} {:<22} skipped: {}\n", m.device, m.variant->name, m.skipped);
+      fmt::print("  {:<5} {:<{}} skipped: {}\n", m.device, m.variant->name, name_width(), m.skipped);
       continue;
     }
     const auto& kernel = m.variant->fn;
@@ -331,7 +341,8 @@ bool report_kernel_rows(llm::Results& results, const AttentionProblem& p, const 
     const std::size_t element_bytes = kernel.dtype == llm::DType::F32 ? 4 : 2;
     const double kv_bytes = 2.0 * static_cast<double>(p.kv_elements()) * element_bytes;
     const double gbps = kv_bytes / (m.time.median_ms * 1e-3) / 1e9;
-    fmt::print("  {:<5} {:<22} {:>10} {:>9.3f} {:>9.1f} {:>8} {:>11} {:>10.2e}  {}\n", m.device, m.variant->name,
+    fmt::print("  {:<5} {:<{}} {:>10} {:>9.3f} {:>9.1f} {:>8} {:>11} {:>10.2e}  {}\n", m.device, m.variant->name,
+               name_width(),
                llm::format_ms(m.time.median_ms), tflops, gbps, speedup > 0 ? fmt::format("{:.2f}x", speedup) : "-",
                llm::format_bytes(static_cast<double>(score_bytes)), m.error.max_rel_err, m.error.ok ? "ok" : "FAIL");
     all_ok &= llm::report_if_failed(fmt::format("{} {} on {}", m.device, m.variant->name, p.describe()), m.error);

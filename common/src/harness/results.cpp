@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -111,13 +112,16 @@ std::string Results::format_header(ConfigLine config_line) const {
 
 std::string Results::format_table() const {
   std::string out = format_header() + "\n";
-  out += fmt::format("{:<6} {:>3}  {:<22} {:>11} {:>16} {:>9} {:>10}  {}\n", "device", "id", "variant", "time",
-                     "throughput", "speedup", "max_rel", "ok");
-  out += std::string(92, '-') + "\n";
+  // The variant column: 22 wide, or the longest name when one is longer.
+  std::size_t name_width = 22;
+  for (const auto& r : rows_) name_width = std::max(name_width, r.variant.size());
+  out += fmt::format("{:<6} {:>3}  {:<{}} {:>11} {:>16} {:>9} {:>10}  {}\n", "device", "id", "variant", name_width,
+                     "time", "throughput", "speedup", "max_rel", "ok");
+  out += std::string(70 + name_width, '-') + "\n";
   bool any_inexact = false;
   for (const auto& r : rows_) {
-    out += fmt::format("{:<6} {:>3}  {:<22} {:>11} {:>16} {:>8.2f}x {:>10.2e}  {}\n", r.device, r.id, r.variant,
-                       format_ms(r.time_ms), format_throughput(r.throughput_key, r.throughput), r.speedup,
+    out += fmt::format("{:<6} {:>3}  {:<{}} {:>11} {:>16} {:>8.2f}x {:>10.2e}  {}\n", r.device, r.id, r.variant,
+                       name_width, format_ms(r.time_ms), format_throughput(r.throughput_key, r.throughput), r.speedup,
                        r.max_rel_err, !r.ok ? "FAIL" : r.expected_inexact ? "approx" : "ok");
     any_inexact |= r.expected_inexact;
   }

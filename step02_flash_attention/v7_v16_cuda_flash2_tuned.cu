@@ -1,4 +1,4 @@
-// Variants 7 to 12: variant 4's FlashAttention-2 taken towards its anchors'
+// Variants 7 to 16: variant 4's FlashAttention-2 taken towards its anchors'
 // speed (FlashAttention-2 itself, PyTorch's SDPA), one change per variant.
 // Each variant is the one before it plus one thing, so its row in step 02's
 // table measures what that one thing buys:
@@ -14,8 +14,24 @@
 //                               the end of the keys), and the heaviest query blocks first
 //   11 cuda_flash2_tuned_fp16   16-bit output, as the model's next product reads it
 //   12 cuda_flash2_tuned_bf16   the same in bf16
+//   13 cuda_flash2_fast_softmax the softmax in FlashAttention-2's instructions: the scale
+//                               folded into one FFMA per score, 2^x as one MUFU.EX2
+//   14 cuda_flash2_lazy_rescale O rescaled only when a row's max grows by more than
+//                               8 in the log2 domain (a factor 2^8), not on every
+//                               tile whose max grows at all
+//   15 cuda_flash2_hoisted_copies_fp16  each thread's cp.async addresses computed once,
+//                               then moved by one add per copy
+//   16 cuda_flash2_hoisted_copies_bf16  the same in bf16
 //
-// One kernel template does all six: a variant is a Recipe, a struct that
+// Variants 13 to 15 come from counting instructions: a profile put
+// variant 11 at 1.5x PyTorch's instructions for the same tensor work, all of
+// the excess in the ALU and FMA pipes. Its compiled inner loop spends them on
+// exp2f's fix-up (four instructions per score) and a separate scale multiply
+// (13), 128 multiplies per tile that rescale O (14), and the integer work of
+// addressing every 16-byte copy from scratch (15). docs/02_flash_attention.md,
+// section 5.5, counts them.
+//
+// One kernel template does all ten: a variant is a Recipe, a struct that
 // inherits the previous variant's recipe and switches one thing on (below),
 // and every switch is an `if constexpr` at the place it changes. What stays
 // is variant 4's algorithm: 4 warps own the block's query rows, the online
@@ -50,6 +66,9 @@ struct Variant4Recipe {
   static constexpr int kRowsPerWarp = 16;       // one mma M-tile per warp
   static constexpr bool kCausalSchedule = false;  // every tile masked; query blocks in order
   static constexpr bool kHalfOutput = false;    // fp32 output
+  static constexpr bool kFastSoftmax = false;   // scale multiply, then exp2f (with its fix-up) of s - m
+  static constexpr bool kLazyRescale = false;   // O rescaled on every tile whose max grows
+  static constexpr bool kHoistedCopies = false;  // load_tile: each copy's addresses from its index
 };
 struct AsyncCopyRecipe : Variant4Recipe {  // variant 7
   static constexpr bool kAsyncCopy = true;
@@ -70,6 +89,18 @@ struct CausalScheduleRecipe : Rows128Recipe {  // variant 10
 struct HalfOutputRecipe : CausalScheduleRecipe {  // variants 11 and 12
   static constexpr bool kHalfOutput = true;
 };
+struct FastSoftmaxRecipe : HalfOutputRecipe {  // variant 13
+  // The row max is taken over the raw scores and scaled once per row; each
+  // score then costs one FFMA (s * scale - m) and one MUFU.EX2 (fast_exp2,
+  // flash2_mma.cuh), where variant 11 pays an FMUL, an FADD and exp2f's four.
+  static constexpr bool kFastSoftmax = true;
+};
+struct LazyRescaleRecipe : FastSoftmaxRecipe {  // variant 14
+  static constexpr bool kLazyRescale = true;
+};
+struct HoistedCopiesRecipe : LazyRescaleRecipe {  // variants 15 and 16
+  static constexpr bool kHoistedCopies = true;
+};
 
 // How many switches two recipes differ in: each rung of the ladder must
 // change exactly one thing, or its row would not say what that thing buys.
@@ -77,13 +108,17 @@ template <class Before, class After>
 constexpr int switches_changed() {
   return (Before::kAsyncCopy != After::kAsyncCopy) + (Before::kLdmatrix != After::kLdmatrix) +
          (Before::kRowsPerWarp != After::kRowsPerWarp) + (Before::kCausalSchedule != After::kCausalSchedule) +
-         (Before::kHalfOutput != After::kHalfOutput);
+         (Before::kHalfOutput != After::kHalfOutput) + (Before::kFastSoftmax != After::kFastSoftmax) +
+         (Before::kLazyRescale != After::kLazyRescale) + (Before::kHoistedCopies != After::kHoistedCopies);
 }
 static_assert(switches_changed<Variant4Recipe, AsyncCopyRecipe>() == 1 &&
                   switches_changed<AsyncCopyRecipe, LdmatrixRecipe>() == 1 &&
                   switches_changed<LdmatrixRecipe, Rows128Recipe>() == 1 &&
                   switches_changed<Rows128Recipe, CausalScheduleRecipe>() == 1 &&
-                  switches_changed<CausalScheduleRecipe, HalfOutputRecipe>() == 1,
+                  switches_changed<CausalScheduleRecipe, HalfOutputRecipe>() == 1 &&
+                  switches_changed<HalfOutputRecipe, FastSoftmaxRecipe>() == 1 &&
+                  switches_changed<FastSoftmaxRecipe, LazyRescaleRecipe>() == 1 &&
+                  switches_changed<LazyRescaleRecipe, HoistedCopiesRecipe>() == 1,
               "each variant is the one before it plus one change");
 
 // The block's shape for a recipe and head dim.
@@ -110,6 +145,77 @@ struct TileShape {
   // 64, beside 192 accumulators: they are reloaded from shared memory with
   // ldmatrix before each k-step instead, as FlashAttention-2 does there.
   static constexpr bool kQInRegisters = kMTiles * (kHeadDim / 16) <= 8;
+};
+
+// Variant 14's threshold, in the log2 domain. A row keeps the max it last
+// rescaled O to (its "stale" max) until a tile's max passes it by more than
+// 8, so every P = 2^(s - stale max) is at most 2^8 = 256 instead of at most
+// 1. That is safe in every place P goes: fp16's largest value is 65504 and
+// bf16's 3e38, the fp32 P V sums and row sums grow by at most 256x (about
+// 4 million for 16384 keys), and small P loses less to fp16's subnormals,
+// not more. O / l at the end divides out whichever max O and l share. The
+// 128 multiplies per tile that rescale O (at d = 128, 32 rows per warp) then
+// run only on the tiles where some row of the warp moves its max that far:
+// its first tile, and after that only where the scores jump (large logits).
+// FlashAttention-4 made the same choice (rescale only when the max has
+// changed enough to matter for the numbers).
+constexpr float kLazyRescaleLog2Threshold = 8.0f;
+
+// Variant 15's K/V copies. load_tile (flash2_mma.cuh) derives each 16-byte
+// copy from its index: a row and a chunk, the row's bounds, a 64-bit
+// address from (row x heads + head) x d, the shared address; for the 8 copies
+// a thread makes per K/V tile that is most of the loop's integer
+// instructions. But kThreads is a multiple of the chunks per row, so a thread
+// copies the same chunk of every kRowStep-th row of every tile: its offsets
+// are fixed for the whole kernel. They are computed once here; per tile a
+// copy costs a 64-bit add and the cp.async, and only the one tile that runs
+// past the end of the keys checks its rows.
+template <int kHeadDim, int kTileRows>
+class HoistedTileCopier {
+ public:
+  static constexpr int kChunks = kHeadDim / 8;           // 16-byte pieces per row
+  static constexpr int kRowStep = kThreads / kChunks;    // rows between one thread's copies
+  static constexpr int kCopies = kTileRows / kRowStep;   // copies per thread per tile
+  static constexpr int kLd = kHeadDim + kPad;
+  static_assert(kThreads % kChunks == 0 && kCopies * kRowStep == kTileRows, "a thread's copies repeat exactly");
+
+  // heads, head: the tensor's [seqlen, heads, d] layout and this block's (KV) head.
+  __device__ HoistedTileCopier(int heads, int head)
+      : first_row_(static_cast<int>(threadIdx.x) / kChunks),
+        shared_offset_(first_row_ * kLd + (static_cast<int>(threadIdx.x) % kChunks) * 8),
+        row_pitch_(static_cast<std::size_t>(heads) * kHeadDim),
+        source_offset_(static_cast<std::size_t>(first_row_) * row_pitch_ + static_cast<std::size_t>(head) * kHeadDim +
+                       (threadIdx.x % kChunks) * 8) {}
+
+  // Starts this thread's copies of rows row0 .. row0 + kTileRows - 1 of `src`
+  // into `tile` [kTileRows][kLd], as load_tile<..., kAsync = true> does:
+  // rows past `seqlen` zero-filled, the caller commits and waits.
+  __device__ __forceinline__ void copy(std::uint16_t* tile, const std::uint16_t* __restrict__ src, int row0,
+                                       int seqlen) const {
+    const std::uint16_t* from = src + source_offset_ + static_cast<std::size_t>(row0) * row_pitch_;
+    const std::size_t copy_pitch = kRowStep * row_pitch_;  // elements between two of this thread's rows
+    std::uint16_t* to = tile + shared_offset_;
+    if (row0 + kTileRows <= seqlen) {  // every row exists: all tiles but the last partial one
+#pragma unroll
+      for (int i = 0; i < kCopies; ++i, from += copy_pitch) mma::cp_async_16(to + i * kRowStep * kLd, from, true);
+    } else {
+      const int rows_left = seqlen - row0 - first_row_;  // this thread's rows that exist: i x kRowStep < rows_left
+#pragma unroll
+      for (int i = 0; i < kCopies; ++i, from += copy_pitch) {
+        const bool valid = i * kRowStep < rows_left;
+        // A missing row reads nothing (zero-fill) but still names an address:
+        // the tensor's first row, as load_tile does.
+        mma::cp_async_16(to + i * kRowStep * kLd, valid ? from : src + source_offset_ - first_row_ * row_pitch_,
+                         valid);
+      }
+    }
+  }
+
+ private:
+  int first_row_;              // threadIdx.x / kChunks: the first row of a tile this thread copies
+  int shared_offset_;          // its element in the shared tile [kTileRows][kLd]
+  std::size_t row_pitch_;      // elements between two rows (keys) in global memory: heads x d
+  std::size_t source_offset_;  // its element of row 0 .. of the tensor, from src: row first_row_, this head, its chunk
 };
 
 // Which query block and head this block computes. Variant 4's grid is
@@ -186,11 +292,17 @@ __global__ void __launch_bounds__(kThreads)
   // wholly below this needs no mask.
   const int unmasked_keys = min(seqlen_k, detail::last_visible_key(q0, seqlen_q, seqlen_k, causal) + 1);
 
+  const HoistedTileCopier<kHeadDim, kKeys> kv_copier(n_kv_heads, kv_head);  // variant 15's (K and V share it)
   const auto load_kv_tile = [&](int tile, int stage) {
-    mma::load_tile<kHeadDim, kKeys, kThreads, /*kAsync=*/true>(k_s + stage * kKeys * kLd, k, tile * kKeys,
-                                                               seqlen_k, n_kv_heads, kv_head);
-    mma::load_tile<kHeadDim, kKeys, kThreads, /*kAsync=*/true>(v_s + stage * kKeys * kLd, v, tile * kKeys,
-                                                               seqlen_k, n_kv_heads, kv_head);
+    if constexpr (Recipe::kHoistedCopies) {
+      kv_copier.copy(k_s + stage * kKeys * kLd, k, tile * kKeys, seqlen_k);
+      kv_copier.copy(v_s + stage * kKeys * kLd, v, tile * kKeys, seqlen_k);
+    } else {
+      mma::load_tile<kHeadDim, kKeys, kThreads, /*kAsync=*/true>(k_s + stage * kKeys * kLd, k, tile * kKeys,
+                                                                 seqlen_k, n_kv_heads, kv_head);
+      mma::load_tile<kHeadDim, kKeys, kThreads, /*kAsync=*/true>(v_s + stage * kKeys * kLd, v, tile * kKeys,
+                                                                 seqlen_k, n_kv_heads, kv_head);
+    }
   };
   mma::load_tile<kHeadDim, kRows, kThreads, /*kAsync=*/true>(q_s, q, q0, seqlen_q, n_heads, h);
   if (n_tiles > 0) load_kv_tile(0, 0);  // in flight together with Q's copies
@@ -299,10 +411,14 @@ __global__ void __launch_bounds__(kThreads)
           const bool visible =
               !mask_this_tile ||
               key <= detail::last_visible_key(thread_row0 + 16 * mt + 8 * (e / 2), seqlen_q, seqlen_k, causal);
-          s[mt][n][e] = visible ? __fmul_rn(s[mt][n][e], scale_log2) : -INFINITY;  // as variant 4 (its comment)
+          if constexpr (Recipe::kFastSoftmax)
+            s[mt][n][e] = visible ? s[mt][n][e] : -INFINITY;  // raw: scaled inside the exponent below
+          else
+            s[mt][n][e] = visible ? __fmul_rn(s[mt][n][e], scale_log2) : -INFINITY;  // as variant 4 (its comment)
           tile_max[e / 2] = fmaxf(tile_max[e / 2], s[mt][n][e]);
         }
       float rescale[2], base[2], tile_sum[2] = {0.0f, 0.0f};
+      bool max_moved = false;  // did either of this thread's rows take a new max (so O must be rescaled)?
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         // A row's 64 columns are spread over the 4 threads of a quad (t = 0..3,
@@ -310,11 +426,26 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int offset = 1; offset <= 2; offset *= 2)
           tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], offset));
-        const float m_new = fmaxf(row_max[mt][half], tile_max[half]);
+        // The tile's max in the log2 domain. Variant 13 scales the raw max
+        // here, once per row: scale_log2 > 0 and rounding is monotonic, so
+        // this is the max of the scaled scores, the same bits as variant 11's.
+        const float tile_max_log2 = Recipe::kFastSoftmax ? tile_max[half] * scale_log2 : tile_max[half];
+        float m_new = fmaxf(row_max[mt][half], tile_max_log2);
+        // Variant 14 keeps the stale max unless the tile passes it by more
+        // than the threshold (-inf + 8 = -inf: a row's first visible key
+        // always sets its max).
+        if (Recipe::kLazyRescale && !(tile_max_log2 > row_max[mt][half] + kLazyRescaleLog2Threshold))
+          m_new = row_max[mt][half];
         // A row with no visible key so far has m_new = -inf; subtracting 0
         // instead keeps exp2(-inf - (-inf)) = NaN out: every p and the rescale are 0.
         base[half] = m_new == -INFINITY ? 0.0f : m_new;
-        rescale[half] = exp2f(row_max[mt][half] - base[half]);
+        const bool moved = m_new != row_max[mt][half];
+        if (Recipe::kLazyRescale && !moved)
+          rescale[half] = 1.0f;  // exactly, whatever ex2.approx gives for 0 (the skip below relies on it)
+        else
+          rescale[half] = Recipe::kFastSoftmax ? mma::fast_exp2(row_max[mt][half] - base[half])
+                                               : exp2f(row_max[mt][half] - base[half]);
+        max_moved = max_moved || moved;
         row_max[mt][half] = m_new;
       }
       // P = exp2(S - m), this thread's share of the row sums, and P rounded to
@@ -322,7 +453,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][n][e] = exp2f(s[mt][n][e] - base[e / 2]);
+        for (int e = 0; e < 4; ++e) {
+          if constexpr (Recipe::kFastSoftmax)  // one FFMA, one MUFU.EX2 (s = -inf gives 2^-inf = 0)
+            s[mt][n][e] = mma::fast_exp2(fmaf(s[mt][n][e], scale_log2, -base[e / 2]));
+          else
+            s[mt][n][e] = exp2f(s[mt][n][e] - base[e / 2]);
+        }
         tile_sum[0] += s[mt][n][0] + s[mt][n][1];  // added in variant 4's order: the same bits
         tile_sum[1] += s[mt][n][2] + s[mt][n][3];
       }
@@ -335,12 +471,18 @@ __global__ void __launch_bounds__(kThreads)
       }
 #pragma unroll
       for (int half = 0; half < 2; ++half) row_sum[mt][half] = rescale[half] * row_sum[mt][half] + tile_sum[half];
+      // Variant 14 skips the O rescale when no row of the warp took a new max
+      // (a row that did not has rescale = 2^0 = 1, so the skip changes no
+      // bit). The vote keeps the branch the same for the whole warp: a branch
+      // taken by some lanes only would run both ways for all of them.
+      if (!Recipe::kLazyRescale || __any_sync(0xffffffffu, max_moved)) {
 #pragma unroll
-      for (int n = 0; n < kDimTiles; ++n) {
-        o_acc[mt][n][0] *= rescale[0];
-        o_acc[mt][n][1] *= rescale[0];
-        o_acc[mt][n][2] *= rescale[1];
-        o_acc[mt][n][3] *= rescale[1];
+        for (int n = 0; n < kDimTiles; ++n) {
+          o_acc[mt][n][0] *= rescale[0];
+          o_acc[mt][n][1] *= rescale[0];
+          o_acc[mt][n][2] *= rescale[1];
+          o_acc[mt][n][3] *= rescale[1];
+        }
       }
     }
 
@@ -462,6 +604,18 @@ void flash2_tuned_fp16_attention(const AttentionProblem& p, const AttentionArgs&
 }
 void flash2_tuned_bf16_attention(const AttentionProblem& p, const AttentionArgs& args) {
   flash2_tuned<HalfOutputRecipe, true>(p, args, "cuda_flash2_tuned_bf16");
+}
+void flash2_fast_softmax_attention(const AttentionProblem& p, const AttentionArgs& args) {
+  flash2_tuned<FastSoftmaxRecipe, false>(p, args, "cuda_flash2_fast_softmax");
+}
+void flash2_lazy_rescale_attention(const AttentionProblem& p, const AttentionArgs& args) {
+  flash2_tuned<LazyRescaleRecipe, false>(p, args, "cuda_flash2_lazy_rescale");
+}
+void flash2_hoisted_copies_fp16_attention(const AttentionProblem& p, const AttentionArgs& args) {
+  flash2_tuned<HoistedCopiesRecipe, false>(p, args, "cuda_flash2_hoisted_copies_fp16");
+}
+void flash2_hoisted_copies_bf16_attention(const AttentionProblem& p, const AttentionArgs& args) {
+  flash2_tuned<HoistedCopiesRecipe, true>(p, args, "cuda_flash2_hoisted_copies_bf16");
 }
 // Every recipe and dtype is compiled in the same pass: one instance speaks for all.
 KernelImage flash2_tuned_kernel_image() {
