@@ -51,6 +51,13 @@
 #              TinyLlama's and Llama-2-7B's shapes, 1-64 rows), then step
 #              01's TinyLlama decode, step 04's target pass and step 07's
 #              forwards of 1-64 rows with each kernel (minutes)
+#   flash2     only when --stages names it: the top of step 02's
+#              FlashAttention-2 ladder, variants 4, 5 and 11-16, at 16 heads,
+#              d = 128 and 64, 4096 and 16384 tokens, causal and not, beside
+#              PyTorch's SDPA in the same run where PyTorch with CUDA imports;
+#              then every rung's instructions per K/V tile, read from the
+#              executable's SASS (cuobjdump -sass, scripts/sass_tile_count.py)
+#              (minutes)
 #   memcheck   compute-sanitizer memcheck: the common kernels' and the CUDA
 #              model's tests, step 06's persistent kernel on short shapes
 #              (--full: every gpu test binary)
@@ -67,7 +74,7 @@
 #              with the sections the chapters quote (speed of light, occupancy,
 #              launch, warp states with their stall reasons, compute and memory
 #              workloads), clocks as the timed runs see them: step 02's ladder
-#              rungs 4, 8-11 at 16 heads, d = 128, 4096 tokens, causal and not,
+#              rungs 4, 8-11 and 13-15 at 16 heads, d = 128, 4096 tokens, causal and not,
 #              PyTorch's SDPA kernel on the same shapes where PyTorch with CUDA
 #              imports, and step 06's one-shot and persistent kernels on
 #              Llama-2-7B's w1/w3 [11008, 4096] (int4-g128 and int8, 1 and 16
@@ -123,8 +130,8 @@ command_timeout=${GPU_CHECK_TIMEOUT:-1800}
 
 want() { [[ ",$stages," == *",$1,"* ]]; }
 for stage in ${stages//,/ }; do
-  case $stage in info|tests|exercises|memcheck|racecheck|steps|presets|gemv|profile) ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,exercises,memcheck,racecheck,steps,presets,gemv,profile)" >&2; exit 1 ;;
+  case $stage in info|tests|exercises|memcheck|racecheck|steps|presets|gemv|flash2|profile) ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,exercises,memcheck,racecheck,steps,presets,gemv,flash2,profile)" >&2; exit 1 ;;
   esac
 done
 
@@ -420,6 +427,40 @@ if want gemv || (want presets && ((full))); then
   done
 fi
 
+# The top of step 02's FlashAttention-2 ladder beside SDPA (stage flash2):
+# variant 11 (every scheduling rung) and 12, the instruction cuts 13-16, the
+# baseline 4 and 5; then the rungs' instructions per K/V tile from the
+# executable's SASS, which explain the rows before a profile is taken.
+cuobjdump_tool=${CUOBJDUMP:-$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)}
+count_sass_tiles() {  # count_sass_tiles <stage>
+  local stage=$1 base=$out_dir/step02_sass_tile_counts
+  if [[ ! -x $cuobjdump_tool ]]; then
+    record "$stage" FAIL "sass tile counts: cuobjdump not found (set CUOBJDUMP)"
+    return
+  fi
+  progress "$stage: sass tile counts of step02_flash_attention"
+  if "$cuobjdump_tool" -sass "$bin/step02_flash_attention" 2>"$base.txt" |
+      python3 "$repo_root/scripts/sass_tile_count.py" - --json "$base.json" >>"$base.txt" 2>&1; then
+    record "$stage" PASS "sass tile counts: $(grep -c '"variant"' "$base.json") kernels counted"
+  else
+    record "$stage" FAIL "sass tile counts: $(tail -1 "$base.txt")"
+  fi
+}
+if want flash2 && selected step02_flash_attention; then
+  flash2_sdpa=()
+  if torch_with_cuda; then
+    flash2_sdpa=(--compare-sdpa "$repo_root/step02_flash_attention/measure/sdpa_compare.py" --python "$python")
+  else
+    progress "flash2: no PyTorch with CUDA for $python: the ladder runs without SDPA beside it"
+  fi
+  for mask in causal no-causal; do
+    run_step flash2 "ladder_top_$mask" step02_flash_attention --device cuda --heads 16 --head-dims 128,64 \
+      --seq-lens 4096,16384 --decode-lens 64 --prefill-tokens 16 --variant 4,5,11,12,13,14,15,16 --repeats 5 \
+      "--$mask" "${flash2_sdpa[@]}"
+  done
+  count_sass_tiles flash2
+fi
+
 # --- compute-sanitizer -------------------------------------------------------------
 sanitizer=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 sanitize() {  # sanitize <tool> <binary> [gtest args...]
@@ -543,7 +584,7 @@ if want profile; then
     if selected step02_flash_attention; then
       # A rung's first launch is its check run: the grid of its timed runs,
       # on fresh inputs.
-      for variant in 4 8 9 10 11; do
+      for variant in 4 8 9 10 11 13 14 15; do
         profile "step02_v${variant}_4096_d128_$mask" flash2 1 "$bin/step02_flash_attention" --device cuda --heads 16 \
           --head-dims 128 --seq-lens 4096 --decode-lens 64 --prefill-tokens 16 --variant "$variant" --repeats 1 "--$mask"
       done
