@@ -29,7 +29,7 @@
 // exp2f's fix-up (four instructions per score) and a separate scale multiply
 // (13), 128 multiplies per tile that rescale O (14), and the integer work of
 // addressing every 16-byte copy from scratch (15). docs/02_flash_attention.md,
-// section 5.5, counts them.
+// section 5 ("Three rungs from counting instructions"), counts them.
 //
 // One kernel template does all ten: a variant is a Recipe, a struct that
 // inherits the previous variant's recipe and switches one thing on (below),
@@ -38,7 +38,7 @@
 // softmax in registers, S and P never leave registers, exp2 with log2(e)
 // folded into the scale, O normalized once at the end.
 // The shared pieces (fragment layouts, mma, ldmatrix, cp.async, tile loads):
-// flash2_mma.cuh. docs/02_flash_attention.md, section 5.4, walks through the
+// flash2_mma.cuh. docs/02_flash_attention.md, section 5, walks through the
 // ladder; section 8.2 measures it.
 #include <cstdint>
 #include <string>
