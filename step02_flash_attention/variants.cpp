@@ -71,8 +71,8 @@ const std::vector<AttentionVariant>& variants() {
       // Three more rungs on variant 11, found by counting its instructions.
       {13, "cuda_flash2_fast_softmax", "+ per score one FFMA (scale folded in) and one MUFU.EX2 (no exp2f fix-up)",
        Backend::Cuda, tuned(STEP02_CUDA(&cuda::flash2_fast_softmax_attention), DType::F16, true)},
-      {14, "cuda_flash2_lazy_rescale", "+ O rescaled only when a row's new max shrinks P by more than 2^8", Backend::Cuda,
-       tuned(STEP02_CUDA(&cuda::flash2_lazy_rescale_attention), DType::F16, true)},
+      {14, "cuda_flash2_lazy_rescale", "+ O rescaled only when a row's new max shrinks P by more than 2^8",
+       Backend::Cuda, tuned(STEP02_CUDA(&cuda::flash2_lazy_rescale_attention), DType::F16, true)},
       {15, "cuda_flash2_hoisted_copies_fp16", "+ cp.async addresses computed once per thread: the ladder's last rung",
        Backend::Cuda, tuned(STEP02_CUDA(&cuda::flash2_hoisted_copies_fp16_attention), DType::F16, true)},
       {16, "cuda_flash2_hoisted_copies_bf16", "variant 15 in bf16: bf16 in, bf16 out", Backend::Cuda,

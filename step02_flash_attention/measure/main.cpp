@@ -314,8 +314,8 @@ void print_header(const llm::Results& results, int check_rows) {
 }
 
 void print_kernel_table_columns() {
-  fmt::print("  {:<5} {:<{}} {:>10} {:>9} {:>9} {:>8} {:>11} {:>10}  {}\n", "dev", "variant", name_width(), "time", "TFLOP/s",
-             "KV GB/s", "speedup", "scores mem", "max_rel", "ok");
+  fmt::print("  {:<5} {:<{}} {:>10} {:>9} {:>9} {:>8} {:>11} {:>10}  {}\n", "dev", "variant", name_width(), "time",
+             "TFLOP/s", "KV GB/s", "speedup", "scores mem", "max_rel", "ok");
 }
 
 // Prints one problem's measurements and adds them to the results; the

@@ -32,6 +32,14 @@ struct RowPair {
 constexpr RowPair kPairs[] = {
     {"fp16", "cuda_flash2_fp16", "cuda_flash2_tuned_fp16", "cuda_flash2_hoisted_copies_fp16"},
     {"bf16", "cuda_flash2_bf16", "cuda_flash2_tuned_bf16", "cuda_flash2_hoisted_copies_bf16"}};
+// The rows of a dtype ("fp16" or "bf16": parse_sdpa_json admits no other).
+const RowPair& pair_of(const std::string& dtype) {
+  const RowPair* pair =
+      std::find_if(std::begin(kPairs), std::end(kPairs), [&dtype](const RowPair& p) { return dtype == p.dtype; });
+  if (pair == std::end(kPairs))
+    throw llm::InputError(fmt::format("SDPA comparison: no rows of dtype \"{}\"", dtype));
+  return *pair;
+}
 // The bar: the last rung at >= 80% of PyTorch from this length on
 // (shorter sequences fill the GPU with fewer blocks; both sides' launch and
 // tail effects dominate there).
@@ -149,9 +157,8 @@ void report_sdpa_comparison(llm::Results& results, const std::vector<SdpaRun>& r
   std::map<std::tuple<std::string, int, bool>, bool> missing;  // a target length the last rung did not run at
   for (const SdpaRun& run : runs) {
     for (const SdpaRow& row : run.rows) {
-      const RowPair* pair = std::find_if(std::begin(kPairs), std::end(kPairs),
-                                         [&row](const RowPair& p) { return row.dtype == p.dtype; });
-      const auto baseline = find(pair->baseline, row), tuned = find(pair->tuned, row), last = find(pair->last, row);
+      const RowPair& pair = pair_of(row.dtype);
+      const auto baseline = find(pair.baseline, row), tuned = find(pair.tuned, row), last = find(pair.last, row);
       fmt::print("  {:<5} {:>5} {:>4} {:>6} {:>6} {:<16} {:>9.1f}   {:<17} {:<17} {:<17}{}\n", row.dtype, row.heads,
                  row.head_dim, row.seqlen, row.causal ? "causal" : "full", row.backend, row.tflops,
                  share(baseline, row.tflops), share(tuned, row.tflops), share(last, row.tflops),
@@ -164,15 +171,15 @@ void report_sdpa_comparison(llm::Results& results, const std::vector<SdpaRun>& r
                               {"torch_tflops", row.tflops},  {"torch_version", run.torch_version},
                               {"torch_gpu_name", run.gpu_name}};
       if (baseline) {
-        line.emplace_back(std::string(pair->baseline) + "_tflops", *baseline);
+        line.emplace_back(std::string(pair.baseline) + "_tflops", *baseline);
         line.emplace_back("baseline_share_of_torch", *baseline / row.tflops);
       }
       if (tuned) {
-        line.emplace_back(std::string(pair->tuned) + "_tflops", *tuned);
+        line.emplace_back(std::string(pair.tuned) + "_tflops", *tuned);
         line.emplace_back("tuned_share_of_torch", *tuned / row.tflops);
       }
       if (last) {
-        line.emplace_back(std::string(pair->last) + "_tflops", *last);
+        line.emplace_back(std::string(pair.last) + "_tflops", *last);
         line.emplace_back("last_share_of_torch", *last / row.tflops);
       }
       table.rows.push_back(std::move(line));
@@ -197,11 +204,9 @@ void report_sdpa_comparison(llm::Results& results, const std::vector<SdpaRun>& r
   for (const auto& entry : lowest) compared[entry.first] = true;
   for (const auto& [key, unused] : compared) {
     const auto& [dtype, head_dim, causal] = key;
-    const RowPair* pair = std::find_if(std::begin(kPairs), std::end(kPairs),
-                                       [&dtype](const RowPair& p) { return dtype == p.dtype; });
     const std::string name =
-        fmt::format("{} >= {:.0f}% of PyTorch SDPA, d = {}, {}, S >= {}", pair->last, 100 * kTargetShareOfSdpa,
-                    head_dim, causal ? "causal" : "not causal", kTargetFromLength);
+        fmt::format("{} >= {:.0f}% of PyTorch SDPA, d = {}, {}, S >= {}", pair_of(dtype).last,
+                    100 * kTargetShareOfSdpa, head_dim, causal ? "causal" : "not causal", kTargetFromLength);
     const auto found = lowest.find(key);
     const bool all_ran = !missing.count(key);
     // Not measured when the last rung ran at none of the lengths; a miss
