@@ -246,6 +246,25 @@ __device__ __forceinline__ std::uint32_t sub_f16x2(std::uint32_t a, std::uint32_
   return d;
 }
 
+// (a & kMask) | kBits as one instruction (LOP3, lookup table 0xEA = (a & b) |
+// c). Written in C++, with both operands constants, the compiler emits an
+// AND and then an OR (a LOP3 holds one immediate, and it does not keep the
+// other in a register): two instructions per fp16x2 register of weights,
+// where this takes one (ptxas keeps kBits in a register for the whole loop).
+// Compiled for sm_75 it stays the C++ expression: there the one register
+// more makes the persistent kernel spill under its 128-register cap (int4
+// symmetric, fp32 activations, 9-16 rows), and the T4 path is the fallback.
+template <std::uint32_t kMask, std::uint32_t kBits>
+__device__ __forceinline__ std::uint32_t and_or(std::uint32_t a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  return (a & kMask) | kBits;
+#else
+  std::uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "n"(kMask), "n"(kBits));
+  return d;
+#endif
+}
+
 // The tensor-core product (d += A . B on a 16 x 8 x 16 tile, fp16 inputs,
 // fp32 accumulation; the fragment layouts, lane = 4 g + t, are written out
 // in common/cuda/mma_fragments.cuh) and a 16-byte vector's 32-bit words.
@@ -547,7 +566,8 @@ __device__ __forceinline__ void int4_fragments(std::uint32_t low, std::uint32_t 
     // 0x6400 (fp16 1024, whose mantissa step is exactly 1) makes
     // each half the fp16 number 1024 + code. Subtracting 1024 +
     // zero (also exact) leaves code - zero: the integer the
-    // group's scale multiplies after the MMA.
+    // group's scale multiplies after the MMA. The mask and the OR
+    // are one instruction (and_or).
     // fp16x2 (1024 + zero) of rows g (zero_low) and g + 8 (zero_high);
     // int4 symmetric's zero is 8 for every row (codes 1..15 stand for -7..7).
     std::uint32_t zero_low = 0x64086408u, zero_high = 0x64086408u;
@@ -559,7 +579,7 @@ __device__ __forceinline__ void int4_fragments(std::uint32_t low, std::uint32_t 
     }
     constexpr std::uint32_t kHalf2Of1024 = 0x64006400u;  // fp16 bits of (1024, 1024)
     const auto code_minus_zero = [](std::uint32_t word, int k, std::uint32_t zero_pair) {
-      return sub_f16x2(((word >> (4 * k)) & 0x000F000Fu) | kHalf2Of1024, zero_pair);
+      return sub_f16x2(and_or<0x000F000Fu, kHalf2Of1024>(word >> (4 * k)), zero_pair);
     };
     a0 = code_minus_zero(low, 2 * h, zero_low), a2 = code_minus_zero(low, 2 * h + 1, zero_low);
     a1 = code_minus_zero(high, 2 * h, zero_high), a3 = code_minus_zero(high, 2 * h + 1, zero_high);
