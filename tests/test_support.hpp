@@ -16,8 +16,9 @@
 namespace llm::testing {
 
 // Whether this build runs under AddressSanitizer (CI's sanitizer tier, where
-// the CPU model runs 10-20x slower): the longest replay test takes a smaller
-// trace there (step 07's prefix caching), with the same checks.
+// the CPU model runs 10-20x slower): the longest replay tests take smaller
+// traces there (step 07's prefix caching and blocks of 1 and 7), with the
+// same checks.
 #if defined(__SANITIZE_ADDRESS__)
 inline constexpr bool kSanitizerBuild = true;
 #elif defined(__has_feature)
