@@ -49,6 +49,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -101,12 +102,13 @@ constexpr int kMaxGridY = 65535;
 // covers a loaded DRAM latency of ~3 us. The one-shot kernel had at most 64
 // KB per SM in flight, and none between its blocks. A deeper ring does not
 // fit in 128 registers beside the staging's (7 units already spill), and on
-// sm_75 int4 asymmetric (its zero points) spills with 6: 5 there. The device
+// sm_75 the 4-bit schemes spill with 6 (the first was int4 asymmetric, for
+// its zero points): 5 there, which a T4's 320 GB/s over 40 SMs needs. The device
 // side takes the architecture it is compiled for (__CUDA_ARCH__), the host
 // the same number of the code that runs (the kernel's ptxVersion, also when
 // the driver compiles PTX for a newer GPU), so the two always agree.
 constexpr int ring_units(QuantScheme scheme, int architecture) {
-  return scheme == QuantScheme::Int4Asymmetric && architecture < 80 ? 5 : 6;
+  return scheme != QuantScheme::Int8PerChannel && architecture < 80 ? 5 : 6;
 }
 #if defined(__CUDA_ARCH__)
 constexpr int kCompiledArchitecture = __CUDA_ARCH__ / 10;  // 75, 80, 90
@@ -170,15 +172,34 @@ struct SharedTiles {
   unsigned short nf4_levels[16];  // NF4's levels as fp16 bits (16 halfwords in 8 banks: never a conflict)
 };
 
+// Where row `row` of the matrix sits in a group's row of the scale and
+// zero-point tables: the tables keep each 16-row tile together, and inside
+// it the two rows one lane's fragments cover, g and g + 8 (g = lane / 4),
+// side by side: row g in slot 2g, row g + 8 in slot 2g + 1. A lane then
+// reads its pair of scales as one __half2 (row g in .x) and its pair of
+// zero points as one 16-bit word (row g in the low byte), the forms
+// multiply_int4_word and int4_fragments take, with no instruction to pair
+// them; a tile's 16 entries stay 32 (or 16) contiguous bytes, copied whole.
+constexpr int paired_row_slot(int row) {
+  const int tile_start = row - row % kTileRows, r = row % kTileRows;
+  return tile_start + 2 * (r % 8) + r / 8;
+}
+static_assert(paired_row_slot(0) == 0 && paired_row_slot(8) == 1 && paired_row_slot(7) == 14 &&
+                  paired_row_slot(15) == 15 && paired_row_slot(16 + 9) == 16 + 3,
+              "rows g and g + 8 of a tile sit side by side");
+
 // What a launch needs of the device matrix (pointers into its buffers).
 struct DeviceMatrixView {
   const uint4* codes = nullptr;             // [m_tiles, total_steps, 2, 32] uint4 (the tile-major layout)
-  const __half* scales = nullptr;           // [groups_per_row, rows_padded] fp16, times 2^scale_exponent
-  const unsigned char* zeros = nullptr;     // [groups_per_row, rows_padded] (int4 asymmetric), else null
+  // [groups_per_row, rows_padded] fp16, times 2^scale_exponent; a row's
+  // entry at paired_row_slot(row)
+  const __half* scales = nullptr;
+  const unsigned char* zeros = nullptr;     // the same layout, bytes (int4 asymmetric), else null
   const float* inverse_input_scales = nullptr;  // [in_features] 1 / s (AWQ), else null
   int out_features = 0;
   int in_features = 0;
   int m_tiles = 0;          // ceil(out / 16)
+  int code_words = 0;       // m_tiles * total_steps * 2 * 32: the codes' uint4 (an int: check_matrix)
   int rows_padded = 0;      // m_tiles * 16
   int group_columns = 0;    // columns per group (in_features for int8)
   int groups_per_row = 0;
@@ -412,10 +433,11 @@ __device__ __forceinline__ void wait_async_copies() {
 
 // --- Group parameters.
 
-// One tile's 16 group scales (and zero points) of one group, as loaded.
+// One tile's 16 group scales (and zero points) of one group, as loaded:
+// in the tables' pair order (paired_row_slot), entry g = rows g, g + 8.
 struct TileGroupParams {
-  uint4 scales[2];  // rows 0-7 | rows 8-15 of the tile, fp16
-  uint4 zeros;      // rows 0-15, a byte each (int4 asymmetric)
+  uint4 scales[2];  // pairs 0-3 | pairs 4-7 of the tile, fp16 x 2 each
+  uint4 zeros;      // pairs 0-7, a byte per row (int4 asymmetric)
 };
 
 // The tile starting at `row`, group `group`: 32 contiguous bytes of the
@@ -442,24 +464,18 @@ __device__ __forceinline__ TileGroupParams load_tile_group_params(const DeviceMa
   return params;
 }
 
-// Stores a tile's parameters paired as the lanes read them: scale entry g
-// (0..7) = fp16 pair (row g, row g + 8); zero entry g = z(row g) | z(row g +
-// 8) << 8. Both tables are indexed (item, g), 8 entries per item.
+// Stores a tile's parameters as the lanes read them, which is as the
+// device tables hold them: scale entry g (0..7) = fp16 pair (row g, row g +
+// 8); zero entry g = z(row g) | z(row g + 8) << 8. Both tables are indexed
+// (item, g), 8 entries per item.
 template <bool kZeros>
 __device__ __forceinline__ void store_tile_group_params(const TileGroupParams& params, __half2* scale_entries,
                                                         unsigned short* zero_entries) {
-  const uint4 low = params.scales[0], high = params.scales[1];
   uint4* scale_words = reinterpret_cast<uint4*>(scale_entries);
-  scale_words[0] = make_uint4(__byte_perm(low.x, high.x, 0x5410), __byte_perm(low.x, high.x, 0x7632),
-                              __byte_perm(low.y, high.y, 0x5410), __byte_perm(low.y, high.y, 0x7632));
-  scale_words[1] = make_uint4(__byte_perm(low.z, high.z, 0x5410), __byte_perm(low.z, high.z, 0x7632),
-                              __byte_perm(low.w, high.w, 0x5410), __byte_perm(low.w, high.w, 0x7632));
+  scale_words[0] = params.scales[0];
+  scale_words[1] = params.scales[1];
   if constexpr (kZeros) {
-    // Pair g = byte g | byte g + 8 << 8, two pairs per word.
-    const uint4 z = params.zeros;
-    *reinterpret_cast<uint4*>(zero_entries) =
-        make_uint4(__byte_perm(z.x, z.z, 0x5140), __byte_perm(z.x, z.z, 0x7362), __byte_perm(z.y, z.w, 0x5140),
-                   __byte_perm(z.y, z.w, 0x7362));
+    *reinterpret_cast<uint4*>(zero_entries) = params.zeros;
   } else {
     static_cast<void>(zero_entries);
   }
@@ -845,7 +861,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 //           row's one group for int8), as the device matrix stores them
 //   zeros   [segment_units][entries per step][128 rows] bytes (int4 asymmetric only)
 // Copied as they are (16-byte cp.async copies: no registers, all in flight
-// at once) and paired for a lane as it reads them (group_params_of_word).
+// at once); the device tables' pair order (paired_row_slot) gives a lane its
+// two rows' entries side by side (group_params_of_word).
 // Llama-2-7B's FFN matrices on an H100 give a block 10 or 11 units; int4
 // asymmetric at 16 tokens stages them in one 15-unit segment, 61,952 +
 // 15,360 + 7,680 bytes, and two such blocks fit in an SM's 228 KB.
@@ -866,11 +883,13 @@ __device__ __forceinline__ SegmentTables segment_tables(uint4* shared, const Per
 }
 
 // The group parameters of rows g and g + 8 of a warp's tile as a lane reads
-// them (WordScale), from a segment table entry (at the tile's first row).
+// them (WordScale), from a segment table entry (at the tile's first slot):
+// pair g of the tile's entries (paired_row_slot), one 32-bit and one 16-bit
+// shared load. (The entry is 32-byte aligned: slots of whole tiles.)
 template <bool kZeros>
 __device__ __forceinline__ WordScale group_params_of_word(const __half* scales, const unsigned char* zeros, int g) {
-  WordScale params{__halves2half2(scales[g], scales[g + 8]), 0u};
-  if constexpr (kZeros) params.zeros = static_cast<unsigned>(zeros[g]) | (static_cast<unsigned>(zeros[g + 8]) << 8);
+  WordScale params{reinterpret_cast<const __half2*>(scales)[g], 0u};
+  if constexpr (kZeros) params.zeros = reinterpret_cast<const unsigned short*>(zeros)[g];
   return params;
 }
 
@@ -890,14 +909,33 @@ __device__ __forceinline__ void unit_below(int top_block, int top_step, int j, i
   row_block = top_block - wraps;
 }
 
-// A warp requests its tile's weights of unit (row_block, step) (nothing
-// when the row block's last tiles lie past the matrix).
-__device__ __forceinline__ void request_unit(uint4 (&codes)[2], const DeviceMatrixView& m, int row_block, int step,
-                                             int warp, int lane) {
-  const int m_tile = row_block * kWarps + warp;
-  if (m_tile < m.m_tiles)
-    load_step_codes(codes, m.codes + (static_cast<std::size_t>(m_tile) * m.total_steps + step) * 2 * kWarpSize + lane);
-}
+// The next unit whose weights a warp requests, walked downwards like the
+// units, with the lane's offset into the codes: a step down subtracts one
+// step's 64 uint4 (and, into the row block below, its other 7 tiles' steps
+// too), where computing (tile x total_steps + step) x 64 + lane anew took a
+// dozen 64-bit integer instructions per unit. An int holds every offset
+// (check_matrix).
+struct RequestCursor {
+  int offset;  // of the lane's first uint4 of the warp's tile in unit (row block, step)
+  int step;
+
+  __device__ __forceinline__ RequestCursor(const DeviceMatrixView& m, int row_block, int step_, int warp, int lane)
+      : offset(((row_block * kWarps + warp) * m.total_steps + step_) * 2 * kWarpSize + lane), step(step_) {}
+
+  // Requests the unit's weights; nothing when the warp's tile lies past the
+  // matrix (the last row block's), which is when its offset lies past the
+  // codes: one compare, and no third register for the tile.
+  __device__ __forceinline__ void request(uint4 (&codes)[2], const DeviceMatrixView& m) const {
+    if (offset < m.code_words) load_step_codes(codes, m.codes + offset);
+  }
+  __device__ __forceinline__ void step_down(int total_steps) {
+    offset -= 2 * kWarpSize;
+    if (--step < 0) {
+      step = total_steps - 1;
+      offset -= (kWarps - 1) * total_steps * 2 * kWarpSize;
+    }
+  }
+};
 
 // The group parameters of a segment's `units` units below (top_block,
 // top_step) into its tables: per (unit slot, entry), the row block's 128
@@ -1100,12 +1138,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   // sits in ring[p % kRingUnits] from kRingUnits units before its math until
   // its math; the first kRingUnits are requested before anything else.
   uint4 ring[kRingUnits][2];
-  int request_block = top_block, request_step = top_step;  // the next unit to request
+  RequestCursor next_request(m, top_block, top_step, warp, lane);  // the next unit to request
 #pragma unroll
   for (int i = 0; i < kRingUnits; ++i) {
     if (i < count) {
-      request_unit(ring[i], m, request_block, request_step, warp, lane);
-      step_down(request_block, request_step, total_steps);
+      next_request.request(ring[i], m);
+      next_request.step_down(total_steps);
     }
   }
 
@@ -1154,8 +1192,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
         }
         // The ring slot is free again: the unit kRingUnits further down.
         if (p + kRingUnits < count) {
-          request_unit(ring[i], m, request_block, request_step, warp, lane);
-          step_down(request_block, request_step, total_steps);
+          next_request.request(ring[i], m);
+          next_request.step_down(total_steps);
         }
         // Step 0 ends the piece: it covers its row block's K range from the
         // start, so no lower block holds any of it.
@@ -1275,6 +1313,13 @@ void check_matrix(const QuantizedMatrix& q) {
   if (ceil_div(ceil_div(q.out_features, kTileRows), kWarps) > kMaxGridY)
     input_error(text(q.out_features, " output rows: more than the grid holds (",
                      static_cast<long long>(kMaxGridY) * kBlockRows, ")"));
+  // The persistent kernel's RequestCursor offsets, up to the last row
+  // block's 8 tiles, are ints.
+  const long long steps = ceil_div(q.padded_in, kStepBytes * 8 / f.bits());
+  const long long tiles = static_cast<long long>(ceil_div(ceil_div(q.out_features, kTileRows), kWarps)) * kWarps;
+  if (tiles * steps * 2 * kWarpSize > std::numeric_limits<int>::max())
+    input_error(text(f.name(), " [", q.out_features, ", ", q.in_features,
+                     "]: more than 2^31 16-byte words of codes (32 GiB), which the kernels index with ints"));
 }
 
 // Calls f with the scheme as a compile-time constant (std::integral_constant):
@@ -1416,6 +1461,7 @@ class DeviceQuantizedMatrix {
     v.group_columns = q.group_columns;
     v.groups_per_row = q.groups_per_row;
     v.total_steps = ceil_div(q.padded_in, columns_per_step);
+    v.code_words = v.m_tiles * v.total_steps * 2 * kWarpSize;
     v.m_blocks = ceil_div(v.m_tiles, kWarps);
     // Slices: at least enough that a block's steps fit in its registers, and
     // as many more as bring the grid to ~kWantedBlocksPerSm blocks per SM
@@ -1462,7 +1508,8 @@ class DeviceQuantizedMatrix {
   void upload_scales(const QuantizedMatrix& q) {
     DeviceMatrixView& v = view_;
     // Scales: fp16, transposed to [group, row] so the 128 rows of a block's
-    // group are 256 contiguous bytes. fp16 halves their bytes (int4-g64:
+    // group are 256 contiguous bytes (each tile's rows in pair order,
+    // paired_row_slot). fp16 halves their bytes (int4-g64:
     // 2 instead of 4 bytes per 32 bytes of codes, what keeps W4A16 near 4x
     // fewer bytes than fp16). fp16's normal range is only 2^-14 .. 2^16, so
     // every scale is first multiplied by one power of two that puts the
@@ -1484,7 +1531,7 @@ class DeviceQuantizedMatrix {
     for (int row = 0; row < q.out_features; ++row)
       for (int group = 0; group < v.groups_per_row; ++group) {
         const std::size_t host = static_cast<std::size_t>(row) * v.groups_per_row + group;
-        const std::size_t device = static_cast<std::size_t>(group) * v.rows_padded + row;
+        const std::size_t device = static_cast<std::size_t>(group) * v.rows_padded + paired_row_slot(row);
         scales[device] = fp16_bits(q.scales[host] * pow2);
         if (!zeros.empty()) zeros[device] = q.zeros[host];
       }
@@ -1539,8 +1586,8 @@ class DeviceQuantizedMatrix {
   DeviceMatrixView view_;
   PersistentPlan persistent_;
   DeviceBuffer<uint4> codes_;                  // [m_tiles, total_steps, 2, 32] uint4
-  DeviceBuffer<Fp16Bits> scales_;              // [groups_per_row, rows_padded] fp16
-  DeviceBuffer<unsigned char> zeros_;          // [groups_per_row, rows_padded] or empty
+  DeviceBuffer<Fp16Bits> scales_;              // [groups_per_row, rows_padded] fp16 (paired_row_slot)
+  DeviceBuffer<unsigned char> zeros_;          // [groups_per_row, rows_padded] (paired_row_slot) or empty
   DeviceBuffer<float> inverse_input_scales_;   // [in_features] or empty
 };
 

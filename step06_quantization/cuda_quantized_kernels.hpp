@@ -10,7 +10,8 @@
 // weights with 128-bit loads (32 int4 codes or 16 int8 codes per load),
 // stored in the order the tensor-core fragments want them; scales as fp16
 // (with one power-of-two exponent per matrix) and int4 zero points as bytes
-// beside them, [groups_per_row, out_features]. Details in the .cu file.
+// beside them, [groups_per_row, out_features] (the 16 rows of each MMA tile
+// in the order its lanes read them). Details in the .cu file.
 #include <cstdint>
 #include <memory>
 #include <span>
