@@ -58,6 +58,12 @@
 #              then every rung's instructions per K/V tile, read from the
 #              executable's SASS (cuobjdump -sass, scripts/sass_tile_count.py)
 #              (minutes)
+#   w4a16      only when --stages names it: step 06's W4A16 / W8A16 kernels,
+#              one-shot and persistent, beside cuBLAS fp16 on the model's and
+#              Llama-2-7B's shapes (int8, int4-g128, int4-g64; 1, 4 and 16
+#              rows); then both kernels' instructions per step and per unit,
+#              read from the executable's SASS (scripts/sass_w4a16_unit_count.py)
+#              (minutes)
 #   memcheck   compute-sanitizer memcheck: the common kernels' and the CUDA
 #              model's tests, step 06's persistent kernel on short shapes
 #              (--full: every gpu test binary)
@@ -130,8 +136,8 @@ command_timeout=${GPU_CHECK_TIMEOUT:-1800}
 
 want() { [[ ",$stages," == *",$1,"* ]]; }
 for stage in ${stages//,/ }; do
-  case $stage in info|tests|exercises|memcheck|racecheck|steps|presets|gemv|flash2|profile) ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,exercises,memcheck,racecheck,steps,presets,gemv,flash2,profile)" >&2; exit 1 ;;
+  case $stage in info|tests|exercises|memcheck|racecheck|steps|presets|gemv|flash2|w4a16|profile) ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (info,tests,exercises,memcheck,racecheck,steps,presets,gemv,flash2,w4a16,profile)" >&2; exit 1 ;;
   esac
 done
 
@@ -432,18 +438,20 @@ fi
 # baseline 4 and 5; then the rungs' instructions per K/V tile from the
 # executable's SASS, which explain the rows before a profile is taken.
 cuobjdump_tool=${CUOBJDUMP:-$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)}
-count_sass_tiles() {  # count_sass_tiles <stage>
-  local stage=$1 base=$out_dir/step02_sass_tile_counts
+# count_sass <stage> <step> <script> <name>: scripts/<script> over the step
+# executable's SASS, into <name>.json and <name>.txt.
+count_sass() {
+  local stage=$1 step=$2 script=$3 base=$out_dir/$4
   if [[ ! -x $cuobjdump_tool ]]; then
-    record "$stage" FAIL "sass tile counts: cuobjdump not found (set CUOBJDUMP)"
+    record "$stage" FAIL "$4: cuobjdump not found (set CUOBJDUMP)"
     return
   fi
-  progress "$stage: sass tile counts of step02_flash_attention"
-  if "$cuobjdump_tool" -sass "$bin/step02_flash_attention" 2>"$base.txt" |
-      python3 "$repo_root/scripts/sass_tile_count.py" - --json "$base.json" >>"$base.txt" 2>&1; then
-    record "$stage" PASS "sass tile counts: $(grep -c '"variant"' "$base.json") kernels counted"
+  progress "$stage: $4 of $step"
+  if "$cuobjdump_tool" -sass "$bin/$step" 2>"$base.txt" |
+      python3 "$repo_root/scripts/$script" - --json "$base.json" >>"$base.txt" 2>&1; then
+    record "$stage" PASS "$4: $(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["rows"]))' "$base.json") kernels counted"
   else
-    record "$stage" FAIL "sass tile counts: $(tail -1 "$base.txt")"
+    record "$stage" FAIL "$4: $(tail -1 "$base.txt")"
   fi
 }
 if want flash2 && selected step02_flash_attention; then
@@ -458,7 +466,18 @@ if want flash2 && selected step02_flash_attention; then
       --seq-lens 4096,16384 --decode-lens 64 --prefill-tokens 16 --variant 4,5,11,12,13,14,15,16 --repeats 5 \
       "--$mask" "${flash2_sdpa[@]}"
   done
-  count_sass_tiles flash2
+  count_sass flash2 step02_flash_attention sass_tile_count.py step02_sass_tile_counts
+fi
+
+# Step 06's two W4A16 / W8A16 kernels beside cuBLAS fp16 (stage w4a16): the
+# kernel part with the Llama-2-7B shapes (--full), 1, 4 and 16 rows, on the
+# small preset (its 288-column layers take groups of 128), no quality part
+# and 16 decode positions; then both kernels' instructions per step and per
+# unit from the executable's SASS.
+if want w4a16 && selected step06_quantization; then
+  run_step w4a16 llama_shapes step06_quantization --device cuda --full --formats int8,int4-g128,int4-g64 \
+    --algorithms rtn --no-quality --steps 16 --batches 1,4,16 --preset small
+  count_sass w4a16 step06_quantization sass_w4a16_unit_count.py step06_sass_unit_counts
 fi
 
 # --- compute-sanitizer -------------------------------------------------------------

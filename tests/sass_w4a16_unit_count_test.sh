@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# scripts/sass_w4a16_unit_count.py on a small hand-written SASS listing with
+# the shape the compiler gives step 06's two kernels (int8, fp16, one n-tile:
+# 4 HMMA per step): a one-shot kernel of 8 unrolled steps, and a persistent
+# kernel whose ring of 4 units each holds a weight request (a BSSY region
+# with loads: counted) and a piece's end (a BSSY region that stores y:
+# left out). A unit must count its 4 HMMA, its 3 other instructions and its
+# request's 3, not the store's 3; a listing without either kernel must fail.
+# Usage: sass_w4a16_unit_count_test.sh <repository root>
+set -euo pipefail
+script=$1/scripts/sass_w4a16_unit_count.py
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+address=0
+emit() {  # emit INSTRUCTION: one line of an nvdisasm-like listing
+  printf '        /*%04x*/                   %s ;\n' "$address" "$1"
+  address=$((address + 16))
+}
+mangled="_ZN6step0658_GLOBAL__N__e84d74ed_25_cuda_quantized_kernels_cu_c11d2e22"
+{
+  echo "	code for sm_90"
+  echo "		Function : ${mangled}22one_shot_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewEPKT0_ibPS5_NS0_10SplitKViewE"
+  emit "LDG.E.128 R40, [R2.64]"
+  for step in $(seq 0 7); do
+    for i in 1 2 3 4; do emit "HMMA.16816.F32 R8, R12, R16, R8"; done
+    emit "PRMT R12, R40, 0x4140, R50"
+    emit "HADD2 R12, R12, -R51"
+  done
+  emit "EXIT"
+  address=0
+  echo "		Function : ${mangled}24persistent_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewENS0_14PersistentPlanEPKT0_iNS0_8XStagingEPS6_NS0_10SplitKViewE"
+  emit "LDG.E.128 R40, [R2.64]"
+  for unit in $(seq 0 3); do
+    for i in 1 2 3 4; do emit "HMMA.16816.F32 R8, R12, R16, R8"; done
+    emit "BSSY B2, \`(.L_x_$((10 + unit)))"
+    emit "@!P0 LDG.E.EF.128 R40, [R10.64]"
+    emit "BSYNC B2"
+    emit "BSSY B2, \`(.L_x_$((20 + unit)))"
+    emit "@P1 STG.E.U16 [R20.64], R8"
+    emit "BSYNC B2"
+    emit "ISETP.GE.AND P0, PT, R4, 0x1, PT"
+    emit "PRMT R12, R40, 0x4140, R50"
+    emit "HADD2 R12, R12, -R51"
+  done
+  emit "EXIT"
+} >"$work/step06.sass"
+
+python3 "$script" "$work/step06.sass" --json "$work/counts.json" >"$work/out.txt"
+python3 - "$work/counts.json" <<'PY'
+import json, sys
+rows = {row["kernel"]: row for row in json.load(open(sys.argv[1]))["rows"]}
+assert set(rows) == {"one_shot", "persistent"}, rows
+one_shot, persistent = rows["one_shot"], rows["persistent"]
+assert one_shot["scheme"] == "int8" and one_shot["hmma_per_step"] == 4, one_shot
+# From the first HMMA to the last: 8 steps of 6, less the last step's 2 after its last HMMA.
+assert one_shot["instructions_per_step"] == (8 * 6 - 2) / 8, one_shot
+assert persistent["ring_units"] == 4, persistent
+assert persistent["instructions_per_unit"] == [10, 10], persistent
+ops = persistent["opcodes_per_unit"]
+assert "STG" not in ops and ops["LDG"] == 1 and ops["BSSY"] == 1 and ops["HMMA"] == 4, ops
+PY
+
+# No step 06 kernel: a message and exit 1.
+echo "        /*0000*/                   EXIT ;" >"$work/empty.sass"
+if python3 "$script" "$work/empty.sass" >"$work/empty.txt" 2>&1; then
+  echo "sass_w4a16_unit_count.py accepted a listing without a step 06 kernel" >&2
+  exit 1
+fi
+grep -q "no step 06 matmul kernel" "$work/empty.txt"
+echo "sass_w4a16_unit_count.py: counts as expected"
