@@ -102,13 +102,14 @@ constexpr int kMaxGridY = 65535;
 // covers a loaded DRAM latency of ~3 us. The one-shot kernel had at most 64
 // KB per SM in flight, and none between its blocks. A deeper ring does not
 // fit in 128 registers beside the staging's (7 units already spill), and on
-// sm_75 the 4-bit schemes spill with 6 (the first was int4 asymmetric, for
-// its zero points): 5 there, which a T4's 320 GB/s over 40 SMs needs. The device
+// sm_75 int4 asymmetric (its zero points) and NF4 (9-16 rows, fp16 x)
+// spill with 6: 5 there, more than a T4's 320 GB/s over 40 SMs need. The device
 // side takes the architecture it is compiled for (__CUDA_ARCH__), the host
 // the same number of the code that runs (the kernel's ptxVersion, also when
 // the driver compiles PTX for a newer GPU), so the two always agree.
 constexpr int ring_units(QuantScheme scheme, int architecture) {
-  return scheme != QuantScheme::Int8PerChannel && architecture < 80 ? 5 : 6;
+  const bool tight = scheme == QuantScheme::Int4Asymmetric || scheme == QuantScheme::NF4;
+  return tight && architecture < 80 ? 5 : 6;
 }
 #if defined(__CUDA_ARCH__)
 constexpr int kCompiledArchitecture = __CUDA_ARCH__ / 10;  // 75, 80, 90
