@@ -18,6 +18,8 @@ counts what one step costs in each kernel, without a GPU:
     issued every unit), and so is the cursor's bookkeeping.
 The first unit's window holds the ring's loop head, and the last has no next
 unit to end it, so the persistent count is reported for the units between.
+Code for sm_75 is skipped: there each m16n8k16 product is two HMMA.1688
+(mma_fragments.cuh): the counts are of sm_80+ code (HMMA.16816).
 
 Input: the SASS of the step 06 library or executable, as either disassembler
 prints it (for sm_90 code, on a machine with the CUDA toolkit):
@@ -72,6 +74,8 @@ def count(name, body):
     which, scheme, activations, n_tiles = kernel.group(1), SCHEMES[kernel.group(2)], kernel.group(3), int(kernel.group(4))
     instructions = [text for _, text in body]
     hmma = [i for i, text in enumerate(instructions) if opcode(text) == "HMMA"]
+    if not any(".16816." in instructions[i] for i in hmma):
+        return None  # sm_75 code (HMMA.1688), in a binary built for several architectures
     per_step = (4 if scheme == "int8" else 8) * n_tiles
     row = {"kernel": which, "scheme": scheme, "activations": "fp16" if activations == "6__half" else "fp32",
            "n_tiles": n_tiles, "hmma_per_step": per_step}

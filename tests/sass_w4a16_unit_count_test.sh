@@ -5,7 +5,9 @@
 # kernel whose ring of 4 units each holds a weight request (a BSSY region
 # with loads: counted) and a piece's end (a BSSY region that stores y:
 # left out). A unit must count its 4 HMMA, its 3 other instructions and its
-# request's 3, not the store's 3; a listing without either kernel must fail.
+# request's 3, not the store's 3; the same one-shot kernel compiled for sm_75
+# (each product two HMMA.1688) is skipped; a listing without either kernel
+# must fail.
 # Usage: sass_w4a16_unit_count_test.sh <repository root>
 set -euo pipefail
 script=$1/scripts/sass_w4a16_unit_count.py
@@ -29,6 +31,12 @@ mangled="_ZN6step0658_GLOBAL__N__e84d74ed_25_cuda_quantized_kernels_cu_c11d2e22"
   done
   emit "EXIT"
   address=0
+  echo "	code for sm_75"
+  echo "		Function : ${mangled}22one_shot_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewEPKT0_ibPS5_NS0_10SplitKViewE"
+  for i in $(seq 1 64); do emit "HMMA.1688.F32 R8, R12, R16, R8"; done
+  emit "EXIT"
+  address=0
+  echo "	code for sm_90"
   echo "		Function : ${mangled}24persistent_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewENS0_14PersistentPlanEPKT0_iNS0_8XStagingEPS6_NS0_10SplitKViewE"
   emit "LDG.E.128 R40, [R2.64]"
   for unit in $(seq 0 3); do
@@ -49,7 +57,9 @@ mangled="_ZN6step0658_GLOBAL__N__e84d74ed_25_cuda_quantized_kernels_cu_c11d2e22"
 python3 "$script" "$work/step06.sass" --json "$work/counts.json" >"$work/out.txt"
 python3 - "$work/counts.json" <<'PY'
 import json, sys
-rows = {row["kernel"]: row for row in json.load(open(sys.argv[1]))["rows"]}
+listed = json.load(open(sys.argv[1]))["rows"]
+assert len(listed) == 2, listed  # the sm_75 one-shot kernel is not among them
+rows = {row["kernel"]: row for row in listed}
 assert set(rows) == {"one_shot", "persistent"}, rows
 one_shot, persistent = rows["one_shot"], rows["persistent"]
 assert one_shot["scheme"] == "int8" and one_shot["hmma_per_step"] == 4, one_shot
