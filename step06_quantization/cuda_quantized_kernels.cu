@@ -49,6 +49,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -67,6 +68,7 @@
 #include "llm/cuda/device_buffer.hpp"
 #include "llm/errors.hpp"
 #include "llm/splitmix64.hpp"
+#include "step06_quantization/cuda_weight_layout.hpp"
 #include "step06_quantization/quantized_layers.hpp"
 
 namespace step06 {
@@ -82,10 +84,10 @@ constexpr int kWarpSize = 32;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kMinBlocksPerSm = 2;  // __launch_bounds__: caps the registers at 65536 / (2 * 256) = 128
-constexpr int kTileRows = 16;       // output rows of one MMA tile (the M of m16n8k16)
+constexpr int kTileRows = kCudaTileRows;  // 16 output rows of one MMA tile (the M of m16n8k16)
 constexpr int kBlockRows = kWarps * kTileRows;  // 128 output rows per block
 constexpr int kMaxBatchRows = 16;   // tokens per launch: two n8 MMA tiles
-constexpr int kStepBytes = 64;      // bytes of one row a warp reads per step: 4 lanes x 16 bytes
+constexpr int kStepBytes = kCudaStepBytes;  // 64 bytes of one row a warp reads per step: 4 lanes x 16 bytes
 // One-shot kernel: steps per block, all held in registers (2 uint4 = 8
 // registers each, 64 in all). 8 steps = 1024 4-bit columns: a 4096-column
 // row in 4 slices; fewer steps per block would mean more slices and more
@@ -173,27 +175,11 @@ struct SharedTiles {
   unsigned short nf4_levels[16];  // NF4's levels as fp16 bits (16 halfwords in 8 banks: never a conflict)
 };
 
-// Where row `row` of the matrix sits in a group's row of the scale and
-// zero-point tables: the tables keep each 16-row tile together, and inside
-// it the two rows one lane's fragments cover, g and g + 8 (g = lane / 4),
-// side by side: row g in slot 2g, row g + 8 in slot 2g + 1. A lane then
-// reads its pair of scales as one __half2 (row g in .x) and its pair of
-// zero points as one 16-bit word (row g in the low byte), the forms
-// multiply_int4_word and int4_fragments take, with no instruction to pair
-// them; a tile's 16 entries stay 32 (or 16) contiguous bytes, copied whole.
-constexpr int paired_row_slot(int row) {
-  const int tile_start = row - row % kTileRows, r = row % kTileRows;
-  return tile_start + 2 * (r % 8) + r / 8;
-}
-static_assert(paired_row_slot(0) == 0 && paired_row_slot(8) == 1 && paired_row_slot(7) == 14 &&
-                  paired_row_slot(15) == 15 && paired_row_slot(16 + 9) == 16 + 3,
-              "rows g and g + 8 of a tile sit side by side");
-
 // What a launch needs of the device matrix (pointers into its buffers).
 struct DeviceMatrixView {
   const uint4* codes = nullptr;             // [m_tiles, total_steps, 2, 32] uint4 (the tile-major layout)
   // [groups_per_row, rows_padded] fp16, times 2^scale_exponent; a row's
-  // entry at paired_row_slot(row)
+  // entry at paired_row_slot(row) (cuda_weight_layout.hpp)
   const __half* scales = nullptr;
   const unsigned char* zeros = nullptr;     // the same layout, bytes (int4 asymmetric), else null
   const float* inverse_input_scales = nullptr;  // [in_features] 1 / s (AWQ), else null
@@ -1475,69 +1461,30 @@ class DeviceQuantizedMatrix {
     v.k_splits = ceil_div(v.total_steps, v.steps_per_block);
   }
 
-  // The codes in the kernel's tile-major layout, uploaded.
+  // The codes in the kernels' tile-major layout (cuda_weight_layout.hpp), uploaded.
   void upload_codes(const QuantizedMatrix& q) {
-    const DeviceMatrixView& v = view_;
-    const bool int8 = q.format.bits() == 8;
-    // Codes, tile-major: [m_tiles, total_steps, 2 (rows 0-7 | 8-15), 32 lanes, 16 bytes].
-    std::vector<uint4> codes(static_cast<std::size_t>(v.m_tiles) * v.total_steps * 2 * kWarpSize);
-    auto* bytes = reinterpret_cast<unsigned char*>(codes.data());
-    std::size_t at = 0;
-    for (int tile = 0; tile < v.m_tiles; ++tile)
-      for (int step = 0; step < v.total_steps; ++step)
-        for (int half = 0; half < 2; ++half)
-          for (int lane = 0; lane < kWarpSize; ++lane, at += 16) {
-            const int row = tile * kTileRows + lane / 4 + 8 * half;
-            const int t = lane % 4;
-            for (int i = 0; i < 32; ++i) {  // the lane's 32 (4-bit) or 16 (int8) codes
-              if (int8 && i >= 16) break;
-              const int column = int8 ? int8_column(step, t, i) : int4_column(step, t, i);
-              const bool stored = row < q.out_features && column < q.padded_in;
-              const int code = stored ? q.code(row, column) : 0;  // padding: scale 0 (or x = 0) makes it vanish
-              if (int8) {
-                bytes[at + i] = static_cast<unsigned char>((code + 128) & 0xFF);  // q + 128: see int8_pair
-              } else {
-                bytes[at + i / 2] |= static_cast<unsigned char>(code << (4 * (i % 2)));
-              }
-            }
-          }
+    const std::vector<std::uint8_t> bytes = cuda_tile_major_codes(q);
+    std::vector<uint4> codes(bytes.size() / sizeof(uint4));  // [m_tiles, total_steps, 2, 32] uint4
+    if (codes.size() != static_cast<std::size_t>(view_.code_words))
+      throw llm::DeviceError(text("step06: the tile-major codes hold ", codes.size(), " 16-byte words, the plan ",
+                                  view_.code_words));
+    std::memcpy(codes.data(), bytes.data(), bytes.size());
     codes_ = DeviceBuffer<uint4>(span_of(codes));
   }
 
-  // The group scales (fp16, one power-of-two exponent for the matrix), the
-  // zero points and AWQ's inverse input scales, uploaded.
+  // The group scales (fp16, one power-of-two exponent for the matrix) and
+  // zero points in the kernels' layout (cuda_weight_layout.hpp: [group, row],
+  // so the 128 rows of a block's group are 256 contiguous bytes, each tile's
+  // rows in pair order), and AWQ's inverse input scales, uploaded. fp16
+  // halves the scales' bytes (int4-g64: 2 instead of 4 bytes per 32 bytes of
+  // codes, what keeps W4A16 near 4x fewer bytes than fp16).
   void upload_scales(const QuantizedMatrix& q) {
-    DeviceMatrixView& v = view_;
-    // Scales: fp16, transposed to [group, row] so the 128 rows of a block's
-    // group are 256 contiguous bytes (each tile's rows in pair order,
-    // paired_row_slot). fp16 halves their bytes (int4-g64:
-    // 2 instead of 4 bytes per 32 bytes of codes, what keeps W4A16 near 4x
-    // fewer bytes than fp16). fp16's normal range is only 2^-14 .. 2^16, so
-    // every scale is first multiplied by one power of two that puts the
-    // largest at 2^14 .. 2^15; y is multiplied back by its inverse (exact).
-    // Scales 2^28 times smaller than the largest lose precision as fp16
-    // subnormals, but their groups' contributions are that much smaller too.
-    float max_scale = 0.0f;
-    for (float s : q.scales) max_scale = std::max(max_scale, s);
-    int exponent = 0;
-    if (max_scale > 0.0f) {
-      static_cast<void>(std::frexp(max_scale, &exponent));  // max_scale = m 2^exponent, m in [0.5, 1)
-      exponent = std::clamp(15 - exponent, -100, 100);       // max_scale 2^exponent in [2^14, 2^15)
-    }
-    const float pow2 = std::ldexp(1.0f, exponent);
-    v.output_scale = std::ldexp(1.0f, -exponent);
-    const std::size_t scale_count = static_cast<std::size_t>(v.groups_per_row) * v.rows_padded;
-    std::vector<Fp16Bits> scales(scale_count, fp16_bits(0.0f));
-    std::vector<unsigned char> zeros(q.format.has_zero_points() ? scale_count : 0, 0);
-    for (int row = 0; row < q.out_features; ++row)
-      for (int group = 0; group < v.groups_per_row; ++group) {
-        const std::size_t host = static_cast<std::size_t>(row) * v.groups_per_row + group;
-        const std::size_t device = static_cast<std::size_t>(group) * v.rows_padded + paired_row_slot(row);
-        scales[device] = fp16_bits(q.scales[host] * pow2);
-        if (!zeros.empty()) zeros[device] = q.zeros[host];
-      }
+    const CudaGroupTables tables = cuda_group_tables(q);
+    view_.output_scale = tables.output_scale;
+    std::vector<Fp16Bits> scales(tables.scales.size());
+    for (std::size_t i = 0; i < scales.size(); ++i) scales[i] = fp16_bits(tables.scales[i]);
     scales_ = DeviceBuffer<Fp16Bits>(span_of(scales));
-    if (!zeros.empty()) zeros_ = DeviceBuffer<unsigned char>(span_of(zeros));
+    if (!tables.zeros.empty()) zeros_ = DeviceBuffer<unsigned char>(span_of(tables.zeros));
     if (!q.input_scales.empty()) {
       // 1 / s once here, a multiply per activation in the kernel.
       std::vector<float> inverse(q.input_scales.size());
@@ -1547,23 +1494,6 @@ class DeviceQuantizedMatrix {
   }
 
  public:
-
-  // Column of the i-th code (0..31) of lane (., t)'s 16 bytes at `step`
-  // (4-bit). Code i sits in word w = i / 8, nibble k' = i % 8; the
-  // dequantization pairs nibbles (k, k + 4) of a word into one fp16x2
-  // fragment register (int4_fragments, nf4_pair), k = 0, 1 for MMA 2w (a0 and a2: the lane's
-  // columns 4t, 4t+1 and 4t+2, 4t+3 of those 16) and k = 2, 3 for MMA 2w + 1.
-  static int int4_column(int step, int t, int i) {
-    const int w = i / 8, nibble = i % 8;
-    const int k = nibble % 4, high_half = nibble / 4;
-    const int mma = 2 * w + k / 2;                  // 16-column block of the step
-    const int element = 2 * (k % 2) + high_half;  // 0..3: the lane's 4 columns of that block
-    return step * 128 + 16 * mma + 4 * t + element;
-  }
-  // int8: byte i of the lane's 16 is word w = i / 4 = MMA w, element i % 4
-  // (int8_pair takes bytes 0, 1 for a0 and 2, 3 for a2 in place).
-  static int int8_column(int step, int t, int i) { return step * 64 + 16 * (i / 4) + 4 * t + i % 4; }
-
   QuantScheme scheme() const { return scheme_; }
   const DeviceMatrixView& view() const { return view_; }
   const PersistentPlan& persistent_plan() const { return persistent_; }

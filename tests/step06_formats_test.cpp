@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "llm/errors.hpp"
+#include "step06_quantization/cuda_weight_layout.hpp"
 #include "step06_quantization/quant_algorithms.hpp"
 #include "step06_quantization/quant_format.hpp"
 #include "step06_test_matrices.hpp"  // weights_with_outliers
@@ -408,6 +409,117 @@ TEST(QuantFormatBytes, BytesPerWeightFollowTheLayout) {
   QuantizedMatrix scaled = quantize_rtn(narrow, QuantFormat::parse("int4sym-g32"));
   scaled.input_scales.assign(100, 1.0f);
   EXPECT_DOUBLE_EQ(scaled.bytes_per_weight(), (64.0 + 4 * 4 + 100.0 * 4 / 2) / 100);
+}
+
+
+// --- What the CUDA kernels read (cuda_weight_layout.hpp), checked here
+// because every build has it and the GPU tests need a GPU.
+
+// Every lane (g, t) of a warp loads 16 bytes per step; across the four t of
+// a row those are the step's columns, each exactly once, and the codes a
+// lane multiplies in MMA m (16 columns) are columns 4t .. 4t + 3 of that
+// MMA's block: the columns of x the lane reads as its B operand (the
+// kernels' x_lane, 2t words = 4t columns into each 16).
+TEST(CudaWeightLayout, EachStepsColumnsOnceAndALanesOwnFourPerMma) {
+  for (const bool int8 : {false, true}) {
+    SCOPED_TRACE(int8 ? "int8" : "4-bit");
+    const int codes_per_lane = int8 ? 16 : 32, columns_per_step = int8 ? 64 : 128;
+    for (int step : {0, 3}) {
+      std::vector<int> seen(static_cast<std::size_t>(columns_per_step), 0);
+      for (int t = 0; t < 4; ++t)
+        for (int i = 0; i < codes_per_lane; ++i) {
+          const int column = int8 ? cuda_int8_column(step, t, i) : cuda_int4_column(step, t, i);
+          const int in_step = column - step * columns_per_step;
+          ASSERT_GE(in_step, 0);
+          ASSERT_LT(in_step, columns_per_step);
+          ++seen[static_cast<std::size_t>(in_step)];
+          EXPECT_EQ(in_step % 16 / 4, t) << "code " << i << " of lane t = " << t << ": column " << column;
+          // 4-bit: word w = i / 8 holds MMAs 2w and 2w + 1; int8: word w = i / 4 is MMA w.
+          EXPECT_EQ(in_step / 16 / (int8 ? 1 : 2), int8 ? i / 4 : i / 8) << "code " << i << " sits in another word";
+        }
+      EXPECT_EQ(seen, std::vector<int>(static_cast<std::size_t>(columns_per_step), 1)) << "step " << step;
+    }
+  }
+}
+
+// A random matrix of awkward size in every scheme: each lane's bytes of the
+// tile-major layout read back (nibble i % 2 of byte i / 2, or int8's byte i
+// minus the bias 128) as the code of its row and column, and 0 past the
+// rows and the padded columns.
+TEST(CudaWeightLayout, TileMajorCodesReadBackAsTheMatrix) {
+  std::mt19937 rng(20261127);
+  const int out = 37, in = 200;  // a partial last tile; 4-bit rows of 2 steps, the second partial
+  for (const QuantFormat& format : every_scheme(64)) {
+    SCOPED_TRACE(format.name());
+    const int columns = format.group_columns(in), groups_per_row = (in + columns - 1) / columns;
+    std::uniform_int_distribution<int> code_in_range(lowest_code(format.scheme), highest_code(format.scheme));
+    std::vector<int> codes(static_cast<std::size_t>(out) * in);
+    for (int& code : codes) code = code_in_range(rng);
+    const std::vector<GroupParams> params(static_cast<std::size_t>(out) * groups_per_row, GroupParams{0.5f, 8.0f});
+    const QuantizedMatrix q = pack(format, out, in, codes, params);
+    const bool int8 = format.bits() == 8;
+    const int columns_per_step = int8 ? 64 : 128, m_tiles = (out + 15) / 16;
+    const int total_steps = (q.padded_in + columns_per_step - 1) / columns_per_step;
+    const std::vector<std::uint8_t> bytes = cuda_tile_major_codes(q);
+    ASSERT_EQ(bytes.size(), static_cast<std::size_t>(m_tiles) * total_steps * 2 * 32 * 16);
+    for (int tile = 0; tile < m_tiles; ++tile)
+      for (int step = 0; step < total_steps; ++step)
+        for (int half = 0; half < 2; ++half)
+          for (int lane = 0; lane < 32; ++lane) {
+            const std::size_t at = ((static_cast<std::size_t>(tile) * total_steps + step) * 2 + half) * 32 * 16 +
+                                   static_cast<std::size_t>(lane) * 16;
+            const int row = 16 * tile + lane / 4 + 8 * half, t = lane % 4;
+            for (int i = 0; i < (int8 ? 16 : 32); ++i) {
+              const int column = int8 ? cuda_int8_column(step, t, i) : cuda_int4_column(step, t, i);
+              const int stored = int8 ? static_cast<int>(bytes[at + i]) - 128 : bytes[at + i / 2] >> (4 * (i % 2)) & 0xF;
+              const int want = row < out && column < q.padded_in ? q.code(row, column) : 0;
+              ASSERT_EQ(stored, want) << "row " << row << " column " << column << " (lane " << lane << ", code " << i
+                                      << ")";
+            }
+          }
+  }
+}
+
+// The group tables: each tile's rows in the lanes' pair order (rows g and
+// g + 8 in slots 2g and 2g + 1, what a lane reads as one __half2 and one
+// 16-bit word), every scale times one power of two that puts the largest in
+// [2^14, 2^15), and 0 for the rows that pad the last tile.
+TEST(CudaWeightLayout, GroupTablesPairTheLanesRows) {
+  std::mt19937 rng(7);
+  const int out = 37, in = 96;  // 3 tiles, the last with 5 rows; groups of 32
+  std::uniform_int_distribution<int> code(0, 15), zero_point(0, 15);
+  std::uniform_real_distribution<float> scale(0.001f, 3.0f);
+  std::vector<int> codes(static_cast<std::size_t>(out) * in);
+  for (int& c : codes) c = code(rng);
+  std::vector<GroupParams> params(static_cast<std::size_t>(out) * 3);
+  for (GroupParams& p : params) p = {scale(rng), static_cast<float>(zero_point(rng))};
+  const QuantizedMatrix q = pack({QuantScheme::Int4Asymmetric, 32}, out, in, codes, params);
+  const CudaGroupTables tables = cuda_group_tables(q);
+  ASSERT_EQ(tables.rows_padded, 48);
+  ASSERT_EQ(tables.scales.size(), 3u * 48);
+  ASSERT_EQ(tables.zeros.size(), 3u * 48);
+  const float largest = *std::max_element(tables.scales.begin(), tables.scales.end());
+  EXPECT_GE(largest, 16384.0f);
+  EXPECT_LT(largest, 32768.0f);
+  const float pow2 = 1.0f / tables.output_scale;
+  EXPECT_EQ(std::exp2(std::round(std::log2(pow2))), pow2) << "a power of two";
+  for (int group = 0; group < 3; ++group)
+    for (int tile = 0; tile < 3; ++tile)
+      for (int g = 0; g < 8; ++g)
+        for (int which = 0; which < 2; ++which) {  // row g, then row g + 8
+          const int row = 16 * tile + g + 8 * which;
+          const std::size_t slot = static_cast<std::size_t>(group) * 48 + 16 * tile + 2 * g + which;
+          const std::size_t host = static_cast<std::size_t>(row) * 3 + group;
+          const float want_scale = row < out ? q.scales[host] * pow2 : 0.0f;
+          const int want_zero = row < out ? q.zeros[host] : 0;
+          EXPECT_EQ(tables.scales[slot], want_scale) << "group " << group << " row " << row;
+          EXPECT_EQ(tables.zeros[slot], want_zero) << "group " << group << " row " << row;
+        }
+  // The symmetric formats store no zero points (codes 1..15).
+  for (int& c : codes) c = 1 + c % 15;
+  const QuantizedMatrix symmetric = pack({QuantScheme::Int4Symmetric, 32}, out, in, codes,
+                                         std::vector<GroupParams>(params.size(), GroupParams{0.5f, 8.0f}));
+  EXPECT_TRUE(cuda_group_tables(symmetric).zeros.empty());
 }
 
 }  // namespace
