@@ -56,6 +56,11 @@ LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 BRANCH = re.compile(r"^(@!?U?P\w+\s+)?BRA\s+(?:`\((\.L_x_\d+)\)|(0x[0-9a-f]+))")
 
 
+def open_listing(path):
+    """A SASS listing to read: the file at `path`, or standard input for '-'."""
+    return sys.stdin if path == "-" else open(path, encoding="utf-8", errors="replace")
+
+
 def functions(lines):
     """Yields (mangled name, [(address, instruction)], {label: address})."""
     name, body, labels, pending = None, [], {}, []
@@ -128,7 +133,7 @@ def main():
     parser.add_argument("sass", help="cuobjdump -sass or nvdisasm output ('-': standard input)")
     parser.add_argument("--json", help="also write the counts here")
     args = parser.parse_args()
-    text = sys.stdin if args.sass == "-" else open(args.sass, encoding="utf-8", errors="replace")
+    text = open_listing(args.sass)
     rows = []
     for name, body, labels in functions(text):
         kernel = KERNEL.search(name)

@@ -36,7 +36,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_tile_count import functions, opcode  # noqa: E402  (the same SASS reader as step 02's counts)
+from sass_tile_count import functions, opcode, open_listing  # noqa: E402  (the same SASS reader as step 02's counts)
 
 SCHEMES = {"0": "int8", "1": "int4 asymmetric", "2": "int4 symmetric", "3": "nf4"}
 KERNEL = re.compile(r"(one_shot|persistent)_matmul_kernelILNS_11QuantSchemeE(\d)E(6__half|f)Li(\d)E")
@@ -103,8 +103,7 @@ def main():
     parser.add_argument("sass", help="cuobjdump -sass or nvdisasm -c output (- for standard input)")
     parser.add_argument("--json", help="write the counts here")
     args = parser.parse_args()
-    listing = sys.stdin if args.sass == "-" else open(args.sass, encoding="utf-8", errors="replace")
-    rows = [row for name, body, _ in functions(listing) if (row := count(name, body))]
+    rows = [row for name, body, _ in functions(open_listing(args.sass)) if (row := count(name, body))]
     if not rows:
         raise SystemExit(f"{args.sass}: no step 06 matmul kernel found")
     rows.sort(key=lambda r: (r["scheme"], r["activations"], r["n_tiles"], r["kernel"]))

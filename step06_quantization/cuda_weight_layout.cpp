@@ -6,6 +6,9 @@
 #include <cstddef>
 
 namespace step06 {
+namespace {
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+}  // namespace
 
 int cuda_int4_column(int step, int t, int i) {
   const int w = i / 8, nibble = i % 8;
@@ -20,9 +23,9 @@ int cuda_int8_column(int step, int t, int i) { return step * 64 + 16 * (i / 4) +
 std::vector<std::uint8_t> cuda_tile_major_codes(const QuantizedMatrix& q) {
   constexpr int kLanes = 32, kLaneBytes = 16;
   const bool int8 = q.format.bits() == 8;
-  const int m_tiles = (q.out_features + kCudaTileRows - 1) / kCudaTileRows;
+  const int m_tiles = ceil_div(q.out_features, kCudaTileRows);
   const int columns_per_step = kCudaStepBytes * 8 / q.format.bits();
-  const int total_steps = (q.padded_in + columns_per_step - 1) / columns_per_step;
+  const int total_steps = ceil_div(q.padded_in, columns_per_step);
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(m_tiles) * total_steps * 2 * kLanes * kLaneBytes, 0);
   std::size_t at = 0;
   for (int tile = 0; tile < m_tiles; ++tile)
@@ -47,7 +50,7 @@ std::vector<std::uint8_t> cuda_tile_major_codes(const QuantizedMatrix& q) {
 
 CudaGroupTables cuda_group_tables(const QuantizedMatrix& q) {
   CudaGroupTables tables;
-  tables.rows_padded = (q.out_features + kCudaTileRows - 1) / kCudaTileRows * kCudaTileRows;
+  tables.rows_padded = ceil_div(q.out_features, kCudaTileRows) * kCudaTileRows;
   float max_scale = 0.0f;
   for (float s : q.scales) max_scale = std::max(max_scale, s);
   int exponent = 0;

@@ -20,9 +20,10 @@ emit() {  # emit INSTRUCTION: one line of an nvdisasm-like listing
   address=$((address + 16))
 }
 mangled="_ZN6step0658_GLOBAL__N__e84d74ed_25_cuda_quantized_kernels_cu_c11d2e22"
+one_shot_int8="${mangled}22one_shot_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewEPKT0_ibPS5_NS0_10SplitKViewE"
 {
   echo "	code for sm_90"
-  echo "		Function : ${mangled}22one_shot_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewEPKT0_ibPS5_NS0_10SplitKViewE"
+  echo "		Function : $one_shot_int8"
   emit "LDG.E.128 R40, [R2.64]"
   for step in $(seq 0 7); do
     for i in 1 2 3 4; do emit "HMMA.16816.F32 R8, R12, R16, R8"; done
@@ -32,7 +33,7 @@ mangled="_ZN6step0658_GLOBAL__N__e84d74ed_25_cuda_quantized_kernels_cu_c11d2e22"
   emit "EXIT"
   address=0
   echo "	code for sm_75"
-  echo "		Function : ${mangled}22one_shot_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewEPKT0_ibPS5_NS0_10SplitKViewE"
+  echo "		Function : $one_shot_int8"
   for i in $(seq 1 64); do emit "HMMA.1688.F32 R8, R12, R16, R8"; done
   emit "EXIT"
   address=0
