@@ -900,8 +900,8 @@ __device__ __forceinline__ void unit_below(int top_block, int top_step, int j, i
 // units, with the lane's offset into the codes: a step down subtracts one
 // step's 64 uint4 (and, into the row block below, its other 7 tiles' steps
 // too), where computing (tile x total_steps + step) x 64 + lane anew, in 64
-// bits, took about a dozen integer instructions per unit. An int holds every
-// offset (check_matrix).
+// bits, was a chain of multiplies and shifts per unit (chapter 06, section
+// 9.4, counts it). An int holds every offset (check_matrix).
 struct RequestCursor {
   int offset;  // of the lane's first uint4 of the warp's tile in unit (row block, step)
   int step;
