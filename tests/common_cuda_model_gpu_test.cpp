@@ -815,6 +815,38 @@ TEST(CudaFusions, EachFusionMatchesTheCpu) {
 }
 
 // ---------------------------------------------------------------------------
+// The forwards two CUDA models are compared on, in order, on caches of
+// kForwardPathSequences sequences: a 35-token prompt as a 15-row run (a
+// short run: the half GEMV, norms folded) and a 20-row chunk (a prefill:
+// cuBLAS), 10 decode steps (the first of a graph key runs eagerly, the rest
+// replay graphs), then prompts for sequences 1 and 2 and 4 steps of the
+// three decoding together. `forward(batch, which, what)` runs both models on
+// `batch`, checks them, and returns the logits it checked.
+constexpr int kForwardPathSequences = 3;
+template <class Forward>
+void run_every_forward_path(const ModelConfig& config, Forward&& forward) {
+  const std::vector<int> prompt = random_tokens(35, config.vocab_size, 12);
+  forward(TokenBatch::prefill(std::span<const int>(prompt).first(15), 0, 0), LogitsFor::AllRows, "15-row run");
+  std::vector<float> last = forward(TokenBatch::prefill(std::span<const int>(prompt).subspan(15), 15, 0),
+                                    LogitsFor::AllRows, "20-row chunk");
+  int token = last_argmax(last, config.vocab_size);
+  for (int pos = 35; pos < 45; ++pos) {
+    last = forward(TokenBatch::single(token, pos, 0), LogitsFor::LastRowOfEachSequence,
+                   "decode at " + std::to_string(pos));
+    token = last_argmax(last, config.vocab_size);
+  }
+  for (int s = 1; s < kForwardPathSequences; ++s)
+    forward(TokenBatch::prefill(random_tokens(4 + s, config.vocab_size, 20 + s), 0, s),
+            LogitsFor::LastRowOfEachSequence, "prompt of sequence " + std::to_string(s));
+  for (int step = 0; step < 4; ++step) {
+    TokenBatch batch;
+    for (int s = 0; s < kForwardPathSequences; ++s)
+      batch.add((token + s * 7 + step) % config.vocab_size, s == 0 ? 45 + step : 4 + s + step, s);
+    forward(batch, LogitsFor::LastRowOfEachSequence, "batch of 3, step " + std::to_string(step));
+  }
+}
+
+// ---------------------------------------------------------------------------
 // norm_in_product folds every RMSNorm, residual add and (with the fused
 // gate/up product) SwiGLU into the half GEMV's launches. The GEMV computes
 // them with the kernels' own formulas and order of additions, so the model
@@ -841,10 +873,9 @@ TEST(CudaFusions, NormInProductGivesTheUnfoldedBits) {
         folded_options.linear_factory = cuda::cuda_linear_factory(dtype);
         folded_options.fusions.norm_in_product = true;
         cuda::CudaModel unfolded(weights, unfolded_options), folded(weights, folded_options);
-        constexpr int kSequences = 3;
-        const auto unfolded_cache = unfolded.make_cache(kSequences, config.seq_len);
-        const auto folded_cache = folded.make_cache(kSequences, config.seq_len);
-        const auto cpu_cache = cpu.make_cache(kSequences, config.seq_len);
+        const auto unfolded_cache = unfolded.make_cache(kForwardPathSequences, config.seq_len);
+        const auto folded_cache = folded.make_cache(kForwardPathSequences, config.seq_len);
+        const auto cpu_cache = cpu.make_cache(kForwardPathSequences, config.seq_len);
         const auto expect_same = [&](const TokenBatch& batch, LogitsFor which, const std::string& what) {
           const std::vector<float> want = run(unfolded, batch, *unfolded_cache, which);
           const std::vector<float> got = run(folded, batch, *folded_cache, which);
@@ -857,28 +888,7 @@ TEST(CudaFusions, NormInProductGivesTheUnfoldedBits) {
                                 << check.over_tolerance << " over, " << check.nan_or_inf << " NaN/Inf";
           return got;
         };
-        const std::vector<int> prompt = random_tokens(35, config.vocab_size, 12);
-        // A 15-row run (folded), then a 20-row chunk (a prefill: unfolded).
-        expect_same(TokenBatch::prefill(std::span<const int>(prompt).first(15), 0, 0), LogitsFor::AllRows,
-                    "15-row run");
-        std::vector<float> last = expect_same(TokenBatch::prefill(std::span<const int>(prompt).subspan(15), 15, 0),
-                                              LogitsFor::AllRows, "20-row chunk");
-        int token = last_argmax(last, config.vocab_size);
-        for (int pos = 35; pos < 45; ++pos) {  // the first step of a key runs eagerly, the rest replay graphs
-          last = expect_same(TokenBatch::single(token, pos, 0), LogitsFor::LastRowOfEachSequence,
-                             "decode at " + std::to_string(pos));
-          token = last_argmax(last, config.vocab_size);
-        }
-        // Three sequences decoding together (after their prompts).
-        for (int s = 1; s < kSequences; ++s)
-          expect_same(TokenBatch::prefill(random_tokens(4 + s, config.vocab_size, 20 + s), 0, s),
-                      LogitsFor::LastRowOfEachSequence, "prompt of sequence " + std::to_string(s));
-        for (int step = 0; step < 4; ++step) {
-          TokenBatch batch;
-          for (int s = 0; s < kSequences; ++s)
-            batch.add((token + s * 7 + step) % config.vocab_size, s == 0 ? 45 + step : 4 + s + step, s);
-          expect_same(batch, LogitsFor::LastRowOfEachSequence, "batch of 3, step " + std::to_string(step));
-        }
+        run_every_forward_path(config, expect_same);
       }
     }
   }
@@ -989,6 +999,60 @@ TEST(CudaGraphs, ReplayGivesBitIdenticalLogitsToTheEagerForward) {
     }
     EXPECT_GT(graphed.graphs_captured(), 0u) << "the decode forwards never used a graph";
     EXPECT_EQ(eager.graphs_captured(), 0u);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Programmatic dependent launch (programmatic_launch.cuh): each kernel of a
+// forward may start before the one ahead of it has finished, and does only
+// its weight prefetch until that one has. Started early or not, every
+// kernel computes the same values in the same order, so the logits must be
+// the same bits with the overlap on and off: on every path a forward takes
+// (run_every_forward_path: a short run, a prefill, eager decode, graph
+// replays, a batch of three sequences), eager forwards only too, for fp32 (cuBLAS products between
+// our kernels), fp16 with every fusion (the GEMV with folded norms after
+// the attention kernels) and fp16 without fusions (the small kernels back to
+// back). A kernel that read its input before its wait would race with the
+// kernel writing it, and show here as logits that change from run to run.
+// On a GPU before sm_90 the two models launch alike (the attribute is not
+// used there), and the test compares a model with itself.
+TEST(CudaProgrammaticLaunch, OverlappedKernelsGiveTheBitsOfSerialOnes) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  struct Path {
+    const char* name;
+    cuda::WeightDtype dtype;
+    cuda::CudaFusions fusions;
+  };
+  const Path paths[] = {{"fp32, fusions", cuda::WeightDtype::Float32, cuda::CudaFusions::all()},
+                        {"fp16, fusions", cuda::WeightDtype::Float16, cuda::CudaFusions::all()},
+                        {"fp16, no fusions", cuda::WeightDtype::Float16, cuda::CudaFusions::none()}};
+  for (const ConfigCase& config_case : config_cases()) {
+    const ModelConfig& config = config_case.config;
+    const ModelWeights weights = random_weights(config, 5150);
+    for (const Path& path : paths) {
+      for (const bool graphs : {true, false}) {
+        SCOPED_TRACE(config_case.name + ", " + path.name + (graphs ? ", graphs" : ", eager"));
+        cuda::CudaModelOptions serial_options;
+        serial_options.linear_factory = cuda::cuda_linear_factory(path.dtype);
+        serial_options.fusions = path.fusions;
+        serial_options.graphs = graphs;
+        serial_options.programmatic_launches = false;
+        cuda::CudaModelOptions overlapped_options = serial_options;
+        overlapped_options.linear_factory = cuda::cuda_linear_factory(path.dtype);
+        overlapped_options.programmatic_launches = true;
+        cuda::CudaModel serial(weights, serial_options), overlapped(weights, overlapped_options);
+        const auto serial_cache = serial.make_cache(kForwardPathSequences, config.seq_len);
+        const auto overlapped_cache = overlapped.make_cache(kForwardPathSequences, config.seq_len);
+        run_every_forward_path(config, [&](const TokenBatch& batch, LogitsFor which, const std::string& what) {
+          const std::vector<float> want = run(serial, batch, *serial_cache, which);
+          const std::vector<float> got = run(overlapped, batch, *overlapped_cache, which);
+          EXPECT_TRUE(want.size() == got.size() &&
+                      std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
+              << what << ": the overlapped launches' logits are not the serial launches' bits";
+          return got;
+        });
+      }
+    }
   }
 }
 #endif

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels.cuh"
+#include "programmatic_launch.cuh"
 #include "llm/cpu_ops.hpp"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
@@ -60,7 +61,8 @@ CudaModel::CudaModel(const ModelWeights& w, CudaModelOptions options)
       attention_(options.attention),
       fusions_(options.fusions),
       final_norm_(to_device(w.final_norm)),
-      graphs_enabled_(options.graphs) {
+      graphs_enabled_(options.graphs),
+      programmatic_launches_(options.programmatic_launches) {
   const ModelConfig& c = config_;
   cublas_.bind_to_stream(stream_.get());  // every product runs on stream_, with no allocation inside cuBLAS
   const int q_width = c.n_heads * c.head_dim();
@@ -364,8 +366,13 @@ void CudaModel::enqueue_layers(const KvCache& cache, int rows) {
   const auto n_out = static_cast<int>(logit_rows_host_.size());
   const bool fold = folds_norms(rows, n_out);
 
-  // x [rows, dim] = embedding rows of the tokens.
+  // x [rows, dim] = embedding rows of the tokens. The forward's first kernel
+  // follows the plan's copy, not a kernel: it starts as any launch does.
   kernels::gather_rows(x_.data(), embedding_rows_, tokens_, rows, c.dim, stream);
+  // Every later kernel of ours may start while the one before it finishes
+  // (programmatic_launch.cuh); cuBLAS's and a step's own kernels start as
+  // before.
+  const OverlapLaunches overlap(programmatic_launches_);
 
   // What the products after `norm` read: x_ with the norm folded in, or xb_,
   // where the norm's kernel (below) has put rmsnorm(x).
@@ -522,6 +529,7 @@ std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRu
   CudaModelOptions options;
   options.linear_factory = cuda_linear_factory(run.dtype, run.gemv);
   options.graphs = run.graphs;
+  options.programmatic_launches = run.programmatic_launches;
   options.fusions = run.fusions ? CudaFusions::all() : CudaFusions::none();
   if (!run.fold_norms) options.fusions.norm_in_product = false;
   return std::make_unique<CudaModel>(weights, options);

@@ -79,6 +79,12 @@ struct CudaModelOptions {
   // the host, the before row). Graphs are only used where the decode kernel
   // says its launches are stable (CudaAttentionKernels::graph_bucket).
   bool graphs = true;
+  // Programmatic dependent launch (programmatic_launch.cuh, sm_90 and
+  // later): each kernel of a forward after its first may start while the
+  // kernel before it finishes, and a product requests its first weights
+  // then (false: each kernel starts once the one before has finished, the
+  // before row). The same results to the bit either way.
+  bool programmatic_launches = true;
 };
 
 // The linear factory of a weight element type: DenseCudaLinear (fp32) or
@@ -238,6 +244,7 @@ class CudaModel final : public Model {
   PinnedBuffer<float> logits_pinned_;   // [n_out, vocab_size] what forward returns
 
   bool graphs_enabled_ = true;
+  bool programmatic_launches_ = true;  // CudaModelOptions::programmatic_launches
   std::map<GraphKey, std::unique_ptr<DecodeGraph>> graphs_;
   std::set<GraphKey> ran_eagerly_;  // keys whose first forward ran without a graph
 

@@ -99,6 +99,7 @@
 
 #include "device_formulas.cuh"
 #include "mma_fragments.cuh"
+#include "programmatic_launch.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/cuda/tensor_core_gemv_layout.hpp"
@@ -268,6 +269,30 @@ __device__ void rows_inverse_rms(const GemvArguments& args, FoldedNorm<kRows>& n
   __syncthreads();
 }
 
+// Part 1 of a GEMV block (programmatic_launch.cuh): asks L2 for the first
+// weights the block will read, rows [first_output, first_output + outputs)
+// (those below `out`) at columns [k_begin, k_begin + columns) (those below
+// k_end), one 128-byte line per request, one request per thread for the two
+// kernels' first batches (64 rows x 512 bytes, 128 rows x 256 bytes). The
+// weights depend on no kernel, so with a programmatic launch these bytes
+// travel from HBM while the kernel before is still finishing, and after
+// the wait the block's first loads find them in L2 instead of waiting a
+// whole HBM round trip behind the norm's sums and the staging of x. A
+// prefetch, not a load into registers: the 16-row CUDA-core kernel has no
+// registers to spare for a batch held across the staging.
+__device__ __forceinline__ void prefetch_first_weights_to_l2(const GemvArguments& args, int first_output,
+                                                             int outputs, int k_begin, int k_end, int columns) {
+  constexpr int kHalvesPerLine = 128 / 2;
+  const int lines_per_row = columns / kHalvesPerLine;
+  const int lines = outputs * lines_per_row;
+  for (int line = static_cast<int>(threadIdx.x); line < lines; line += static_cast<int>(blockDim.x)) {
+    const int output = first_output + line / lines_per_row;
+    const int k = k_begin + (line % lines_per_row) * kHalvesPerLine;
+    if (output < args.out && k < k_end)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(args.weight + static_cast<std::size_t>(output) * args.padded_in + k));
+  }
+}
+
 // The columns block (output block, split) multiplies: [k_begin, k_end) of
 // the padded rows, whole 64-column steps of the slice (k_end a multiple of
 // 8: every 16-byte vector is wholly inside or outside), x real below x_end.
@@ -398,6 +423,10 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
     const std::size_t row = output_valid[o] ? static_cast<std::size_t>(output) : 0;
     weight_row[o] = reinterpret_cast<const uint4*>(args.weight + row * static_cast<std::size_t>(args.padded_in));
   }
+
+  prefetch_first_weights_to_l2(args, output_block * kOutputsPerBlock, kOutputsPerBlock, k_begin, k_end,
+                               kBatchElements);
+  wait_then_let_next_kernel_launch();  // x, y and the split scratch come from earlier kernels
 
   // A uniform branch: every thread of every block takes it or none does.
   if (args.input_norm != nullptr) rows_inverse_rms(args, folded_norm);
@@ -573,6 +602,10 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
     weight_row[row_half] = reinterpret_cast<const uint4*>(args.weight + row * static_cast<std::size_t>(args.padded_in));
   }
 
+  prefetch_first_weights_to_l2(args, output_block * kTensorCoreOutputsPerBlock, kTensorCoreOutputsPerBlock, k_begin,
+                               k_end, kTensorCoreBatchElements);
+  wait_then_let_next_kernel_launch();  // x, y and the split scratch come from earlier kernels
+
   if (args.input_norm != nullptr) rows_inverse_rms(args, folded_norm);  // uniform, as in the CUDA-core kernel
 
   float acc[kRowTiles][4];
@@ -649,10 +682,9 @@ void launch_tensor_core_gemv(const GemvArguments& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>(ceil_div(args.out, kTensorCoreOutputsPerBlock)),
                   static_cast<unsigned int>(args.k_splits));
   if (args.rows <= kRowsPerTile)
-    half_gemv_tensor_core_kernel<Traits, 1><<<grid, kGemvThreads, 0, stream>>>(args);
+    launch_kernel(half_gemv_tensor_core_kernel<Traits, 1>, grid, kGemvThreads, 0, stream, args);
   else
-    half_gemv_tensor_core_kernel<Traits, 2><<<grid, kGemvThreads, 0, stream>>>(args);
-  LLM_CUDA_CHECK_LAUNCH();
+    launch_kernel(half_gemv_tensor_core_kernel<Traits, 2>, grid, kGemvThreads, 0, stream, args);
 }
 static_assert(kMaxGemvRows == 2 * kRowsPerTile, "launch_tensor_core_gemv's largest bucket is 16 rows");
 
@@ -662,16 +694,15 @@ void launch_gemv(const GemvArguments& args, cudaStream_t stream) {
                   static_cast<unsigned int>(args.k_splits));
   // The smallest bucket that holds the rows.
   if (args.rows <= 1)
-    half_gemv_kernel<Traits, 1><<<grid, kGemvThreads, 0, stream>>>(args);
+    launch_kernel(half_gemv_kernel<Traits, 1>, grid, kGemvThreads, 0, stream, args);
   else if (args.rows <= 2)
-    half_gemv_kernel<Traits, 2><<<grid, kGemvThreads, 0, stream>>>(args);
+    launch_kernel(half_gemv_kernel<Traits, 2>, grid, kGemvThreads, 0, stream, args);
   else if (args.rows <= 4)
-    half_gemv_kernel<Traits, 4><<<grid, kGemvThreads, 0, stream>>>(args);
+    launch_kernel(half_gemv_kernel<Traits, 4>, grid, kGemvThreads, 0, stream, args);
   else if (args.rows <= 8)
-    half_gemv_kernel<Traits, 8><<<grid, kGemvThreads, 0, stream>>>(args);
+    launch_kernel(half_gemv_kernel<Traits, 8>, grid, kGemvThreads, 0, stream, args);
   else
-    half_gemv_kernel<Traits, 16><<<grid, kGemvThreads, 0, stream>>>(args);
-  LLM_CUDA_CHECK_LAUNCH();
+    launch_kernel(half_gemv_kernel<Traits, 16>, grid, kGemvThreads, 0, stream, args);
 }
 static_assert(kMaxGemvRows == 16, "launch_gemv's largest bucket is 16 rows");
 

@@ -7,12 +7,19 @@
 //   the loads coalesce;
 // - row-wise reductions (RMSNorm, attention) run one thread block per row (or
 //   per (query, head)), reduced with warp shuffles and a little shared memory.
+//
+// Every kernel opens with wait_then_let_next_kernel_launch(): none has work
+// that could start before the kernel ahead of it on the stream finishes (they
+// read activations, positions and the cache), and each may itself be the
+// kernel ahead of a product whose weights can (programmatic_launch.cuh).
+// launch_kernel() launches them.
 #include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "device_formulas.cuh"
 #include "kernels.cuh"
+#include "programmatic_launch.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/errors.hpp"
 #include "llm/kv_int8.hpp"  // store_int8_head: the host's int8 arithmetic
@@ -72,6 +79,7 @@ using device::swiglu_value;
 
 __global__ void gather_rows_kernel(float* __restrict__ out, const float* __restrict__ table,
                                    const int* __restrict__ ids, int width, std::size_t n) {
+  wait_then_let_next_kernel_launch();
   for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
        idx += std::size_t{gridDim.x} * blockDim.x) {
     const std::size_t row = idx / width, col = idx % width;
@@ -83,6 +91,7 @@ __global__ void gather_rows_kernel(float* __restrict__ out, const float* __restr
 __global__ void rope_kernel(float* __restrict__ vec, int n_heads, int head_dim, const int* __restrict__ positions,
                             const float* __restrict__ cos_table, const float* __restrict__ sin_table,
                             std::size_t n) {
+  wait_then_let_next_kernel_launch();
   const int half = head_dim / 2;
   for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
        idx += std::size_t{gridDim.x} * blockDim.x) {
@@ -97,6 +106,7 @@ __global__ void rope_kernel(float* __restrict__ vec, int n_heads, int head_dim, 
 }
 
 __global__ void swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, std::size_t n) {
+  wait_then_let_next_kernel_launch();
   for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
        idx += std::size_t{gridDim.x} * blockDim.x) {
     gate[idx] = swiglu_value(gate[idx], up[idx]);
@@ -104,6 +114,7 @@ __global__ void swiglu_kernel(float* __restrict__ gate, const float* __restrict_
 }
 
 __global__ void add_inplace_kernel(float* __restrict__ x, const float* __restrict__ delta, std::size_t n) {
+  wait_then_let_next_kernel_launch();
   for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
        idx += std::size_t{gridDim.x} * blockDim.x)
     x[idx] += delta[idx];
@@ -114,6 +125,7 @@ __global__ void add_inplace_kernel(float* __restrict__ x, const float* __restric
 __global__ void write_kv_rows_kernel(const float* __restrict__ k, const float* __restrict__ v,
                                      const KvView* __restrict__ views, const int* __restrict__ positions,
                                      int kv_dim, std::size_t n) {
+  wait_then_let_next_kernel_launch();
   for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
        idx += std::size_t{gridDim.x} * blockDim.x) {
     const std::size_t row = idx / kv_dim, col = idx % kv_dim;
@@ -130,6 +142,7 @@ __global__ void write_kv_rows_kernel(const float* __restrict__ k, const float* _
 __global__ void write_kv_rows_int8_kernel(const float* __restrict__ k, const float* __restrict__ v,
                                           const KvView* __restrict__ views, const int* __restrict__ positions,
                                           int kv_dim, int n_kv_heads, std::size_t n) {
+  wait_then_let_next_kernel_launch();
   for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
        idx += std::size_t{gridDim.x} * blockDim.x) {
     const std::size_t row = idx / n_kv_heads;
@@ -155,6 +168,7 @@ __device__ __forceinline__ void write_normalized_row(float* __restrict__ out_row
 
 __global__ void rmsnorm_kernel(float* __restrict__ out, const float* __restrict__ x,
                                const float* __restrict__ weight, int dim, float eps) {
+  wait_then_let_next_kernel_launch();
   __shared__ float reduce_scratch[kWarpSize];
   const std::size_t row_offset = static_cast<std::size_t>(blockIdx.x) * dim;
   const float* x_row = x + row_offset;
@@ -239,6 +253,7 @@ __device__ void attend_one_head(int head_dim, const float* __restrict__ q, const
 // Grid (n_new, n_heads): block (i, h) is query i, head h.
 __global__ void prefill_attention_kernel(AttentionShape shape, const float* __restrict__ q, KvView kv, int n_past,
                                          int n_new, float* __restrict__ out, float* __restrict__ scores) {
+  wait_then_let_next_kernel_launch();
   __shared__ float q_shared[kMaxHeadDim];
   __shared__ float reduce_scratch[kWarpSize];
   const int i = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y);
@@ -266,6 +281,7 @@ __global__ void prefill_attention_kernel(AttentionShape shape, const float* __re
 // sum of squares; the reduction's barriers order the rest.
 __global__ void add_rmsnorm_kernel(float* __restrict__ x, const float* __restrict__ delta,
                                    const float* __restrict__ weight, float* __restrict__ out, int dim, float eps) {
+  wait_then_let_next_kernel_launch();
   __shared__ float reduce_scratch[kWarpSize];
   const std::size_t row_offset = static_cast<std::size_t>(blockIdx.x) * dim;
   float* x_row = x + row_offset;
@@ -291,6 +307,7 @@ __global__ void rope_and_write_kv_kernel(QkvRows in, float* q_out, float* k_out,
                                          const int* __restrict__ positions, int n_heads, int n_kv_heads,
                                          int head_dim, const float* __restrict__ cos_table,
                                          const float* __restrict__ sin_table, std::size_t n) {
+  wait_then_let_next_kernel_launch();
   const int half = head_dim / 2;
   const int heads_per_row = n_heads + n_kv_heads;
   const int kv_dim = n_kv_heads * head_dim;
@@ -330,6 +347,7 @@ __global__ void rope_and_write_kv_kernel(QkvRows in, float* q_out, float* k_out,
 // n = rows * hidden: element (r, j) of the SwiGLU output.
 __global__ void swiglu_from_fused_kernel(float* __restrict__ gate, const float* __restrict__ gate_up, int hidden,
                                          std::size_t n) {
+  wait_then_let_next_kernel_launch();
   for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; idx < n;
        idx += std::size_t{gridDim.x} * blockDim.x) {
     const std::size_t row = idx / hidden, j = idx % hidden;
@@ -355,35 +373,31 @@ void check_attention_shape(const AttentionShape& shape) {
 void gather_rows(float* out, const float* table, const int* ids, int n_rows, int width, cudaStream_t stream) {
   const std::size_t n = static_cast<std::size_t>(n_rows) * width;
   if (n == 0) return;  // a grid of 0 blocks is a launch error
-  gather_rows_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(out, table, ids, width, n);
-  LLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(gather_rows_kernel, elementwise_blocks(n), kElementwiseThreads, 0, stream, out, table, ids, width,
+                n);
 }
 
 void rmsnorm(float* out, const float* x, const float* weight, int rows, int dim, float eps, cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return;
-  rmsnorm_kernel<<<rows, kRmsnormThreads, 0, stream>>>(out, x, weight, dim, eps);
-  LLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(rmsnorm_kernel, rows, kRmsnormThreads, 0, stream, out, x, weight, dim, eps);
 }
 
 void rope(float* vec, int rows, int n_heads, int head_dim, const int* positions, const float* cos_table,
           const float* sin_table, cudaStream_t stream) {
   const std::size_t n = static_cast<std::size_t>(rows) * n_heads * (head_dim / 2);
   if (n == 0) return;
-  rope_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(vec, n_heads, head_dim, positions,
-                                                                          cos_table, sin_table, n);
-  LLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(rope_kernel, elementwise_blocks(n), kElementwiseThreads, 0, stream, vec, n_heads, head_dim,
+                positions, cos_table, sin_table, n);
 }
 
 void swiglu(float* gate, const float* up, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  swiglu_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(gate, up, n);
-  LLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(swiglu_kernel, elementwise_blocks(n), kElementwiseThreads, 0, stream, gate, up, n);
 }
 
 void add_inplace(float* x, const float* delta, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  add_inplace_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(x, delta, n);
-  LLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(add_inplace_kernel, elementwise_blocks(n), kElementwiseThreads, 0, stream, x, delta, n);
 }
 
 void write_kv_rows(const float* k, const float* v, const KvView* views, const int* positions, int rows, int kv_dim,
@@ -392,22 +406,20 @@ void write_kv_rows(const float* k, const float* v, const KvView* views, const in
     const int n_kv_heads = kv_dim / head_dim;
     const std::size_t n = static_cast<std::size_t>(rows) * n_kv_heads;
     if (n == 0) return;
-    write_kv_rows_int8_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(k, v, views, positions,
-                                                                                          kv_dim, n_kv_heads, n);
+    launch_kernel(write_kv_rows_int8_kernel, elementwise_blocks(n), kElementwiseThreads, 0, stream, k, v, views,
+                  positions, kv_dim, n_kv_heads, n);
   } else {
     const std::size_t n = static_cast<std::size_t>(rows) * kv_dim;
     if (n == 0) return;
-    write_kv_rows_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(k, v, views, positions, kv_dim,
-                                                                                     n);
+    launch_kernel(write_kv_rows_kernel, elementwise_blocks(n), kElementwiseThreads, 0, stream, k, v, views, positions,
+                  kv_dim, n);
   }
-  LLM_CUDA_CHECK_LAUNCH();
 }
 
 void add_rmsnorm(float* x, const float* delta, const float* weight, float* out, int rows, int dim, float eps,
                  cudaStream_t stream) {
   if (rows <= 0 || dim <= 0) return;
-  add_rmsnorm_kernel<<<rows, kRmsnormThreads, 0, stream>>>(x, delta, weight, out, dim, eps);
-  LLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(add_rmsnorm_kernel, rows, kRmsnormThreads, 0, stream, x, delta, weight, out, dim, eps);
 }
 
 void rope_and_write_kv(const QkvRows& in, float* q_out, float* k_out, float* v_out, const KvView* views,
@@ -416,13 +428,11 @@ void rope_and_write_kv(const QkvRows& in, float* q_out, float* k_out, float* v_o
   const std::size_t n = static_cast<std::size_t>(rows) * (n_heads + n_kv_heads) * (head_dim / 2);
   if (n == 0) return;
   if (element == KvElement::Float32) {
-    rope_and_write_kv_kernel<true><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(
-        in, q_out, k_out, v_out, views, positions, n_heads, n_kv_heads, head_dim, cos_table, sin_table, n);
-    LLM_CUDA_CHECK_LAUNCH();
+    launch_kernel(rope_and_write_kv_kernel<true>, elementwise_blocks(n), kElementwiseThreads, 0, stream, in, q_out,
+                  k_out, v_out, views, positions, n_heads, n_kv_heads, head_dim, cos_table, sin_table, n);
   } else {
-    rope_and_write_kv_kernel<false><<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(
-        in, q_out, k_out, v_out, views, positions, n_heads, n_kv_heads, head_dim, cos_table, sin_table, n);
-    LLM_CUDA_CHECK_LAUNCH();
+    launch_kernel(rope_and_write_kv_kernel<false>, elementwise_blocks(n), kElementwiseThreads, 0, stream, in, q_out,
+                  k_out, v_out, views, positions, n_heads, n_kv_heads, head_dim, cos_table, sin_table, n);
     write_kv_rows(k_out, v_out, views, positions, rows, n_kv_heads * head_dim, head_dim, element, stream);
   }
 }
@@ -430,8 +440,8 @@ void rope_and_write_kv(const QkvRows& in, float* q_out, float* k_out, float* v_o
 void swiglu_from_fused(float* gate, const float* gate_up, int rows, int hidden, cudaStream_t stream) {
   const std::size_t n = static_cast<std::size_t>(rows) * hidden;
   if (n == 0) return;
-  swiglu_from_fused_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream>>>(gate, gate_up, hidden, n);
-  LLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(swiglu_from_fused_kernel, elementwise_blocks(n), kElementwiseThreads, 0, stream, gate, gate_up,
+                hidden, n);
 }
 
 std::size_t prefill_scores_floats(const AttentionShape& shape, int n_past, int n_new) {
@@ -443,8 +453,8 @@ void prefill_attention(const AttentionShape& shape, const float* q, const KvView
   check_attention_shape(shape);
   if (n_new <= 0) return;
   const dim3 grid(static_cast<unsigned>(n_new), static_cast<unsigned>(shape.n_heads));
-  prefill_attention_kernel<<<grid, kAttentionThreads, 0, stream>>>(shape, q, kv, n_past, n_new, out, scores);
-  LLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(prefill_attention_kernel, grid, kAttentionThreads, 0, stream, shape, q, kv, n_past, n_new, out,
+                scores);
 }
 
 cudaError_t probe_kernel_image() {

@@ -74,6 +74,7 @@
 #include <cstdint>
 #include <string>
 
+#include "programmatic_launch.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/errors.hpp"
 
@@ -632,6 +633,9 @@ __device__ __forceinline__ void attend_split(const SplitKernelArgs& args, const 
 template <class Layout>
 __global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocksPerSm) split_kernel(SplitKernelArgs args) {
   __shared__ SharedTile<Layout> tile;
+  // Its queries come from the QKV product, its newest keys from the RoPE
+  // kernel, just before it: nothing to do ahead of them.
+  wait_then_let_next_kernel_launch();
   const KvView view = args.views[blockIdx.z];  // a register copy: its fields are read for every tile
   if (view.element == KvElement::Int8)
     attend_split<Layout, KvElement::Int8>(args, view, tile);
@@ -649,6 +653,7 @@ __global__ void merge_kernel(AttentionShape shape, const int* __restrict__ rows,
   const int head = static_cast<int>(blockIdx.x), query = static_cast<int>(blockIdx.y);
   const int dim = static_cast<int>(threadIdx.x);
   const int head_dim = shape.head_dim;
+  wait_then_let_next_kernel_launch();  // before any return: every block waits (programmatic_launch.cuh)
   if (dim >= head_dim) return;  // no barrier follows
   const std::size_t first_slot = (static_cast<std::size_t>(query) * shape.n_heads + head) * splits;
   float global_max = -INFINITY;
@@ -718,8 +723,7 @@ int heads_per_block(int group) {
 
 template <int kHeadFloats, int kHeads>
 void launch_split_kernel(const SplitKernelArgs& args, dim3 grid, cudaStream_t stream) {
-  split_kernel<TileLayout<kHeadFloats, kHeads>><<<grid, kThreadsPerBlock, 0, stream>>>(args);
-  LLM_CUDA_CHECK_LAUNCH();
+  launch_kernel(split_kernel<TileLayout<kHeadFloats, kHeads>>, grid, kThreadsPerBlock, 0, stream, args);
 }
 
 template <int kHeadFloats>
@@ -810,9 +814,8 @@ void split_kv_decode_attention(const AttentionShape& shape, const float* q, cons
     // One thread per dim: head_dim rounded up to whole warps (32..256).
     const int merge_threads = ceil_div(shape.head_dim, kWarpSize) * kWarpSize;
     const dim3 merge_grid(static_cast<unsigned>(shape.n_heads), static_cast<unsigned>(n_queries));
-    merge_kernel<<<merge_grid, merge_threads, 0, stream>>>(shape, queries.rows, split.splits, args.partial_outputs,
-                                                           args.partial_stats, out);
-    LLM_CUDA_CHECK_LAUNCH();
+    launch_kernel(merge_kernel, merge_grid, merge_threads, 0, stream, shape, queries.rows, split.splits,
+                  args.partial_outputs, args.partial_stats, out);
   }
 }
 

@@ -117,6 +117,10 @@ struct CudaRunOptions {
   bool fusions = true;
   // ... that last one unless this is false (its before row).
   bool fold_norms = true;
+  // Programmatic dependent launch on sm_90 and later: a kernel of the
+  // forward may start while the one before it finishes (false: the before
+  // row; cuda_model.hpp's CudaModelOptions::programmatic_launches).
+  bool programmatic_launches = true;
   // The half-precision products' kernel for 1..16 rows (fp16 and bf16 only).
   HalfGemvKernel gemv = HalfGemvKernel::CudaCores;
 };
