@@ -62,6 +62,7 @@
 #include "cuda_model.hpp"
 #include "exercise.cuh"
 #include "mma_fragments.cuh"
+#include "programmatic_launch.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/cuda/cuda_timer.hpp"
@@ -75,6 +76,8 @@ namespace step06 {
 namespace {
 
 using llm::cuda::DeviceBuffer;
+using llm::cuda::launch_kernel;  // programmatic_launch.cuh
+using llm::cuda::wait_then_let_next_kernel_launch;
 
 constexpr int kWarpSize = 32;
 // 8 warps = 8 MMA tiles of 16 output rows: the rows that share one staged
@@ -742,6 +745,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   }
   GroupParamsInFlight<kScheme> group_params;
   group_params.load(m, first_group, n_groups);
+  // So far only the matrix was read, which no kernel writes: with a
+  // programmatic launch (common/cuda/programmatic_launch.cuh) that ran while
+  // the kernel before was finishing. x, y and the split-K scratch come from
+  // earlier kernels.
+  wait_then_let_next_kernel_launch();
   stage_x<kScheme, Act, kNTiles>(tiles, m, x, rows, col0, slice_columns, vector_x);
   group_params.store(tiles);
   // Barrier 1: the staged x, scales and zeros are complete before any warp
@@ -1113,7 +1121,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   const long long unit_begin = block * plan.units / gridDim.x;
   const long long unit_end = (block + 1) * plan.units / gridDim.x;
   const int count = static_cast<int>(unit_end - unit_begin);  // >= 1: grid <= units
-  if (count <= 0) return;  // the whole block: no barrier follows
+  if (count <= 0) {  // never (grid <= units); the whole block, no barrier follows
+    wait_then_let_next_kernel_launch();  // every block waits before it exits (programmatic_launch.cuh)
+    return;
+  }
   const int top_block = static_cast<int>((unit_end - 1) / total_steps);
   const int top_step = static_cast<int>((unit_end - 1) % total_steps);
   const int bottom_block = static_cast<int>(unit_begin / total_steps);
@@ -1133,6 +1144,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       next_request.step_down(total_steps);
     }
   }
+  // So far only the matrix was read (and NF4's levels staged), which no
+  // kernel writes: with a programmatic launch (common/cuda/
+  // programmatic_launch.cuh) that ran while the kernel before was
+  // finishing. x, y and the split-K scratch come from earlier kernels.
+  wait_then_let_next_kernel_launch();
 
   // The math's cursor: the unit, its slot in the staged segment (scales)
   // and its slot of x (the same until a segment holds more than a row's
@@ -1547,26 +1563,22 @@ template <QuantScheme kScheme, class Act>
 void launch_one_shot(const DeviceMatrixView& v, const Act* x, int rows, bool vector_x, Act* y, SplitKView split_k,
                      cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(v.k_splits), static_cast<unsigned>(v.m_blocks));
-  if (rows <= 8) {
-    one_shot_matmul_kernel<kScheme, Act, 1><<<grid, kThreads, 0, stream>>>(v, x, rows, vector_x, y, split_k);
-  } else {
-    one_shot_matmul_kernel<kScheme, Act, 2><<<grid, kThreads, 0, stream>>>(v, x, rows, vector_x, y, split_k);
-  }
-  LLM_CUDA_CHECK_LAUNCH();
+  if (rows <= 8)
+    launch_kernel(one_shot_matmul_kernel<kScheme, Act, 1>, grid, kThreads, 0, stream, v, x, rows, vector_x, y, split_k);
+  else
+    launch_kernel(one_shot_matmul_kernel<kScheme, Act, 2>, grid, kThreads, 0, stream, v, x, rows, vector_x, y, split_k);
 }
 
 template <QuantScheme kScheme, class Act>
 void launch_persistent(const DeviceMatrixView& v, const PersistentPlan& plan, const Act* x, int rows,
                        XStaging staging, Act* y, SplitKView reduction, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(plan.grid);
-  if (rows <= 8) {
-    persistent_matmul_kernel<kScheme, Act, 1>
-        <<<grid, kThreads, plan.shared_bytes[0], stream>>>(v, plan, x, rows, staging, y, reduction);
-  } else {
-    persistent_matmul_kernel<kScheme, Act, 2>
-        <<<grid, kThreads, plan.shared_bytes[1], stream>>>(v, plan, x, rows, staging, y, reduction);
-  }
-  LLM_CUDA_CHECK_LAUNCH();
+  if (rows <= 8)
+    launch_kernel(persistent_matmul_kernel<kScheme, Act, 1>, grid, kThreads, plan.shared_bytes[0], stream, v, plan, x,
+                  rows, staging, y, reduction);
+  else
+    launch_kernel(persistent_matmul_kernel<kScheme, Act, 2>, grid, kThreads, plan.shared_bytes[1], stream, v, plan, x,
+                  rows, staging, y, reduction);
 }
 
 // y [rows, out] = x [rows, in] . W~^T, both device memory, queued on
