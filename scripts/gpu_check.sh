@@ -38,7 +38,8 @@
 #   presets    the model on real models' dims, CUDA only: step 01's decode on
 #              TinyLlama-1.1B's dims in fp32 without graphs and fusions (the
 #              before row), fp16 without and with the norms folded into the
-#              products, and the tiny preset; steps 04-07 on TinyLlama's dims,
+#              products and without programmatic dependent launch, and the
+#              tiny preset; steps 04-07 on TinyLlama's dims,
 #              sized to fit (--full: longer generations, fp32 with graphs,
 #              bf16, Llama-2-7B in fp16 where the GPU has the memory, step 02's
 #              and 03's kernel tables on real attention shapes, step 02's with
@@ -319,9 +320,10 @@ run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
 # Step 01's cached decode (variant 1) on the CUDA model: the overhead lesson.
 # Before: fp32, every kernel launched from the host, no fused launches; then
 # graphs and fusions; then half-precision weights, without and with the
-# norms, SwiGLU and residual adds folded into their products. Bytes per
-# token over time per token, against the copy bandwidth measured in the same
-# run, by position.
+# norms, SwiGLU and residual adds folded into their products, and without
+# programmatic dependent launch (--no-pdl: each kernel starts only once the
+# one before has finished). Bytes per token over time per token, against the
+# copy bandwidth measured in the same run, by position.
 decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and fusions>
   local steps=$1 repeats=$2 dtypes=$3 dtype
   run_step presets tinyllama-1.1b_fp32_eager step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
@@ -332,6 +334,8 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
   done
   run_step presets tinyllama-1.1b_fp16_unfolded step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
     --steps "$steps" --repeats "$repeats" --dtype fp16 --no-norm-folding
+  run_step presets tinyllama-1.1b_fp16_no_pdl step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
+    --steps "$steps" --repeats "$repeats" --dtype fp16 --no-pdl
   run_step presets tiny_fp32_eager step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --no-graphs --no-fusions
   for dtype in fp32 fp16; do
@@ -340,6 +344,8 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
   done
   run_step presets tiny_fp16_unfolded step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --dtype fp16 --no-norm-folding
+  run_step presets tiny_fp16_no_pdl step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
+    --repeats 5 --dtype fp16 --no-pdl
 }
 # PyTorch's SDPA beside step 02's rows, in the same run, where PyTorch with
 # CUDA is importable (step02_flash_attention/measure/sdpa_beside.hpp); the
