@@ -288,8 +288,10 @@ __device__ __forceinline__ void prefetch_first_weights_to_l2(const GemvArguments
   for (int line = static_cast<int>(threadIdx.x); line < lines; line += static_cast<int>(blockDim.x)) {
     const int output = first_output + line / lines_per_row;
     const int k = k_begin + (line % lines_per_row) * kHalvesPerLine;
-    if (output < args.out && k < k_end)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(args.weight + static_cast<std::size_t>(output) * args.padded_in + k));
+    if (output < args.out && k < k_end) {
+      const std::uint16_t* first_weight = args.weight + static_cast<std::size_t>(output) * args.padded_in + k;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(first_weight));
+    }
   }
 }
 
