@@ -6,9 +6,9 @@
 // Why. At decode every kernel of a token waits for the one before it, and
 // each boundary costs more than the launch itself: the next grid's blocks
 // are scheduled only when the last block of the previous grid has exited,
-// and only then request their first bytes from HBM, a round trip of a
-// microsecond or two before the bandwidth is back. A small model's token is
-// 100-plus such boundaries (docs/01_kv_cache.md, section 5.7). But most of
+// and only then request their first bytes from HBM: a whole round trip
+// before the bandwidth is back. A TinyLlama token crosses such a boundary
+// some six times a layer (docs/01_kv_cache.md, section 5.7). But most of
 // what a product kernel reads, its weights, does not depend on the kernel
 // before it at all: only x does. So the next kernel may as well be resident
 // and have its first weights in flight while the previous kernel finishes.
@@ -125,7 +125,12 @@ void launch_kernel(void (*kernel)(Parameters...), dim3 grid, dim3 block, std::si
     config.attrs = &overlap;
     config.numAttrs = 1;
   }
-  LLM_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...));
+  const cudaError_t launched = cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...);
+  // A failed launch is also the thread's "last error" until read: read it
+  // here (as LLM_CUDA_CHECK_LAUNCH does after a <<<...>>> launch), so that a
+  // later check does not report this launch again.
+  if (launched != cudaSuccess) static_cast<void>(cudaGetLastError());
+  LLM_CUDA_CHECK(launched);
 }
 
 }  // namespace llm::cuda
