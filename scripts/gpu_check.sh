@@ -49,7 +49,9 @@
 #              the half GEMV's two kernels side by side, the multiply-adds on
 #              the CUDA cores (the default) and on the tensor cores (--gemv):
 #              the fp16 products alone (step 01's benchmark, with cuBLAS, on
-#              TinyLlama's and Llama-2-7B's shapes, 1-64 rows), then step
+#              TinyLlama's and Llama-2-7B's shapes, 1-64 rows; and a token's
+#              88 TinyLlama products back to back, with and without
+#              programmatic dependent launch), then step
 #              01's TinyLlama decode, step 04's target pass and step 07's
 #              forwards of 1-64 rows with each kernel (minutes)
 #   flash2     only when --stages names it: the top of step 02's
@@ -302,8 +304,10 @@ run_step() {  # run_step <stage> <label> <step> [args...]
 
 # The fp16 products alone (step 01's Google Benchmark, "half_product"): each
 # GEMV kernel and cuBLAS on TinyLlama's and Llama-2-7B's shapes, 1-64 rows,
-# each row count the median of 15 runs from HBM. Its JSON is Google
-# Benchmark's.
+# each row count the median of 15 runs from HBM; and the same filter's
+# "half_product_chain": TinyLlama's 88 products of a token back to back in a
+# CUDA graph, launched serially and with programmatic dependent launch. Its
+# JSON is Google Benchmark's.
 run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
   local stage=$1 label=$2 filter=$3
   selected step01_kv_cache || return 0

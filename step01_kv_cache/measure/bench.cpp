@@ -10,6 +10,10 @@
 // cuBLAS: where the GEMV's time grows with its rows, and where cuBLAS
 // overtakes it (docs/01_kv_cache.md, section 5.6):
 //   build/bin/step01_kv_cache_bench --benchmark_filter=half_product
+// And TinyLlama's 88 decode products of a token back to back in a CUDA
+// graph, each kernel launched after the one before has finished or with
+// programmatic dependent launch (docs/01_kv_cache.md, section 5.7):
+//   build/bin/step01_kv_cache_bench --benchmark_filter=half_product_chain
 #include <Eigen/Core>
 #include <benchmark/benchmark.h>
 
@@ -30,7 +34,10 @@
 #include <vector>
 
 #include "cuda_linear.hpp"  // CublasHandle
+#include "cuda_stream.hpp"
 #include "half_linear.hpp"
+#include "programmatic_launch.cuh"  // OverlapLaunches (its host side)
+#include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/device_buffer.hpp"
 #endif
 
@@ -220,6 +227,106 @@ void register_half_products() {
       bench->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
     }
 }
+
+// --- A token's products back to back ---------------------------------------
+
+// TinyLlama-1.1B's decode products in the order a token runs them: per layer
+// the fused QKV product, wo, gate/up and w2 (the CUDA model's fused shapes),
+// for all 22 layers, one row, each reading the output of the one before (wo
+// reads the QKV row's first dim values, w2 the gate/up row's first
+// hidden_dim): 88 GEMV launches and the 87 boundaries between them, with no
+// attention, norm or RoPE kernel in between. Each layer has weights of its
+// own (2 GB in all), so the chain reads from HBM as a token does.
+struct ProductChain {
+  std::vector<std::unique_ptr<llm::cuda::HalfCudaLinear>> products;  // [n_layers * 4], in run order
+  llm::cuda::DeviceBuffer<float> qkv, proj, gate_up, down;  // [q + 2 kv], [dim], [2 hidden], [dim]
+  std::size_t weight_bytes = 0;
+};
+ProductChain& product_chain() {
+  static ProductChain chain = [] {
+    const llm::ModelConfig c = llm::find_preset("tinyllama-1.1b").config;
+    static llm::cuda::CublasHandle cublas;
+    const auto scratch = std::make_shared<llm::cuda::HalfActivationScratch>();
+    const std::vector<ProductShape> shapes = {{"qkv", c.dim + 2 * c.kv_dim(), c.dim},
+                                              {"wo", c.dim, c.dim},
+                                              {"gate_up", 2 * c.hidden_dim, c.dim},
+                                              {"w2", c.dim, c.hidden_dim}};
+    // fp32 weights whose values do not matter to the time, one host copy per
+    // shape; every layer rounds its own device copy from it.
+    std::vector<std::vector<float>> host_weights;
+    for (const ProductShape& shape : shapes) {
+      std::vector<float> weight(static_cast<std::size_t>(shape.out) * static_cast<std::size_t>(shape.in));
+      for (std::size_t i = 0; i < weight.size(); ++i) weight[i] = 0.001f * static_cast<float>(i % 17) - 0.008f;
+      host_weights.push_back(std::move(weight));
+    }
+    ProductChain made;
+    for (int layer = 0; layer < c.n_layers; ++layer)
+      for (std::size_t p = 0; p < shapes.size(); ++p) {
+        made.products.push_back(std::make_unique<llm::cuda::HalfCudaLinear>(
+            host_weights[p], shapes[p].out, shapes[p].in, llm::cuda::HalfType::Float16, scratch, cublas.get()));
+        made.products.back()->reserve_rows(1);
+        made.weight_bytes += made.products.back()->weight_bytes();
+      }
+    made.qkv = llm::cuda::DeviceBuffer<float>(static_cast<std::size_t>(shapes[0].out));
+    made.proj = llm::cuda::DeviceBuffer<float>(static_cast<std::size_t>(c.dim));
+    made.gate_up = llm::cuda::DeviceBuffer<float>(static_cast<std::size_t>(shapes[2].out));
+    const std::vector<float> first_input(static_cast<std::size_t>(c.dim), 0.5f);
+    made.down = llm::cuda::DeviceBuffer<float>(std::span<const float>(first_input));
+    return made;
+  }();
+  return chain;
+}
+
+// The chain's 88 launches on `stream`: the first as any launch, every later
+// one with programmatic dependent launch when `programmatic` (as the model
+// launches the kernels after its first, programmatic_launch.cuh).
+void enqueue_product_chain(ProductChain& chain, bool programmatic, cudaStream_t stream) {
+  std::unique_ptr<llm::cuda::OverlapLaunches> overlap;  // opened after the first launch
+  for (std::size_t p = 0; p < chain.products.size(); p += 4) {
+    chain.products[p]->forward(chain.down.data(), 1, chain.qkv.data(), stream);
+    if (!overlap) overlap = std::make_unique<llm::cuda::OverlapLaunches>(programmatic);
+    chain.products[p + 1]->forward(chain.qkv.data(), 1, chain.proj.data(), stream);
+    chain.products[p + 2]->forward(chain.proj.data(), 1, chain.gate_up.data(), stream);
+    chain.products[p + 3]->forward(chain.gate_up.data(), 1, chain.down.data(), stream);
+  }
+}
+
+// One benchmark iteration: the median of 15 replays of the chain's CUDA
+// graph after 3 warm-ups, L2 flushed before each (time_cuda). The chain runs
+// once eagerly first (CUDA loads a kernel's code at its first launch, which
+// a capture may not do). bytes_per_second counts the weights.
+void half_product_chain(benchmark::State& state, bool programmatic) {
+  ProductChain& chain = product_chain();
+  const llm::cuda::CudaStream stream;
+  enqueue_product_chain(chain, programmatic, stream.get());
+  stream.synchronize();
+  cudaGraph_t graph = nullptr;
+  LLM_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+  enqueue_product_chain(chain, programmatic, stream.get());
+  LLM_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+  cudaGraphExec_t replay = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&replay, graph, 0);
+  static_cast<void>(cudaGraphDestroy(graph));
+  LLM_CUDA_CHECK(instantiated);
+  const auto run = [&] { LLM_CUDA_CHECK(cudaGraphLaunch(replay, stream.get())); };
+  for (auto _ : state)
+    state.SetIterationTime(llm::cuda::time_cuda(run, /*warmup=*/3, /*runs=*/15).median_ms / 1e3);
+  static_cast<void>(cudaGraphExecDestroy(replay));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(chain.weight_bytes));
+  state.counters["launches"] = static_cast<double>(chain.products.size());
+}
+
+void register_half_product_chains() {
+  for (const bool programmatic : {false, true}) {
+    const std::string name = std::string("step01/half_product_chain/tinyllama-1.1b/") +
+                             (programmatic ? "programmatic_launch" : "serial_launch");
+    benchmark::RegisterBenchmark(name.c_str(), half_product_chain, programmatic)
+        ->UseManualTime()
+        ->Iterations(1)
+        ->Unit(benchmark::kMicrosecond);
+  }
+}
 #endif
 
 void register_all() {
@@ -236,6 +343,7 @@ void register_all() {
     models.push_back(llm::cuda::make_cuda_model(tiny_weights()));
 #if defined(LLM_WITH_CUDA)
     register_half_products();
+    register_half_product_chains();
 #endif
   }
   for (auto& model : models) {
