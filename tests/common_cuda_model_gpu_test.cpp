@@ -1004,18 +1004,19 @@ TEST(CudaGraphs, ReplayGivesBitIdenticalLogitsToTheEagerForward) {
 
 // ---------------------------------------------------------------------------
 // Programmatic dependent launch (programmatic_launch.cuh): each kernel of a
-// forward may start before the one ahead of it has finished, and does only
-// its weight prefetch until that one has. Started early or not, every
-// kernel computes the same values in the same order, so the logits must be
-// the same bits with the overlap on and off: on every path a forward takes
-// (run_every_forward_path: a short run, a prefill, eager decode, graph
-// replays, a batch of three sequences), eager forwards only too, for fp32 (cuBLAS products between
-// our kernels), fp16 with every fusion (the GEMV with folded norms after
-// the attention kernels) and fp16 without fusions (the small kernels back to
-// back). A kernel that read its input before its wait would race with the
-// kernel writing it, and show here as logits that change from run to run.
-// On a GPU before sm_90 the two models launch alike (the attribute is not
-// used there), and the test compares a model with itself.
+// forward may start before the one ahead of it has finished, and does
+// nothing but ask for its weights until that one has. Started early or not,
+// every kernel computes the same values in the same order, so the logits
+// must be the same bits with the overlap on and off: on every path a forward
+// takes (run_every_forward_path: a short run, a prefill, eager decode, graph
+// replays, a batch of three sequences), and with eager forwards only; for
+// fp32 (cuBLAS products between our kernels), fp16 with every fusion (the
+// GEMV with folded norms after the attention kernels) and fp16 without
+// fusions (the small kernels back to back). A kernel that read its input
+// before its wait would race with the kernel writing it, and show here as
+// logits that change from run to run. On a GPU before sm_90 the two models
+// launch alike (the attribute is not used there), and the test compares a
+// model with itself.
 TEST(CudaProgrammaticLaunch, OverlappedKernelsGiveTheBitsOfSerialOnes) {
   LLM_REQUIRE_CUDA_DEVICE();
   struct Path {
