@@ -1016,9 +1016,17 @@ TEST(CudaGraphs, ReplayGivesBitIdenticalLogitsToTheEagerForward) {
 // before its wait would race with the kernel writing it, and show here as
 // logits that change from run to run. On a GPU before sm_90 the two models
 // launch alike (the attribute is not used there), and the test compares a
-// model with itself.
+// model with itself; on sm_90 and later it makes sure the build's code can
+// overlap there, so that it does not.
 TEST(CudaProgrammaticLaunch, OverlappedKernelsGiveTheBitsOfSerialOnes) {
   LLM_REQUIRE_CUDA_DEVICE();
+  int device = 0, major = 0;
+  LLM_CUDA_CHECK(cudaGetDevice(&device));
+  LLM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major >= 9)
+    ASSERT_TRUE(cuda::kernels::launches_overlap_here())
+        << "an sm_" << major << "x GPU, but this build's kernels cannot overlap on it (build them for sm_90 or "
+        << "later): the test would compare serial launches with serial launches";
   struct Path {
     const char* name;
     cuda::WeightDtype dtype;

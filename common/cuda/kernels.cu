@@ -457,6 +457,11 @@ void prefill_attention(const AttentionShape& shape, const float* q, const KvView
                 scores);
 }
 
+bool launches_overlap_here() {
+  const OverlapLaunches scope(true);
+  return launch_overlaps(reinterpret_cast<const void*>(add_inplace_kernel));
+}
+
 cudaError_t probe_kernel_image() {
   cudaFuncAttributes attributes{};
   return cudaFuncGetAttributes(&attributes, add_inplace_kernel);

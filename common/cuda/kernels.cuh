@@ -124,6 +124,13 @@ struct DecodeQueries {
 };
 // The model's decode attention, split_kv_decode_attention.cuh, takes these.
 
+// Whether launch_kernel (programmatic_launch.cuh) launches these kernels
+// with programmatic dependent launch on the current GPU, inside an
+// OverlapLaunches(true) scope: an sm_90 or later GPU, and code for it
+// compiled for sm_90 or later. For tests, which must know whether they
+// compared overlapped launches at all.
+bool launches_overlap_here();
+
 // Asks the runtime for the attributes of one of this file's kernels: fails
 // (cudaErrorNoKernelImageForDevice, ...) when the binary holds no code this
 // GPU can run, so device_status() can say so instead of every launch failing.
