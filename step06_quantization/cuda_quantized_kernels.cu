@@ -125,8 +125,6 @@ constexpr int kCompiledArchitecture = 0;  // the host pass compiles no kernel bo
 // lane: 4 per n8 tile of tokens, at most two tiles.
 constexpr int kPartialValues = kMaxBatchRows / 8 * 4;
 
-constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
 // Per-scheme constants of the kernels.
 template <QuantScheme kScheme>
 struct SchemeTraits {

@@ -6,9 +6,6 @@
 #include <cstddef>
 
 namespace step06 {
-namespace {
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
-}  // namespace
 
 int cuda_int4_column(int step, int t, int i) {
   const int w = i / 8, nibble = i % 8;

@@ -19,6 +19,10 @@
 
 namespace step06 {
 
+// a / b rounded up (a >= 0, b > 0): whole tiles, steps, groups. The layout
+// and the kernels (cuda_quantized_kernels.cu) count them alike.
+constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
 inline constexpr int kCudaTileRows = 16;   // output rows of one MMA tile (the M of m16n8k16): a warp's
 inline constexpr int kCudaStepBytes = 64;  // bytes of one row a warp reads per step: 4 lanes x 16 bytes
 

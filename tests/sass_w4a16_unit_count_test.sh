@@ -19,11 +19,15 @@ emit() {  # emit INSTRUCTION: one line of an nvdisasm-like listing
   printf '        /*%04x*/                   %s ;\n' "$address" "$1"
   address=$((address + 16))
 }
+function_header() {  # function_header ARCHITECTURE NAME: a function's first lines, addresses from 0
+  address=0
+  echo "	code for $1"
+  echo "		Function : $2"
+}
 mangled="_ZN6step0658_GLOBAL__N__e84d74ed_25_cuda_quantized_kernels_cu_c11d2e22"
 one_shot_int8="${mangled}22one_shot_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewEPKT0_ibPS5_NS0_10SplitKViewE"
 {
-  echo "	code for sm_90"
-  echo "		Function : $one_shot_int8"
+  function_header sm_90 "$one_shot_int8"
   emit "LDG.E.128 R40, [R2.64]"
   for step in $(seq 0 7); do
     for i in 1 2 3 4; do emit "HMMA.16816.F32 R8, R12, R16, R8"; done
@@ -31,14 +35,10 @@ one_shot_int8="${mangled}22one_shot_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1
     emit "HADD2 R12, R12, -R51"
   done
   emit "EXIT"
-  address=0
-  echo "	code for sm_75"
-  echo "		Function : $one_shot_int8"
+  function_header sm_75 "$one_shot_int8"
   for i in $(seq 1 64); do emit "HMMA.1688.F32 R8, R12, R16, R8"; done
   emit "EXIT"
-  address=0
-  echo "	code for sm_90"
-  echo "		Function : ${mangled}24persistent_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewENS0_14PersistentPlanEPKT0_iNS0_8XStagingEPS6_NS0_10SplitKViewE"
+  function_header sm_90 "${mangled}24persistent_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewENS0_14PersistentPlanEPKT0_iNS0_8XStagingEPS6_NS0_10SplitKViewE"
   emit "LDG.E.128 R40, [R2.64]"
   for unit in $(seq 0 3); do
     for i in 1 2 3 4; do emit "HMMA.16816.F32 R8, R12, R16, R8"; done

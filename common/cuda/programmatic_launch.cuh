@@ -87,7 +87,9 @@ __device__ __forceinline__ void wait_then_let_next_kernel_launch() {
 // programmatic attribute where the GPU and the kernel's code allow it. The
 // model opens one around the kernels of a forward that follow its first
 // kernel (a kernel whose predecessor on the stream is a copy, not a kernel,
-// gains nothing from it); scopes nest, the innermost decides.
+// gains nothing from it); scopes nest, the innermost decides. Opening an
+// enabled scope asks which GPU is current and whether it is sm_90 or later,
+// once, so that the launches inside it do not.
 class OverlapLaunches {
  public:
   explicit OverlapLaunches(bool enabled);
@@ -95,16 +97,22 @@ class OverlapLaunches {
   OverlapLaunches(const OverlapLaunches&) = delete;
   OverlapLaunches& operator=(const OverlapLaunches&) = delete;
 
+  // What a scope knows (the innermost open one's, on this thread).
+  struct State {
+    bool gpu_overlaps = false;  // enabled, and the current GPU is sm_90 or later
+    int device = -1;            // the current GPU, when gpu_overlaps
+  };
+
  private:
-  bool enclosing_;
+  State enclosing_;
 };
 
 // Whether a launch of `kernel` now gets the programmatic attribute: an
-// OverlapLaunches(true) scope is open on this thread, the current GPU is
-// sm_90 or later, and the kernel's code for it was compiled for sm_90 or
-// later (its ptxVersion; code for an older architecture, JIT-compiled for
-// this GPU, has no wait in it and must not overlap). The two queries are
-// made once per device and kernel.
+// OverlapLaunches(true) scope is open on this thread over an sm_90 or later
+// GPU, and the kernel's code for it was compiled for sm_90 or later (its
+// ptxVersion; code for an older architecture, JIT-compiled for this GPU, has
+// no wait in it and must not overlap). The kernel's answer is asked of the
+// runtime once per thread, device and kernel.
 bool launch_overlaps(const void* kernel);
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), with the attribute

@@ -141,18 +141,33 @@ struct ProductShape {
   int out = 0;
   int in = 0;
 };
+// A decode layer's four products, in the order a token runs them.
+std::vector<ProductShape> layer_product_shapes(const llm::ModelConfig& c) {
+  return {{"qkv", c.dim + 2 * c.kv_dim(), c.dim},
+          {"wo", c.dim, c.dim},
+          {"gate_up", 2 * c.hidden_dim, c.dim},
+          {"w2", c.dim, c.hidden_dim}};
+}
 std::vector<ProductShape> product_shapes() {
   std::vector<ProductShape> shapes;
   for (const char* preset : {"tinyllama-1.1b", "llama2-7b"}) {
     const llm::ModelConfig c = llm::find_preset(preset).config;
     const std::string prefix = std::string(preset) + "/";
-    shapes.push_back({prefix + "qkv", c.dim + 2 * c.kv_dim(), c.dim});
-    shapes.push_back({prefix + "wo", c.dim, c.dim});
-    shapes.push_back({prefix + "gate_up", 2 * c.hidden_dim, c.dim});
-    shapes.push_back({prefix + "w2", c.dim, c.hidden_dim});
+    for (ProductShape shape : layer_product_shapes(c)) {
+      shape.name = prefix + shape.name;
+      shapes.push_back(shape);
+    }
     shapes.push_back({prefix + "classifier", c.vocab_size, c.dim});
   }
   return shapes;
+}
+
+// fp32 weights [shape.out, shape.in] whose values do not matter to a
+// product's time (small, and finite in fp16).
+std::vector<float> timing_weights(const ProductShape& shape) {
+  std::vector<float> weight(static_cast<std::size_t>(shape.out) * static_cast<std::size_t>(shape.in));
+  for (std::size_t i = 0; i < weight.size(); ++i) weight[i] = 0.001f * static_cast<float>(i % 17) - 0.008f;
+  return weight;
 }
 
 enum class ProductPath { GemvCudaCores, GemvTensorCores, Cublas };
@@ -176,9 +191,8 @@ const llm::cuda::HalfCudaLinear& half_layer(const ProductShape& shape, llm::cuda
   const std::string key = shape.name + "/" + llm::cuda::to_string(kernel);
   if (key != current_key) {
     current.reset();  // free the previous layer before making the next
-    std::vector<float> weight(static_cast<std::size_t>(shape.out) * static_cast<std::size_t>(shape.in));
-    for (std::size_t i = 0; i < weight.size(); ++i) weight[i] = 0.001f * static_cast<float>(i % 17) - 0.008f;
-    current = std::make_unique<llm::cuda::HalfCudaLinear>(weight, shape.out, shape.in, llm::cuda::HalfType::Float16,
+    current = std::make_unique<llm::cuda::HalfCudaLinear>(timing_weights(shape), shape.out, shape.in,
+                                                          llm::cuda::HalfType::Float16,
                                                           std::make_shared<llm::cuda::HalfActivationScratch>(),
                                                           cublas.get(), kernel);
     current->reserve_rows(64);  // the largest row count below; grows the cuBLAS path's x scratch too
@@ -247,18 +261,10 @@ ProductChain& product_chain() {
     const llm::ModelConfig c = llm::find_preset("tinyllama-1.1b").config;
     static llm::cuda::CublasHandle cublas;
     const auto scratch = std::make_shared<llm::cuda::HalfActivationScratch>();
-    const std::vector<ProductShape> shapes = {{"qkv", c.dim + 2 * c.kv_dim(), c.dim},
-                                              {"wo", c.dim, c.dim},
-                                              {"gate_up", 2 * c.hidden_dim, c.dim},
-                                              {"w2", c.dim, c.hidden_dim}};
-    // fp32 weights whose values do not matter to the time, one host copy per
-    // shape; every layer rounds its own device copy from it.
+    const std::vector<ProductShape> shapes = layer_product_shapes(c);
+    // One host copy per shape; every layer rounds its own device copy from it.
     std::vector<std::vector<float>> host_weights;
-    for (const ProductShape& shape : shapes) {
-      std::vector<float> weight(static_cast<std::size_t>(shape.out) * static_cast<std::size_t>(shape.in));
-      for (std::size_t i = 0; i < weight.size(); ++i) weight[i] = 0.001f * static_cast<float>(i % 17) - 0.008f;
-      host_weights.push_back(std::move(weight));
-    }
+    for (const ProductShape& shape : shapes) host_weights.push_back(timing_weights(shape));
     ProductChain made;
     for (int layer = 0; layer < c.n_layers; ++layer)
       for (std::size_t p = 0; p < shapes.size(); ++p) {
@@ -281,14 +287,13 @@ ProductChain& product_chain() {
 // one with programmatic dependent launch when `programmatic` (as the model
 // launches the kernels after its first, programmatic_launch.cuh).
 void enqueue_product_chain(ProductChain& chain, bool programmatic, cudaStream_t stream) {
-  std::unique_ptr<llm::cuda::OverlapLaunches> overlap;  // opened after the first launch
-  for (std::size_t p = 0; p < chain.products.size(); p += 4) {
-    chain.products[p]->forward(chain.down.data(), 1, chain.qkv.data(), stream);
-    if (!overlap) overlap = std::make_unique<llm::cuda::OverlapLaunches>(programmatic);
-    chain.products[p + 1]->forward(chain.qkv.data(), 1, chain.proj.data(), stream);
-    chain.products[p + 2]->forward(chain.proj.data(), 1, chain.gate_up.data(), stream);
-    chain.products[p + 3]->forward(chain.gate_up.data(), 1, chain.down.data(), stream);
-  }
+  // Product p reads inputs[p % 4] and writes outputs[p % 4].
+  const float* const inputs[4] = {chain.down.data(), chain.qkv.data(), chain.proj.data(), chain.gate_up.data()};
+  float* const outputs[4] = {chain.qkv.data(), chain.proj.data(), chain.gate_up.data(), chain.down.data()};
+  chain.products.front()->forward(inputs[0], 1, outputs[0], stream);
+  const llm::cuda::OverlapLaunches overlap(programmatic);
+  for (std::size_t p = 1; p < chain.products.size(); ++p)
+    chain.products[p]->forward(inputs[p % 4], 1, outputs[p % 4], stream);
 }
 
 // One benchmark iteration: the median of 15 replays of the chain's CUDA
