@@ -53,7 +53,9 @@
 #              88 TinyLlama products back to back, with and without
 #              programmatic dependent launch), then step
 #              01's TinyLlama decode, step 04's target pass and step 07's
-#              forwards of 1-64 rows with each kernel (minutes)
+#              forwards of 1-64 rows with each kernel, and steps 04 and 07
+#              again on the CUDA cores with the products of 2 rows or more
+#              on cuBLAS (--max-gemv-rows 1) (minutes)
 #   flash2     only when --stages names it: the top of step 02's
 #              FlashAttention-2 ladder, variants 4, 5 and 11-16, at 16 heads,
 #              d = 128 and 64, 4096 and 16384 tokens, causal and not, beside
@@ -430,7 +432,10 @@ fi
 # the presets): the products alone, then step 01's TinyLlama decode, step 04's
 # target pass over k + 1 rows and step 07's forwards of 1-64 rows (part 1),
 # each with the multiply-adds on the CUDA cores (the default) and on the
-# tensor cores, in one run.
+# tensor cores, in one run; then steps 04 and 07 once more on the CUDA cores
+# with only the products of 1 row on the GEMV and those of 2 rows or more on
+# cuBLAS (--max-gemv-rows 1), to weigh cuBLAS's flat time over 2-16 rows
+# against the launches the GEMV saves by folding the norms, SwiGLU and adds.
 if want gemv || (want presets && ((full))); then
   run_half_products gemv half_products half_product
   for kernel in cuda-cores tensor-cores; do
@@ -441,6 +446,10 @@ if want gemv || (want presets && ((full))); then
     run_step gemv "tinyllama-1.1b_fp16_$kernel" step07_batching --device cuda --preset tinyllama-1.1b --dtype fp16 \
       --gemv "$kernel" --requests 8 --seed 85 --repeats 1 --loads 1.0
   done
+  run_step gemv tinyllama-1.1b_fp16_cublas-from-2-rows step04_speculative --device cuda --preset tinyllama-1.1b \
+    --dtype fp16 --gemv cuda-cores --max-gemv-rows 1 --steps 64 --k 4 --repeats 1
+  run_step gemv tinyllama-1.1b_fp16_cublas-from-2-rows step07_batching --device cuda --preset tinyllama-1.1b \
+    --dtype fp16 --gemv cuda-cores --max-gemv-rows 1 --requests 8 --seed 85 --repeats 1 --loads 1.0
 fi
 
 # The top of step 02's FlashAttention-2 ladder beside SDPA (stage flash2):

@@ -40,7 +40,6 @@
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_timer.hpp"
 #include "cuda_model.hpp"  // common/cuda: CudaModel, graphs_captured
-#include "half_linear.hpp"  // common/cuda: kMaxGemvRows
 #include "kernels.cuh"     // common/cuda: write_kv_rows
 #include "llm/cuda/device_buffer.hpp"
 #include "paged_kv_cache_double.hpp"
@@ -188,8 +187,11 @@ struct HalfCase {
 class CudaHalfVsCpu : public ::testing::TestWithParam<ConfigCase> {};
 
 // fp16 and bf16, each with its products of 1..16 rows on either GEMV kernel
-// (the CUDA cores' fmaf or the tensor cores' mma), graphs on.
-std::vector<cuda::CudaRunOptions> half_runs_on_both_gemv_kernels() {
+// (the CUDA cores' fmaf or the tensor cores' mma); and fp16 with only its
+// products of 1 row on the GEMV (--max-gemv-rows 1: every forward of more
+// rows runs cuBLAS, with its norms, SwiGLU and adds as kernels of their own).
+// Graphs on.
+std::vector<cuda::CudaRunOptions> half_runs_on_every_product_path() {
   std::vector<cuda::CudaRunOptions> runs;
   for (const cuda::HalfGemvKernel gemv : {cuda::HalfGemvKernel::CudaCores, cuda::HalfGemvKernel::TensorCores})
     for (const cuda::WeightDtype dtype : {cuda::WeightDtype::Float16, cuda::WeightDtype::BFloat16}) {
@@ -198,7 +200,16 @@ std::vector<cuda::CudaRunOptions> half_runs_on_both_gemv_kernels() {
       run.gemv = gemv;
       runs.push_back(run);
     }
+  cuda::CudaRunOptions cublas_from_2_rows;
+  cublas_from_2_rows.dtype = cuda::WeightDtype::Float16;
+  cublas_from_2_rows.max_gemv_rows = 1;
+  runs.push_back(cublas_from_2_rows);
   return runs;
+}
+// "fp16, GEMV on cuda-cores up to 16 rows": a run of the list, in a trace.
+std::string half_run_name(const cuda::CudaRunOptions& run) {
+  return cuda::to_string(run.dtype) + ", GEMV on " + cuda::to_string(run.gemv) + " up to " +
+         std::to_string(run.max_gemv_rows) + " rows";
 }
 
 // The tokens are the CPU's (teacher-forced), so both models see the same
@@ -314,15 +325,16 @@ void expect_rows_within(const std::vector<float>& got, const std::vector<float>&
 
 // The implementation, apart from the precision: the CPU model on the same
 // rounded weights, rounding each product's x as the GPU does. A 13-token
-// prompt and 10 decode steps (every product the GEMV), then a 37-row prefill
-// (cuBLAS): the same tolerance on both paths.
+// prompt (the GEMV, or cuBLAS where max_gemv_rows is lower) and 10 decode
+// steps (every product the GEMV), then a 37-row prefill (cuBLAS): the same
+// tolerance on both paths.
 TEST_P(CudaHalfVsCpu, MatchesTheCpuOnTheSameRoundedWeights) {
   LLM_REQUIRE_CUDA_DEVICE();
   const ModelConfig& config = GetParam().config;
   const ModelWeights weights = random_weights(config, 31337);
-  for (const cuda::CudaRunOptions& half : half_runs_on_both_gemv_kernels()) {
+  for (const cuda::CudaRunOptions& half : half_runs_on_every_product_path()) {
     const cuda::WeightDtype dtype = half.dtype;
-    SCOPED_TRACE(cuda::to_string(dtype) + ", GEMV on " + cuda::to_string(half.gemv));
+    SCOPED_TRACE(half_run_name(half));
     const Tolerance tolerance = same_rounding_tolerance(dtype);
     CpuModel cpu = cpu_model_with_half_products(weights, dtype);
     const auto gpu = cuda::make_cuda_model(weights, half);
@@ -332,7 +344,7 @@ TEST_P(CudaHalfVsCpu, MatchesTheCpuOnTheSameRoundedWeights) {
     const TokenBatch prefill = TokenBatch::prefill(short_prompt, 0, 0);
     const auto ref = run(cpu, prefill, *cpu_cache, LogitsFor::AllRows);
     expect_rows_within(run(*gpu, prefill, *gpu_cache, LogitsFor::AllRows), ref, config.vocab_size, tolerance,
-                       "13-row prefill (GEMV)");
+                       13 <= half.max_gemv_rows ? "13-row prefill (GEMV)" : "13-row prefill (cuBLAS)");
     int token = last_argmax(ref, config.vocab_size);
     for (int pos = 13; pos < 23; ++pos) {
       const auto ref_step = run(cpu, TokenBatch::single(token, pos, 0), *cpu_cache);
@@ -361,9 +373,9 @@ TEST_P(CudaHalfVsCpu, ADecodeRowGivesItsSoloLogitsInAForwardOfManyRows) {
   const std::vector<int> cached = random_tokens(9, vocab, 5);    // sequence 1's prompt
   const std::vector<int> prefill = random_tokens(20, vocab, 6);  // sequence 0's, in the shared forward
   const int next = 11;                                           // sequence 1's decode token
-  for (const cuda::CudaRunOptions& half : half_runs_on_both_gemv_kernels()) {
+  for (const cuda::CudaRunOptions& half : half_runs_on_every_product_path()) {
     const cuda::WeightDtype dtype = half.dtype;
-    SCOPED_TRACE(cuda::to_string(dtype) + ", GEMV on " + cuda::to_string(half.gemv));
+    SCOPED_TRACE(half_run_name(half));
     const auto gpu = cuda::make_cuda_model(weights, half);
     const auto solo_cache = gpu->make_cache(2, config.seq_len);
     const auto shared_cache = gpu->make_cache(2, config.seq_len);
@@ -377,6 +389,47 @@ TEST_P(CudaHalfVsCpu, ADecodeRowGivesItsSoloLogitsInAForwardOfManyRows) {
     expect_rows_within(shared_row, solo, vocab, same_rounding_tolerance(dtype), "decode row, alone vs among 21");
     EXPECT_EQ(last_argmax(shared_row, vocab), last_argmax(solo, vocab));
   }
+}
+
+// CudaRunOptions::max_gemv_rows reaches every product of the command-line
+// model (make_cuda_model, through cuda_linear_factory). With 1, a 5-row run
+// gives the bits of a CudaModel whose factory was made for 1 row, and not
+// those of the default model, whose GEMV adds the same products in another
+// order than cuBLAS does; a single row runs the GEMV, norms folded, in both,
+// and gives the default model's bits.
+TEST(CudaModel, MaxGemvRowsSendsLongerProductsToCublas) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const ModelConfig config = make_config(96, 200, 3, 6, 2, 300, 96, false);  // config_cases()'s "odd"
+  const ModelWeights weights = random_weights(config, 77);
+  cuda::CudaRunOptions gemv_up_to_1;
+  gemv_up_to_1.dtype = cuda::WeightDtype::Float16;
+  gemv_up_to_1.max_gemv_rows = 1;
+  cuda::CudaRunOptions gemv_up_to_16 = gemv_up_to_1;
+  gemv_up_to_16.max_gemv_rows = cuda::kMaxGemvRows;
+  const auto routed = cuda::make_cuda_model(weights, gemv_up_to_1);
+  const auto gemv = cuda::make_cuda_model(weights, gemv_up_to_16);
+  cuda::CudaModelOptions spelled_out_options;  // what make_cuda_model builds for gemv_up_to_1
+  spelled_out_options.linear_factory =
+      cuda::cuda_linear_factory(cuda::WeightDtype::Float16, cuda::HalfGemvKernel::CudaCores, 1);
+  spelled_out_options.fusions = cuda::CudaFusions::all();
+  cuda::CudaModel spelled_out(weights, spelled_out_options);
+  // Each forward on a fresh cache, every row's logits.
+  const auto logits = [&config](Model& model, const TokenBatch& batch) {
+    const auto cache = model.make_cache(1, config.seq_len);
+    return run(model, batch, *cache, LogitsFor::AllRows);
+  };
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  const std::vector<int> prompt = random_tokens(5, config.vocab_size, 8);
+  const TokenBatch five_rows = TokenBatch::prefill(prompt, 0, 0);
+  const std::vector<float> cublas_bits = logits(spelled_out, five_rows);
+  EXPECT_TRUE(same_bits(logits(*routed, five_rows), cublas_bits))
+      << "make_cuda_model with max_gemv_rows 1 did not run a 5-row forward as the model made for it";
+  EXPECT_FALSE(same_bits(logits(*gemv, five_rows), cublas_bits))
+      << "the default model's 5 rows gave the bits of cuBLAS's path: they did not run the GEMV";
+  const TokenBatch one_row = TokenBatch::single(prompt.front(), 0, 0);
+  EXPECT_TRUE(same_bits(logits(*routed, one_row), logits(*gemv, one_row))) << "a single row left the GEMV";
 }
 #endif
 
@@ -855,22 +908,37 @@ void run_every_forward_path(const ModelConfig& config, Forward&& forward) {
 // GEMV: unfolded), decode steps replayed from graphs, and a batch of three
 // sequences. With fewer products fused (separate Q/K/V and gate/up) too. And
 // the folded model still matches the CPU model at the dtype's tolerance.
+// Also with fp16 products of 1 row only on the GEMV (max_gemv_rows 1): the
+// short run and the batch of three then run cuBLAS, which folds nothing, so
+// the folded model must leave their norms and adds as kernels too.
 TEST(CudaFusions, NormInProductGivesTheUnfoldedBits) {
   LLM_REQUIRE_CUDA_DEVICE();
+  struct Products {
+    cuda::WeightDtype dtype;
+    int max_gemv_rows;
+  };
+  const Products products_cases[] = {{cuda::WeightDtype::Float16, cuda::kMaxGemvRows},
+                                     {cuda::WeightDtype::BFloat16, cuda::kMaxGemvRows},
+                                     {cuda::WeightDtype::Float16, 1}};
   for (const ConfigCase& config_case : config_cases()) {
     const ModelConfig& config = config_case.config;
     const ModelWeights weights = random_weights(config, 9001);
     CpuModel cpu(weights);
-    for (const cuda::WeightDtype dtype : {cuda::WeightDtype::Float16, cuda::WeightDtype::BFloat16}) {
+    for (const Products& products : products_cases) {
+      const cuda::WeightDtype dtype = products.dtype;
       for (const bool products_fused : {true, false}) {
-        SCOPED_TRACE(config_case.name + ", " + cuda::to_string(dtype) + (products_fused ? "" : ", separate products"));
+        SCOPED_TRACE(config_case.name + ", " + cuda::to_string(dtype) + ", GEMV up to " +
+                     std::to_string(products.max_gemv_rows) + " rows" + (products_fused ? "" : ", separate products"));
+        const auto linear_factory = [&products] {
+          return cuda::cuda_linear_factory(products.dtype, cuda::HalfGemvKernel::CudaCores, products.max_gemv_rows);
+        };
         cuda::CudaModelOptions unfolded_options;
-        unfolded_options.linear_factory = cuda::cuda_linear_factory(dtype);
+        unfolded_options.linear_factory = linear_factory();
         unfolded_options.fusions = cuda::CudaFusions::all();
         unfolded_options.fusions.qkv_product = unfolded_options.fusions.gate_up_product = products_fused;
         unfolded_options.fusions.norm_in_product = false;
         cuda::CudaModelOptions folded_options = unfolded_options;
-        folded_options.linear_factory = cuda::cuda_linear_factory(dtype);
+        folded_options.linear_factory = linear_factory();
         folded_options.fusions.norm_in_product = true;
         cuda::CudaModel unfolded(weights, unfolded_options), folded(weights, folded_options);
         const auto unfolded_cache = unfolded.make_cache(kForwardPathSequences, config.seq_len);

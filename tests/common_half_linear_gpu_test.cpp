@@ -478,6 +478,75 @@ TEST(HalfCudaLinear, ForwardPastTheReservedRowsThrows) {
 #endif
 }
 
+// gemv_max_rows (CudaRunOptions::max_gemv_rows, --max-gemv-rows): a layer
+// built with 1 sends 2..16 rows to cuBLAS, the bits of forward_with_cublas on
+// the same rows, with the scratch that reserve_rows(16) grew, and 1 row to
+// the GEMV, the bits of a default layer; it folds nothing into more than one
+// row. The default layer's GEMV adds those rows' products in another order
+// than cuBLAS (its bits differ), so a forward that ignored the limit fails
+// here. A limit the GEMV cannot take (0, 17) is refused when the layer is
+// made, by the factory's layers too.
+TEST(HalfCudaLinear, RowsPastGemvMaxRowsRunCublas) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  const HalfCase c{false, 256, 2048};  // TinyLlama's K/V projection, fp16, CUDA cores
+  constexpr int kRows = cuda::kMaxGemvRows;
+  const std::vector<float> weight = random_vector(static_cast<std::size_t>(c.out) * c.in, 60, 0.5f);
+  const std::vector<float> x = random_vector(static_cast<std::size_t>(kRows) * c.in, 61, 1.0f);
+  cuda::CublasHandle cublas;
+  HalfCudaLinear gemv_layer = make_layer(weight, c, cublas.get());
+  HalfCudaLinear layer(weight, c.out, c.in, HalfType::Float16, std::make_shared<HalfActivationScratch>(), cublas.get(),
+                       cuda::HalfGemvKernel::CudaCores, /*gemv_max_rows=*/1);
+  EXPECT_EQ(gemv_layer.gemv_max_rows(), cuda::kMaxGemvRows);
+  EXPECT_EQ(layer.gemv_max_rows(), 1);
+  EXPECT_EQ(layer.max_fused_rows(), 1);
+  EXPECT_TRUE(layer.fuses(1));
+  EXPECT_FALSE(layer.fuses(2));
+  gemv_layer.reserve_rows(kRows);
+  layer.reserve_rows(kRows);
+  const DeviceBuffer<float> x_dev{std::span<const float>(x)};
+  DeviceBuffer<float> y_dev(static_cast<std::size_t>(kRows) * c.out);
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const int rows : {2, 5, 9, 16}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows");
+    const std::vector<float> routed = run_forward(layer, x_dev, rows, y_dev);
+    LLM_CUDA_CHECK(cudaMemset(y_dev.data(), 0xff, y_dev.bytes()));
+    layer.forward_with_cublas(x_dev.data(), rows, y_dev.data(), nullptr);
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> cublas_bits(y_dev.size());
+    y_dev.download(cublas_bits);
+    EXPECT_TRUE(same_bits(routed, cublas_bits)) << "forward did not run cuBLAS past gemv_max_rows";
+    EXPECT_FALSE(same_bits(run_forward(gemv_layer, x_dev, rows, y_dev), cublas_bits))
+        << "the default layer's GEMV gave cuBLAS's bits: this test could not tell the two paths apart";
+  }
+  EXPECT_TRUE(same_bits(run_forward(layer, x_dev, 1, y_dev), run_forward(gemv_layer, x_dev, 1, y_dev)))
+      << "1 row did not run the GEMV";
+  EXPECT_THROW(layer.forward_fused(x_dev.data(), 2, y_dev.data(), cuda::ProductFusion{.accumulate = true}, nullptr),
+               std::logic_error);
+  LLM_CUDA_CHECK(cudaDeviceSynchronize());
+
+  for (const int refused : {0, cuda::kMaxGemvRows + 1}) {
+    SCOPED_TRACE("gemv_max_rows " + std::to_string(refused));
+    try {
+      HalfCudaLinear bad(weight, c.out, c.in, HalfType::Float16, std::make_shared<HalfActivationScratch>(),
+                         cublas.get(), cuda::HalfGemvKernel::CudaCores, refused);
+      ADD_FAILURE() << "accepted";
+    } catch (const InputError& e) {
+      EXPECT_TRUE(HasSubstr(e.what(), "1.." + std::to_string(cuda::kMaxGemvRows))) << e.what();
+      EXPECT_TRUE(HasSubstr(e.what(), "(got " + std::to_string(refused) + ")")) << e.what();
+    }
+    const cuda::CudaLinearFactory factory =
+        cuda::half_cuda_linear_factory(HalfType::BFloat16, cuda::HalfGemvKernel::CudaCores, refused);
+    EXPECT_THROW(factory(weight, c.out, c.in, LinearSite{0, LinearRole::Key}, cublas.get()), InputError);
+  }
+  const cuda::CudaLinearFactory one_row_factory =
+      cuda::half_cuda_linear_factory(HalfType::BFloat16, cuda::HalfGemvKernel::CudaCores, 1);
+  EXPECT_EQ(one_row_factory(weight, c.out, c.in, LinearSite{0, LinearRole::Key}, cublas.get())->max_fused_rows(), 1);
+#endif
+}
+
 // fp16 ends at 65504: a weight of 1e6 becomes inf, which the constructor
 // refuses, naming the layer. bf16 has fp32's exponent range: 1e6 rounds to
 // 999424 (8 significant bits), and both paths compute with it exactly here.

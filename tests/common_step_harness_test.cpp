@@ -98,6 +98,30 @@ TEST(StepCommandLine, TheCudaFlagsBecomeTheCudaRunOptions) {
   EXPECT_TRUE(HasSubstr(outcome.stderr_text, "--gemv"));
 }
 
+// --max-gemv-rows N: the half products of more than N rows run cuBLAS, and
+// the JSON config records N. The default keeps every product the GEMV takes
+// on the GEMV; a row count the GEMV cannot take (0, 17) or no number at all
+// is refused, naming the flag.
+TEST(StepCommandLine, MaxGemvRowsBecomesTheCudaRunOptions) {
+  CommonOptions common;
+  EXPECT_EQ(common.max_gemv_rows, cuda::kMaxGemvRows);
+  EXPECT_EQ(cuda_run_options(common).max_gemv_rows, cuda::kMaxGemvRows);
+  EXPECT_EQ(cuda::CudaRunOptions{}.max_gemv_rows, cuda::kMaxGemvRows);
+  ASSERT_FALSE(parse({"step", "--max-gemv-rows", "1"}, common).exit_status);
+  EXPECT_EQ(cuda_run_options(common).max_gemv_rows, 1);
+  Results results("stepXX", "a title");  // the JSON config says how the products ran
+  set_sampling_config(results, common);
+  EXPECT_TRUE(HasSubstr(results.to_json(), "\"cuda_max_gemv_rows\": 1")) << results.to_json();
+  for (const char* refused_value : {"0", "17", "two"}) {
+    SCOPED_TRACE(refused_value);
+    CommonOptions refused;
+    const ParseOutcome outcome = parse({"step", "--max-gemv-rows", refused_value}, refused);
+    ASSERT_TRUE(outcome.exit_status.has_value());
+    EXPECT_NE(*outcome.exit_status, 0);
+    EXPECT_TRUE(HasSubstr(outcome.stderr_text, "--max-gemv-rows")) << outcome.stderr_text;
+  }
+}
+
 // CLI11's own errors keep CLI11's message but exit 1, the status of every
 // bad input (CLI11's codes are 105 to 109).
 TEST(StepCommandLine, CommandLineErrorsStopWithStatusOne) {

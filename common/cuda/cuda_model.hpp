@@ -29,7 +29,7 @@
 #include "cuda_kv_cache.hpp"
 #include "cuda_linear.hpp"
 #include "cuda_stream.hpp"
-#include "half_linear.hpp"  // kMaxGemvRows
+#include "half_linear.hpp"  // HalfCudaLinear: cuda_linear_factory's fp16/bf16 layers
 #include "llm/attention.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/cuda/device_buffer.hpp"
@@ -88,8 +88,11 @@ struct CudaModelOptions {
 };
 
 // The linear factory of a weight element type: DenseCudaLinear (fp32) or
-// HalfCudaLinear (fp16, bf16, whose products of 1..16 rows run `gemv`).
-CudaLinearFactory cuda_linear_factory(WeightDtype dtype, HalfGemvKernel gemv = HalfGemvKernel::CudaCores);
+// HalfCudaLinear (fp16, bf16, whose products of 1..max_gemv_rows rows run
+// `gemv`, more rows cuBLAS). max_gemv_rows outside 1..kMaxGemvRows: the half
+// layers throw InputError as they are made (fp32 has no GEMV, and ignores it).
+CudaLinearFactory cuda_linear_factory(WeightDtype dtype, HalfGemvKernel gemv = HalfGemvKernel::CudaCores,
+                                      int max_gemv_rows = kMaxGemvRows);
 
 class CudaModel final : public Model {
  public:
@@ -136,7 +139,10 @@ class CudaModel final : public Model {
   };
   // Runs of up to this many rows of one sequence are attended as decode
   // queries (plan() says why): the half GEMV's row limit, past which a
-  // forward is a prefill in every sense.
+  // forward is a prefill in every sense. It stays kMaxGemvRows when the
+  // products send fewer rows to the GEMV (CudaRunOptions::max_gemv_rows):
+  // it decides the attention and the graph replay, which do not depend on
+  // the products' path, so a comparison of the two paths changes nothing else.
   static constexpr int kShortRunRows = kMaxGemvRows;
   // A run of more rows of one sequence: prefill attention.
   struct PrefillRun {

@@ -30,7 +30,9 @@
 // rows nearly free at decode, where cublasSgemm's kernels for 9 rows took
 // 1.2-1.7x the time of one row. The row count is a template parameter,
 // rounded up to a bucket (1, 2, 4, 8, 16; the extra rows are zeros that are
-// never written), so the sums live in registers.
+// never written), so the sums live in registers. A layer built with a lower
+// gemv_max_rows (CudaRunOptions::max_gemv_rows) sends its products of more
+// rows to cuBLAS instead: how a whole model is timed on both paths.
 //
 //   weights  [out, padded_in] half bit patterns, padded_in = in rounded up to
 //            8 (16 bytes), columns [in, padded_in) zero: every row starts
@@ -745,14 +747,19 @@ std::string to_string(HalfType type) { return type == HalfType::Float16 ? "fp16"
 
 HalfCudaLinear::HalfCudaLinear(std::span<const float> weight, int out_features, int in_features, HalfType type,
                                std::shared_ptr<HalfActivationScratch> scratch, cublasHandle_t cublas,
-                               HalfGemvKernel gemv_kernel)
+                               HalfGemvKernel gemv_kernel, int gemv_max_rows)
     : out_(out_features),
       in_(in_features),
       padded_in_(0),
       type_(type),
       gemv_kernel_(gemv_kernel),
+      gemv_max_rows_(gemv_max_rows),
       scratch_(std::move(scratch)),
       cublas_(cublas) {
+  if (gemv_max_rows < 1 || gemv_max_rows > kMaxGemvRows)
+    throw InputError("linear layer " + shape_text(out_features, in_features) + ": the GEMV takes products of 1.." +
+                     std::to_string(kMaxGemvRows) + " rows, so its row limit must be in 1.." +
+                     std::to_string(kMaxGemvRows) + " (got " + std::to_string(gemv_max_rows) + ")");
   if (out_features <= 0 || in_features <= 0 ||
       weight.size() != static_cast<std::size_t>(out_features) * static_cast<std::size_t>(in_features))
     throw InputError("linear layer: " + std::to_string(weight.size()) + " weights do not make a " +
@@ -808,12 +815,12 @@ int HalfCudaLinear::gemv_output_blocks() const { return ceil_div(out_, gemv_outp
 void HalfCudaLinear::reserve_rows(int rows) {
   if (rows <= 0) return;
   HalfActivationScratch& scratch = *scratch_;
-  const auto gemv_rows = static_cast<std::size_t>(std::min(rows, kMaxGemvRows));
+  const auto gemv_rows = static_cast<std::size_t>(std::min(rows, gemv_max_rows_));
   const std::size_t partial_floats =
       gemv_k_splits_ > 1 ? static_cast<std::size_t>(gemv_k_splits_) * gemv_rows * static_cast<std::size_t>(out_) : 0;
   const std::size_t counters = gemv_k_splits_ > 1 ? static_cast<std::size_t>(gemv_output_blocks()) : 0;
   const std::size_t activation_halves =
-      rows > kMaxGemvRows ? static_cast<std::size_t>(rows) * static_cast<std::size_t>(in_) : 0;
+      rows > gemv_max_rows_ ? static_cast<std::size_t>(rows) * static_cast<std::size_t>(in_) : 0;
   if (partial_floats <= scratch.partial_sums.size() && counters <= scratch.split_counters.size() &&
       activation_halves <= scratch.activations.size())
     return;
@@ -830,7 +837,7 @@ void HalfCudaLinear::reserve_rows(int rows) {
 
 void HalfCudaLinear::forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
   if (rows <= 0) return;
-  if (rows <= kMaxGemvRows)
+  if (rows <= gemv_max_rows_)
     forward_gemv(x_dev, rows, y_dev, ProductFusion{}, stream);
   else
     forward_gemm(x_dev, rows, y_dev, stream);
@@ -840,7 +847,7 @@ void HalfCudaLinear::forward_fused(const float* x_dev, int rows, float* y_dev, c
                                    cudaStream_t stream) const {
   if (!fuses(rows))
     throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": the GEMV folds a norm or an add into " +
-                           "1.." + std::to_string(kMaxGemvRows) + " rows, not " + std::to_string(rows));
+                           "1.." + std::to_string(gemv_max_rows_) + " rows, not " + std::to_string(rows));
   if (fusion.input_norm != nullptr && fusion.swiglu_of_gate_up)
     throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": x is either a norm's input or SwiGLU's, "
                            "not both");
@@ -917,11 +924,13 @@ void HalfCudaLinear::forward_gemm(const float* x_dev, int rows, float* y_dev, cu
                                 /*C=*/y_dev, CUDA_R_32F, /*ldc=*/out_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel) {
+CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel, int gemv_max_rows) {
   auto scratch = std::make_shared<HalfActivationScratch>();
-  return [type, gemv_kernel, scratch](const std::vector<float>& weight, int out_features, int in_features,
-                                      const LinearSite&, cublasHandle_t cublas) -> std::unique_ptr<CudaLinear> {
-    return std::make_unique<HalfCudaLinear>(weight, out_features, in_features, type, scratch, cublas, gemv_kernel);
+  return [type, gemv_kernel, gemv_max_rows, scratch](const std::vector<float>& weight, int out_features,
+                                                     int in_features, const LinearSite&,
+                                                     cublasHandle_t cublas) -> std::unique_ptr<CudaLinear> {
+    return std::make_unique<HalfCudaLinear>(weight, out_features, in_features, type, scratch, cublas, gemv_kernel,
+                                            gemv_max_rows);
   };
 }
 

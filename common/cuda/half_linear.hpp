@@ -4,9 +4,10 @@
 // token reads half the bytes of the fp32 baseline. Activations stay fp32 in
 // memory (x in, y out) and every sum is accumulated in fp32; each product
 // multiplies the half weights by x rounded to the same half type. Up to
-// kMaxGemvRows rows go through a GEMV written for this (one pass over the
-// weights whatever the row count; its multiply-adds on the CUDA cores or on
-// the tensor cores, HalfGemvKernel); more rows (prefill) go through cuBLAS.
+// gemv_max_rows rows (kMaxGemvRows unless the layer is built with fewer) go
+// through a GEMV written for this (one pass over the weights whatever the row
+// count; its multiply-adds on the CUDA cores or on the tensor cores,
+// HalfGemvKernel); more rows (prefill) go through cuBLAS.
 // Both paths round x alike, so a row's output does not depend (beyond the
 // order of fp32 sums) on which path its forward took. Why these choices, and
 // the kernel's shape: half_linear.cu.
@@ -23,17 +24,13 @@
 #include <string>
 
 #include "cuda_linear.hpp"
-#include "llm/cuda/cuda_runtime_api.hpp"  // HalfGemvKernel
+#include "llm/cuda/cuda_runtime_api.hpp"  // HalfGemvKernel, kMaxGemvRows
 #include "llm/cuda/device_buffer.hpp"
 
 namespace llm::cuda {
 
 enum class HalfType { Float16, BFloat16 };
 std::string to_string(HalfType type);  // "fp16", "bf16"
-
-// Up to this many rows, forward runs the GEMV (speculative decoding verifies
-// up to k + 1 <= 9 rows, step 07 batches a few sequences); beyond, cuBLAS.
-inline constexpr int kMaxGemvRows = 16;
 
 // Device scratch that every layer of one factory shares: the layers run one
 // after another on one stream, so one buffer of each kind serves them all.
@@ -61,24 +58,26 @@ class HalfCudaLinear final : public CudaLinear {
   // finite after rounding (fp16 ends at 65504: larger weights become inf; bf16
   // has fp32's exponent range). `scratch` is shared with the factory's other
   // layers; `cublas` is borrowed (the model outlives its layers' calls).
-  // `gemv_kernel` runs the products of 1..kMaxGemvRows rows; TensorCores
+  // `gemv_kernel` runs the products of 1..gemv_max_rows rows; TensorCores
   // throws InputError where the build's code for this GPU has no mma.sync of
-  // the type (fp16 needs code for sm_75 or later, bf16 sm_80).
+  // the type (fp16 needs code for sm_75 or later, bf16 sm_80). More rows than
+  // `gemv_max_rows` go through cuBLAS (CudaRunOptions::max_gemv_rows);
+  // outside 1..kMaxGemvRows it throws InputError.
   HalfCudaLinear(std::span<const float> weight, int out_features, int in_features, HalfType type,
                  std::shared_ptr<HalfActivationScratch> scratch, cublasHandle_t cublas,
-                 HalfGemvKernel gemv_kernel = HalfGemvKernel::CudaCores);
+                 HalfGemvKernel gemv_kernel = HalfGemvKernel::CudaCores, int gemv_max_rows = kMaxGemvRows);
 
-  // rows <= 0: nothing. rows <= kMaxGemvRows: the GEMV. More: x rounded to
+  // rows <= 0: nothing. rows <= gemv_max_rows(): the GEMV. More: x rounded to
   // the half type into the scratch, then cublasGemmEx. Never allocates (it
   // may be captured into a CUDA graph): throws std::logic_error when the
   // scratch it needs was not grown by reserve_rows(rows) (of this layer or
   // another layer sharing the scratch).
   void forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const override;
   // The prefill path (x rounded into the scratch, then cublasGemmEx) at any
-  // row count: what forward runs past kMaxGemvRows. For measuring where
+  // row count: what forward runs past gemv_max_rows(). For measuring where
   // cuBLAS overtakes the GEMV (step 01's benchmark); the scratch must hold
-  // rows x in_features halves (reserve_rows of more than kMaxGemvRows rows
-  // grows it), else it throws std::logic_error.
+  // rows x in_features halves (reserve_rows of more than gemv_max_rows()
+  // rows grows it), else it throws std::logic_error.
   void forward_with_cublas(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
     if (rows > 0) forward_gemm(x_dev, rows, y_dev, stream);
   }
@@ -87,9 +86,11 @@ class HalfCudaLinear final : public CudaLinear {
   // counters synchronously).
   void reserve_rows(int rows) override;
   // The GEMV folds the RMSNorm before the product and the residual add after
-  // it into its own launch, for 1..kMaxGemvRows rows; the results are the
-  // bits of the norm kernel, then forward, then the add kernel.
-  int max_fused_rows() const override { return kMaxGemvRows; }
+  // it into its own launch, for the rows it runs (1..gemv_max_rows()); the
+  // results are the bits of the norm kernel, then forward, then the add
+  // kernel. cuBLAS folds nothing: past gemv_max_rows() the model runs those
+  // kernels around forward.
+  int max_fused_rows() const override { return gemv_max_rows_; }
   void forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                      cudaStream_t stream) const override;
 
@@ -102,6 +103,8 @@ class HalfCudaLinear final : public CudaLinear {
 
   HalfType type() const { return type_; }
   HalfGemvKernel gemv_kernel() const { return gemv_kernel_; }
+  // The most rows forward sends to the GEMV; more go through cuBLAS.
+  int gemv_max_rows() const { return gemv_max_rows_; }
   // Row stride of the device weights: in_features rounded up to 8 halves (16
   // bytes), the padding columns zero, so every 16-byte load is aligned.
   int padded_in_features() const { return padded_in_; }
@@ -126,6 +129,7 @@ class HalfCudaLinear final : public CudaLinear {
   int padded_in_;
   HalfType type_;
   HalfGemvKernel gemv_kernel_;
+  int gemv_max_rows_;               // forwards of 1..gemv_max_rows_ rows run the GEMV, more cuBLAS
   int gemv_outputs_per_block_ = 0;  // outputs of one GEMV block (64 on CUDA cores, 128 on tensor cores)
   int gemv_k_splits_ = 1;           // blockIdx.y of the GEMV: slices of the input columns
   int gemv_steps_per_split_ = 1;    // 64-column steps in each slice (the last may have fewer)
@@ -133,9 +137,10 @@ class HalfCudaLinear final : public CudaLinear {
   cublasHandle_t cublas_;
 };
 
-// Layers with weights rounded to `type`, whose products of 1..kMaxGemvRows
-// rows run `gemv_kernel`; all the layers one factory makes share one
-// HalfActivationScratch.
-CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel = HalfGemvKernel::CudaCores);
+// Layers with weights rounded to `type`, whose products of 1..gemv_max_rows
+// rows run `gemv_kernel` (more rows: cuBLAS); all the layers one factory
+// makes share one HalfActivationScratch.
+CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel = HalfGemvKernel::CudaCores,
+                                           int gemv_max_rows = kMaxGemvRows);
 
 }  // namespace llm::cuda

@@ -131,7 +131,8 @@ std::optional<int> parse_options(int argc, char** argv, Step02Options& options) 
       {{{"--prompt", "--steps", "--temperature", "--top-p"},
         "it times attention kernels on random inputs, and the model's prefill on a random prompt of "
         "--prefill-tokens tokens"},
-       {{"--dtype", "--gemv", "--no-graphs", "--no-fusions", "--no-norm-folding", "--no-pdl"},
+       {{"--dtype", "--gemv", "--max-gemv-rows", "--no-graphs", "--no-fusions", "--no-norm-folding",
+         "--no-pdl"},
          "its CUDA rows time its own fp32 attention kernels (steps 01 and 04 take them)"}});
 }
 

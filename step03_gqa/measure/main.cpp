@@ -94,7 +94,8 @@ std::optional<int> parse_options(int argc, char** argv, Step03Options& options) 
             ->capture_default_str();
       },
       [] { llm::print_variant_list(step03::variants(), 12); },
-      {{{"--dtype", "--gemv", "--no-graphs", "--no-fusions", "--no-norm-folding", "--no-pdl"},
+      {{{"--dtype", "--gemv", "--max-gemv-rows", "--no-graphs", "--no-fusions", "--no-norm-folding",
+         "--no-pdl"},
         "its CUDA rows time its own fp32 attention kernels (steps 01 and 04 take them)"}});
 }
 

@@ -122,7 +122,8 @@ std::optional<int> parse_options(int argc, char** argv, Step05Options& options) 
       [] { llm::print_variant_list(step05::variants(), 16); },
       {{{"--temperature", "--top-p"},
         "its generation is greedy: the paged cache must give the contiguous cache's tokens exactly"},
-       {{"--dtype", "--gemv", "--no-graphs", "--no-fusions", "--no-norm-folding", "--no-pdl"},
+       {{"--dtype", "--gemv", "--max-gemv-rows", "--no-graphs", "--no-fusions", "--no-norm-folding",
+         "--no-pdl"},
         "its paged CUDA model is fp32 and launches its paged kernels per forward (steps 01 and 04 take them)"}});
 }
 

@@ -283,8 +283,8 @@ int progress_parts(const Step07Options& options) { return 7 + (options.loopback 
 // The engine's model. On the CPU, step 05's paged attention reads the
 // engine's block tables. On CUDA, the course's CUDA model (common/cuda): its
 // decode and prefill kernels read any cache through its block table, so it
-// runs the engine as it runs steps 01 and 04, with the same --dtype,
-// --no-graphs, --no-fusions, --no-norm-folding and --no-pdl.
+// runs the engine as it runs steps 01 and 04, with the same --dtype, --gemv,
+// --max-gemv-rows, --no-graphs, --no-fusions, --no-norm-folding and --no-pdl.
 std::unique_ptr<llm::Model> make_engine_model(const std::string& device, const llm::ModelWeights& weights,
                                               const llm::CommonOptions& common) {
   if (device == "cuda") return llm::make_model_on(device, weights, llm::cuda_run_options(common));

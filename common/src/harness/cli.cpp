@@ -100,9 +100,14 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
       ->capture_default_str();
   app.add_option("--gemv", o.gemv,
-                 "the kernel of the CUDA model's fp16/bf16 products of 1..16 rows: cuda-cores (fmaf, one per weight "
-                 "and row) or tensor-cores (mma.sync); more rows go through cuBLAS")
+                 "the kernel of the CUDA model's fp16/bf16 products of 1..16 rows (--max-gemv-rows): cuda-cores "
+                 "(fmaf, one per weight and row) or tensor-cores (mma.sync); more rows go through cuBLAS")
       ->check(CLI::IsMember({"cuda-cores", "tensor-cores"}))
+      ->capture_default_str();
+  in_range(app.add_option("--max-gemv-rows", o.max_gemv_rows,
+                          "the CUDA model's fp16/bf16 products of up to N rows run the GEMV (--gemv), more rows "
+                          "cuBLAS; 1.." + std::to_string(cuda::kMaxGemvRows)),
+           1, cuda::kMaxGemvRows)
       ->capture_default_str();
   app.add_flag("--no-graphs", o.no_graphs,
                "launch every kernel of a CUDA decode forward from the host instead of replaying a CUDA graph");
@@ -206,6 +211,7 @@ void set_sampling_config(Results& results, const CommonOptions& options) {
   // How the CUDA model ran (where a step takes --dtype and --no-graphs).
   results.set_config("cuda_dtype", options.dtype);
   results.set_config("cuda_gemv", options.gemv);
+  results.set_config("cuda_max_gemv_rows", static_cast<long long>(options.max_gemv_rows));
   results.set_config("cuda_graphs", !options.no_graphs);
   results.set_config("cuda_fusions", !options.no_fusions);
   results.set_config("cuda_norm_folding", !options.no_fusions && !options.no_norm_folding);

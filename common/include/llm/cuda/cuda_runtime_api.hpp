@@ -94,11 +94,17 @@ std::string to_string(WeightDtype dtype);  // "fp32", "fp16", "bf16"
 // "fp32" | "fp16" | "bf16"; throws InputError for anything else.
 WeightDtype parse_weight_dtype(const std::string& name);
 
-// Which kernel multiplies 1..16 rows by fp16/bf16 weights (--gemv). Both
-// read every weight once whatever the row count; they differ in where the
-// multiply-adds run: the CUDA cores' fmaf (16 per weight at 16 rows), or the
-// tensor cores' mma.sync (one instruction per 16 x 16 weights and 8 rows).
-// fp32 weights always go through cuBLAS.
+// Up to this many rows, forward runs the GEMV (speculative decoding verifies
+// up to k + 1 <= 9 rows, step 07 batches a few sequences); beyond, cuBLAS.
+// It is the GEMV's largest row bucket, so also the most rows
+// CudaRunOptions::max_gemv_rows may send to it, and that option's default.
+inline constexpr int kMaxGemvRows = 16;
+
+// Which kernel multiplies 1..max_gemv_rows rows by fp16/bf16 weights
+// (--gemv). Both read every weight once whatever the row count; they differ
+// in where the multiply-adds run: the CUDA cores' fmaf (16 per weight at 16
+// rows), or the tensor cores' mma.sync (one instruction per 16 x 16 weights
+// and 8 rows). fp32 weights always go through cuBLAS.
 enum class HalfGemvKernel { CudaCores, TensorCores };
 std::string to_string(HalfGemvKernel kernel);  // "cuda-cores", "tensor-cores"
 // "cuda-cores" | "tensor-cores"; throws InputError for anything else.
@@ -121,8 +127,16 @@ struct CudaRunOptions {
   // forward may start while the one before it finishes (false: the before
   // row; cuda_model.hpp's CudaModelOptions::programmatic_launches).
   bool programmatic_launches = true;
-  // The half-precision products' kernel for 1..16 rows (fp16 and bf16 only).
+  // The half-precision products' kernel for 1..max_gemv_rows rows (fp16 and
+  // bf16 only).
   HalfGemvKernel gemv = HalfGemvKernel::CudaCores;
+  // The half-precision products of up to this many rows run the GEMV
+  // (`gemv`); more rows run cuBLAS. 1..kMaxGemvRows. Lower than the default,
+  // it lets a whole model's forwards of a few rows be timed on either path:
+  // the GEMV's time grows with its rows where cuBLAS's barely does, but the
+  // GEMV folds the norms, SwiGLU and residual adds into its launch, so a
+  // forward of more rows than this runs them as kernels of their own.
+  int max_gemv_rows = kMaxGemvRows;
 };
 
 // The transformer on the GPU: own kernels for embedding, RMSNorm, RoPE,

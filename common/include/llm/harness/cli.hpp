@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "llm/cuda/cuda_runtime_api.hpp"  // kMaxGemvRows
 #include "llm/harness/device_info.hpp"
 #include "llm/tokenizer.hpp"
 #include "llm/weights.hpp"
@@ -29,6 +30,7 @@ struct CommonOptions {
   std::string device = "all";    // --device cpu|cuda|all
   std::string dtype = "fp32";    // --dtype fp32|fp16|bf16: the CUDA model's weights
   std::string gemv = "cuda-cores";  // --gemv cuda-cores|tensor-cores: the fp16/bf16 products' kernel for 1..16 rows
+  int max_gemv_rows = cuda::kMaxGemvRows;  // --max-gemv-rows N: those products of more rows run cuBLAS
   bool no_graphs = false;        // --no-graphs: CUDA decode launches every kernel (the before row of graphs)
   bool no_fusions = false;       // --no-fusions: the CUDA model's seven products and separate small kernels
   bool no_norm_folding = false;  // --no-norm-folding: fusions, but RMSNorm/SwiGLU/residual add as their own kernels
