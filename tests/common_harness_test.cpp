@@ -158,6 +158,28 @@ TEST(CompareTokens, ADifferentLengthIsNotOk) {
   EXPECT_TRUE(r.size_mismatch);
 }
 
+TEST(NearTie, AGapWithinTwiceTheToleranceCanBeSwapped) {
+  // |logit| 3: each may move 1e-2 + 1e-2 x 3 = 0.04, so gaps up to 0.08 swap.
+  const Tolerance tol{1e-2, 1e-2};
+  const std::vector<float> row = {3.0f, 2.95f, 2.9f, -1.0f};
+  const NearTie close = near_tie(row, 0, 1, tol);
+  EXPECT_TRUE(close.swappable);
+  EXPECT_NEAR(close.gap, 0.05, 1e-6);
+  EXPECT_NEAR(close.limit, 0.08, 1e-6);
+  EXPECT_FALSE(near_tie(row, 0, 2, tol).swappable) << "0.1 apart: more than two rows within tol can swap";
+  EXPECT_FALSE(near_tie(row, 0, 3, tol).swappable);
+}
+
+TEST(NearTie, ATokenOutsideTheRowOrANaNLogitIsNeverANearTie) {
+  const Tolerance tol{1e-2, 1e-2};
+  const std::vector<float> row = {1.0f, 1.0f, std::nanf("")};
+  EXPECT_TRUE(near_tie(row, 0, 1, tol).swappable);
+  EXPECT_FALSE(near_tie(row, 0, 3, tol).swappable);
+  EXPECT_FALSE(near_tie(row, -1, 0, tol).swappable);
+  EXPECT_FALSE(near_tie(row, 0, 2, tol).swappable);
+  EXPECT_FALSE(near_tie(row, 2, 0, tol).swappable);
+}
+
 // --- timer ------------------------------------------------------------------------
 
 TEST(TimingStats, OddCountTakesTheMiddleSample) {

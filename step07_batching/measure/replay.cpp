@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <functional>
 #include <span>
 #include <string>
@@ -108,17 +107,14 @@ PartingVerdict judge_near_tie_parting(llm::Model& model, const Request& request,
   const std::vector<float> alone = solo_logits_row(model, request, solo, t);
   if (llm::argmax(alone) != want) return {false, " (the solo row's greedy token is not the solo token)"};
   if (got < 0 || got >= static_cast<int>(alone.size())) return {false, " (the run's token is not in the vocabulary)"};
-  const double want_logit = alone[static_cast<std::size_t>(want)], got_logit = alone[static_cast<std::size_t>(got)];
-  const double gap = want_logit - got_logit;
-  const double swappable =
-      2.0 * (tolerance.abs_tol + tolerance.rel_tol * std::max(std::fabs(want_logit), std::fabs(got_logit)));
-  if (!(gap <= swappable))
+  const llm::NearTie tie = llm::near_tie(alone, want, got, tolerance);
+  if (!tie.swappable)
     return {false, fmt::format(": alone the two tokens' logits are {:.4f} / {:.4f}, {:.2e} apart, more than a row "
                                "within the tolerance can swap ({:.2e})",
-                               want_logit, got_logit, gap, swappable)};
+                               tie.chosen_logit, tie.other_logit, tie.gap, tie.limit)};
   return {true, fmt::format(": alone the two tokens' logits are {:.4f} / {:.4f}, {:.2e} apart, a near-tie that a row "
                             "within the tolerance can swap ({:.2e}); the batched row is not seen over HTTP",
-                            want_logit, got_logit, gap, swappable)};
+                            tie.chosen_logit, tie.other_logit, tie.gap, tie.limit)};
 }
 
 // judge_partings with each parting's request found in the trace and its

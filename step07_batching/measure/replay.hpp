@@ -53,8 +53,9 @@ ReplayResult replay(llm::Model& model, const std::vector<Request>& requests, con
 
 // Whether a row's logits are the same bits whatever other rows share its
 // forward. The CPU model runs each row through the same loops; on CUDA,
-// cuBLAS picks its GEMM kernel by the row count, and more than 16 rows take
-// the half model's products from its GEMV to cuBLAS.
+// cuBLAS picks its GEMM kernel by the row count, and more rows than
+// --max-gemv-rows (16 by default) take the half model's products from its
+// GEMV to cuBLAS.
 bool batch_invariant(const llm::Model& model);
 
 // [requests] the greedy tokens of each request run alone (max_tokens of them,

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace llm {
@@ -94,6 +95,18 @@ CompareResult compare_tokens(std::span<const int> got, std::span<const int> ref)
   r.max_abs_err = static_cast<double>(r.over_tolerance);
   r.ok = !r.size_mismatch && r.over_tolerance == 0;
   return r;
+}
+
+NearTie near_tie(std::span<const float> row, int chosen, int other, Tolerance tol) {
+  NearTie tie;
+  const auto inside = [&row](int id) { return id >= 0 && static_cast<std::size_t>(id) < row.size(); };
+  if (!inside(chosen) || !inside(other)) return tie;
+  tie.chosen_logit = row[static_cast<std::size_t>(chosen)];
+  tie.other_logit = row[static_cast<std::size_t>(other)];
+  tie.gap = tie.chosen_logit - tie.other_logit;
+  tie.limit = 2.0 * (tol.abs_tol + tol.rel_tol * std::max(std::fabs(tie.chosen_logit), std::fabs(tie.other_logit)));
+  tie.swappable = tie.gap <= tie.limit;  // false for NaN
+  return tie;
 }
 
 std::string CompareResult::summary() const {

@@ -31,14 +31,15 @@ Tolerance model_logits_tolerance(DType dtype);
 // Two computations of one model's logits that round the same values alike
 // but add them in another order: a row alone and the same row in a batch on
 // the GPU (cuBLAS picks its kernel by the row count; the half model's
-// products leave its GEMV past 16 rows), or the CUDA half model and the CPU
-// model rounding its products' inputs the same way. In fp32 the sums' order
-// moves logits far less than fp32's 1e-4. With fp16/bf16 products each such
-// last-bit difference may move an input's rounding to the half type by one
-// step (2^-11 of the value for fp16, 2^-8 for bf16), and through the layers
-// these add up to far more than fp32's order does (measured:
-// docs/results/gpu_decode/README.md): half of model_logits_tolerance's half
-// rows, fp16 1e-2 and bf16 5e-2 (absolute and relative).
+// products leave its GEMV past --max-gemv-rows, 16 by default), or the CUDA
+// half model and the CPU model rounding its products' inputs the same way.
+// In fp32 the sums' order moves logits far less than fp32's 1e-4. With
+// fp16/bf16 products each such last-bit difference may move an input's
+// rounding to the half type by one step (2^-11 of the value for fp16, 2^-8
+// for bf16), and through the layers these add up to far more than fp32's
+// order does (measured: docs/results/gpu_decode/README.md): half of
+// model_logits_tolerance's half rows, fp16 1e-2 and bf16 5e-2 (absolute and
+// relative).
 Tolerance same_rounding_logits_tolerance(DType dtype);
 const char* dtype_name(DType dtype);
 
@@ -58,5 +59,21 @@ struct CompareResult {
 CompareResult compare(std::span<const float> got, std::span<const float> ref, Tolerance tol);
 // Exact comparison of token sequences (greedy generation must agree exactly).
 CompareResult compare_tokens(std::span<const int> got, std::span<const int> ref);
+
+// Whether two greedy choices from one logits row can both be honest: `row`
+// [vocab] is one computation of the row, whose greedy token is `chosen`;
+// another computation of the same row, within `tol` of this one (e.g. the
+// same row in a forward of other rows, same_rounding_logits_tolerance),
+// chose `other`. Each logit may move by up to its tolerance, in opposite
+// directions, so that can happen only when
+//   row[chosen] - row[other] <= 2 (abs_tol + rel_tol x the larger |logit|).
+// A token outside the row is never a near-tie.
+struct NearTie {
+  bool swappable = false;  // the gap is within what two rows within `tol` can swap
+  double chosen_logit = 0.0, other_logit = 0.0;
+  double gap = 0.0;        // chosen_logit - other_logit
+  double limit = 0.0;      // the largest gap two rows within `tol` can swap
+};
+NearTie near_tie(std::span<const float> row, int chosen, int other, Tolerance tol);
 
 }  // namespace llm
