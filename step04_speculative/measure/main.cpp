@@ -397,29 +397,30 @@ llm::ResultRow configuration_row(const std::string& device, const step04::Drafte
 }
 
 // Greedy speculative decoding emits plain decoding's tokens: each is the
-// argmax of the same logits row. Bit for bit so where a row's logits do not
-// depend on how many rows share its forward: the CPU model, and the CUDA
-// model while a verify pass of k + 1 rows stays on its GEMV, which adds each
-// row alone. Past --max-gemv-rows the pass's half products run on cuBLAS,
-// whose sums come in another order, and rounding to fp16/bf16 turns that into
-// logits a few rounding steps apart (compare.hpp's
-// same_rounding_logits_tolerance): at a near-tie the pass may pick the other
-// token. On such a device the first parting passes, explained, when plain
-// decoding's own row there makes the two tokens a near-tie that a row within
-// that tolerance can swap; after it the two runs have different histories and
-// are not compared. Returns "" when the tokens are not explained (or equal).
-std::string explain_greedy_parting(const std::string& device, std::span<const int> speculative,
-                                   const PlainRun& plain, llm::DType weights) {
-  if (device == "cpu") return "";  // batch-invariant: only identical tokens pass
+// argmax of the same logits row, computed once in a pass of 1 row and once in
+// a verify pass of k + 1 rows. Where those two computations give the same row
+// (the CUDA model's half GEMV adds each row alone) or rows within fp32's last
+// bits (the CPU model's loops), the tokens must be identical
+// (verify_rows_differ says where not). Past --max-gemv-rows the half products
+// run on cuBLAS, whose sums come in another order, and rounding to fp16/bf16
+// turns that into logits a few rounding steps apart (compare.hpp's
+// same_rounding_logits_tolerance); cuBLAS's fp32 kernels too may differ by
+// the row count. Then at a near-tie the pass may pick the other token: the
+// first parting passes, explained, when plain decoding's own row there makes
+// the two tokens a near-tie that a row within `tolerance` can swap; after it
+// the two runs have different histories and are not compared. Returns ""
+// when the parting is not explained.
+std::string explain_greedy_parting(std::span<const int> speculative, const PlainRun& plain, llm::Tolerance tolerance) {
   const std::vector<int>& reference = plain.first.tokens;
   const auto [spec_token, plain_token] =
       std::mismatch(speculative.begin(), speculative.end(), reference.begin(), reference.end());
   if (spec_token == speculative.end() || plain_token == reference.end()) return "";  // one ended before the other
   const auto t = static_cast<std::size_t>(plain_token - reference.begin());
   const std::size_t vocab = plain.first.logits.size() / std::max<std::size_t>(1, reference.size());
+  if (vocab == 0 || plain.first.logits.size() != vocab * reference.size()) return "";  // no row per token kept
   const std::span<const float> row = std::span<const float>(plain.first.logits).subspan(t * vocab, vocab);
   if (llm::argmax(row) != *plain_token) return "";  // not the row plain decoding drew its token from
-  const llm::NearTie tie = llm::near_tie(row, *plain_token, *spec_token, llm::same_rounding_logits_tolerance(weights));
+  const llm::NearTie tie = llm::near_tie(row, *plain_token, *spec_token, tolerance);
   if (!tie.swappable) return "";
   return fmt::format("token {} is {} in plain decoding, {} here: plain decoding's logits of the two are {:.4f} / "
                      "{:.4f}, {:.2e} apart, a near-tie that a row within the tolerance can swap ({:.2e})",
@@ -454,10 +455,13 @@ SweepRow measure_configuration(llm::Results& results, const std::string& device,
   // batch-invariant, parted at a near-tie), or the step is wrong. Sampling:
   // exact in distribution, not token for token (a different random
   // stream); tests/step04_rejection_sampler_test.cpp checks that.
+  const llm::cuda::CudaRunOptions cuda = llm::cuda_run_options(in.options.common);
+  const bool verify_rows_differ =  // from plain decoding's 1-row rows: cuBLAS runs the verify pass
+      device == "cuda" && (cuda.dtype == llm::cuda::WeightDtype::Float32 || k + 1 > cuda.max_gemv_rows);
   const std::string near_tie =
-      sampling.greedy() && !token_check.ok
-          ? explain_greedy_parting(device, spec.first.tokens, plain,
-                                   llm::compare_dtype(llm::cuda_run_options(in.options.common).dtype))
+      sampling.greedy() && !token_check.ok && verify_rows_differ
+          ? explain_greedy_parting(spec.first.tokens, plain,
+                                   llm::same_rounding_logits_tolerance(llm::compare_dtype(cuda.dtype)))
           : "";
   const bool ok = !sampling.greedy() || token_check.ok || !near_tie.empty();
 
