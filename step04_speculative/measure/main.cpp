@@ -416,7 +416,7 @@ std::string explain_greedy_parting(std::span<const int> speculative, const Plain
       std::mismatch(speculative.begin(), speculative.end(), reference.begin(), reference.end());
   if (spec_token == speculative.end() || plain_token == reference.end()) return "";  // one ended before the other
   const auto t = static_cast<std::size_t>(plain_token - reference.begin());
-  const std::size_t vocab = plain.first.logits.size() / std::max<std::size_t>(1, reference.size());
+  const std::size_t vocab = plain.first.logits.size() / reference.size();  // reference holds token t: not empty
   if (vocab == 0 || plain.first.logits.size() != vocab * reference.size()) return "";  // no row per token kept
   const std::span<const float> row = std::span<const float>(plain.first.logits).subspan(t * vocab, vocab);
   if (llm::argmax(row) != *plain_token) return "";  // not the row plain decoding drew its token from
