@@ -11,6 +11,8 @@
 #                                              # regex), e.g. to rerun one after a fix
 #   scripts/gpu_check.sh --exercise-copy DIR   # also prove the cuda exercises' stubs
 #                                              # fail, in a built student copy (stage exercises)
+#   scripts/gpu_check.sh --stages profile --rungs 11,15  # profile only these of
+#                                              # step 02's rungs (default 4,8,9,10,11,13,14,15)
 #
 # The default form is sized to finish in under 8 minutes on an H100 (a GPU
 # is often lent for minutes, not hours; docs/results/gpu_decode/README.md has
@@ -51,7 +53,8 @@
 #              the fp16 products alone (step 01's benchmark, with cuBLAS, on
 #              TinyLlama's and Llama-2-7B's shapes, 1-64 rows; and a token's
 #              88 TinyLlama products back to back, with and without
-#              programmatic dependent launch), then step
+#              programmatic dependent launch and the GEMV's L2 prefetch),
+#              then step
 #              01's TinyLlama decode, step 04's target pass and step 07's
 #              forwards of 1-64 rows with each kernel, and steps 04 and 07
 #              again on the CUDA cores with the products of 2 rows or more
@@ -85,7 +88,8 @@
 #              with the sections the chapters quote (speed of light, occupancy,
 #              launch, warp states with their stall reasons, compute and memory
 #              workloads), clocks as the timed runs see them: step 02's ladder
-#              rungs 4, 8-11 and 13-15 at 16 heads, d = 128, 4096 tokens, causal and not,
+#              rungs 4, 8-11 and 13-15 (--rungs: a list of your own) at 16
+#              heads, d = 128, 4096 tokens, causal and not,
 #              PyTorch's SDPA kernel on the same shapes where PyTorch with CUDA
 #              imports, and step 06's one-shot and persistent kernels on
 #              Llama-2-7B's w1/w3 [11008, 4096] (int4-g128 and int8, 1 and 16
@@ -112,6 +116,7 @@ stages="info,tests,exercises,presets,memcheck,racecheck,steps"
 exercise_copy=
 dry_run=0
 full=0
+profile_rungs=4,8,9,10,11,13,14,15
 only=.
 
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -123,6 +128,7 @@ while (($#)); do
     --exercise-copy) exercise_copy=$(cd "$2" && pwd) || exit 1; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     --full) full=1; shift ;;
+    --rungs) profile_rungs=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument '$1' (see --help)" >&2; exit 1 ;;
@@ -308,8 +314,9 @@ run_step() {  # run_step <stage> <label> <step> [args...]
 # GEMV kernel and cuBLAS on TinyLlama's and Llama-2-7B's shapes, 1-64 rows,
 # each row count the median of 15 runs from HBM; and the same filter's
 # "half_product_chain": TinyLlama's 88 products of a token back to back in a
-# CUDA graph, launched serially and with programmatic dependent launch. Its
-# JSON is Google Benchmark's.
+# CUDA graph, launched serially and with programmatic dependent launch, each
+# with and without the GEMV's L2 prefetch of its first weights. Its JSON is
+# Google Benchmark's.
 run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
   local stage=$1 label=$2 filter=$3
   selected step01_kv_cache || return 0
@@ -622,7 +629,7 @@ if want profile; then
     if selected step02_flash_attention; then
       # A rung's first launch is its check run: the grid of its timed runs,
       # on fresh inputs.
-      for variant in 4 8 9 10 11 13 14 15; do
+      for variant in ${profile_rungs//,/ }; do
         profile "step02_v${variant}_4096_d128_$mask" flash2 1 "$bin/step02_flash_attention" --device cuda --heads 16 \
           --head-dims 128 --seq-lens 4096 --decode-lens 64 --prefill-tokens 16 --variant "$variant" --repeats 1 "--$mask"
       done

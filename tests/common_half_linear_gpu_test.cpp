@@ -289,6 +289,27 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HalfLinearVsHost, ::testing::ValuesIn(half_case
 
 class HalfGemvRowOrder : public ::testing::TestWithParam<HalfCase> {};
 
+#if defined(LLM_WITH_CUDA)
+// A layer of shape c with random weights, room for kMaxGemvRows rows, and
+// kMaxGemvRows rows of random x on the device; the seeds come from
+// `seed_base` and the shape, so each test draws inputs of its own.
+struct RandomGemvLayer {
+  RandomGemvLayer(const HalfCase& c, std::uint64_t seed_base)
+      : seed(seed_base + static_cast<std::uint64_t>(c.out) * 31u + static_cast<std::uint64_t>(c.in)),
+        layer(make_layer(random_vector(static_cast<std::size_t>(c.out) * c.in, seed, 0.5f), c, cublas.get())),
+        x_dev(std::span<const float>(
+            random_vector(static_cast<std::size_t>(cuda::kMaxGemvRows) * c.in, seed + 1, 1.0f))),
+        y_dev(static_cast<std::size_t>(cuda::kMaxGemvRows) * c.out) {
+    layer.reserve_rows(cuda::kMaxGemvRows);
+  }
+  std::uint64_t seed;
+  cuda::CublasHandle cublas;
+  HalfCudaLinear layer;
+  DeviceBuffer<float> x_dev;  // [kMaxGemvRows, c.in]
+  DeviceBuffer<float> y_dev;  // [kMaxGemvRows, c.out]
+};
+#endif
+
 // A row's outputs do not depend on which rows run with it: the GEMV's order
 // of additions is fixed by the shape alone (half_linear.cu), fmaf is
 // explicit, and each element of an mma's D is its own dot product, so the
@@ -299,14 +320,10 @@ TEST_P(HalfGemvRowOrder, ARowGivesTheSameBitsAloneOrAmong16) {
 #if defined(LLM_WITH_CUDA)
   const HalfCase c = GetParam();
   constexpr int kRows = cuda::kMaxGemvRows;
-  const std::uint64_t seed = 1000u + static_cast<std::uint64_t>(c.out) * 31u + static_cast<std::uint64_t>(c.in);
-  const std::vector<float> weight = random_vector(static_cast<std::size_t>(c.out) * c.in, seed, 0.5f);
-  const std::vector<float> x = random_vector(static_cast<std::size_t>(kRows) * c.in, seed + 1, 1.0f);
-  cuda::CublasHandle cublas;
-  HalfCudaLinear layer = make_layer(weight, c, cublas.get());
-  layer.reserve_rows(kRows);
-  const DeviceBuffer<float> x_dev{std::span<const float>(x)};
-  DeviceBuffer<float> y_dev(static_cast<std::size_t>(kRows) * c.out);
+  RandomGemvLayer random(c, 1000u);
+  HalfCudaLinear& layer = random.layer;
+  const DeviceBuffer<float>& x_dev = random.x_dev;
+  DeviceBuffer<float>& y_dev = random.y_dev;
   const std::vector<float> all_rows = run_forward(layer, x_dev, kRows, y_dev);
   const auto same_bits = [&](const std::vector<float>& got, int got_row, int row) {
     for (int o = 0; o < c.out; ++o)
@@ -328,6 +345,29 @@ TEST_P(HalfGemvRowOrder, ARowGivesTheSameBitsAloneOrAmong16) {
     std::vector<float> y(one_y.size());
     one_y.download(y);
     EXPECT_TRUE(same_bits(y, 0, r)) << "row " << r << " alone";
+  }
+#endif
+}
+
+// The GEMV's L2 prefetch of a block's first weights is a hint: with it off
+// (a measurement switch, step 01's benchmark) every bucket gives the same
+// bits, split columns or not.
+TEST_P(HalfGemvRowOrder, TheFirstWeightsPrefetchChangesNoBit) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  RandomGemvLayer random(GetParam(), 2000u);
+  HalfCudaLinear& layer = random.layer;
+  EXPECT_TRUE(layer.first_weights_prefetch()) << "the prefetch is on by default";
+  for (const int rows : {1, 3, 9, cuda::kMaxGemvRows}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows");
+    layer.set_first_weights_prefetch(true);
+    const std::vector<float> with_prefetch = run_forward(layer, random.x_dev, rows, random.y_dev);
+    layer.set_first_weights_prefetch(false);
+    const std::vector<float> without_prefetch = run_forward(layer, random.x_dev, rows, random.y_dev);
+    ASSERT_EQ(with_prefetch.size(), without_prefetch.size());
+    EXPECT_EQ(std::memcmp(with_prefetch.data(), without_prefetch.data(), with_prefetch.size() * sizeof(float)), 0);
+    // Not a comparison of two untouched buffers: the rows were written.
+    EXPECT_TRUE(std::isfinite(without_prefetch.front()));
   }
 #endif
 }

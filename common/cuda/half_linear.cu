@@ -223,6 +223,9 @@ struct GemvArguments {
   // x is [rows, 2 * in] gate/up rows: the staged value is silu(gate) * up.
   bool swiglu_input = false;
   bool accumulate = false;
+  // Part 1's L2 prefetch of the block's first weights (on by default; off
+  // only to measure what it buys, HalfCudaLinear::set_first_weights_prefetch).
+  bool prefetch_first_weights = true;
 };
 
 // What a block keeps in shared memory for a folded RMSNorm.
@@ -428,8 +431,10 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
     weight_row[o] = reinterpret_cast<const uint4*>(args.weight + row * static_cast<std::size_t>(args.padded_in));
   }
 
-  prefetch_first_weights_to_l2(args, output_block * kOutputsPerBlock, kOutputsPerBlock, k_begin, k_end,
-                               kBatchElements);
+  // A uniform branch: every thread of every block takes it or none does.
+  if (args.prefetch_first_weights)
+    prefetch_first_weights_to_l2(args, output_block * kOutputsPerBlock, kOutputsPerBlock, k_begin, k_end,
+                                 kBatchElements);
   wait_then_let_next_kernel_launch();  // x, y and the split scratch come from earlier kernels
 
   // A uniform branch: every thread of every block takes it or none does.
@@ -606,8 +611,9 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
     weight_row[row_half] = reinterpret_cast<const uint4*>(args.weight + row * static_cast<std::size_t>(args.padded_in));
   }
 
-  prefetch_first_weights_to_l2(args, output_block * kTensorCoreOutputsPerBlock, kTensorCoreOutputsPerBlock, k_begin,
-                               k_end, kTensorCoreBatchElements);
+  if (args.prefetch_first_weights)  // uniform, as in half_gemv_kernel
+    prefetch_first_weights_to_l2(args, output_block * kTensorCoreOutputsPerBlock, kTensorCoreOutputsPerBlock,
+                                 k_begin, k_end, kTensorCoreBatchElements);
   wait_then_let_next_kernel_launch();  // x, y and the split scratch come from earlier kernels
 
   if (args.input_norm != nullptr) rows_inverse_rms(args, folded_norm);  // uniform, as in the CUDA-core kernel
@@ -870,6 +876,7 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
   args.padded_in = padded_in_;
   args.steps_per_split = gemv_steps_per_split_;
   args.k_splits = gemv_k_splits_;
+  args.prefetch_first_weights = prefetch_first_weights_;
   if (gemv_k_splits_ > 1) {
     const std::size_t partial_floats =
         static_cast<std::size_t>(gemv_k_splits_) * static_cast<std::size_t>(rows) * static_cast<std::size_t>(out_);

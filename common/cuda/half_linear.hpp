@@ -114,6 +114,12 @@ class HalfCudaLinear final : public CudaLinear {
   // The weights as stored: [out_features, padded_in_features] bit patterns of
   // `type` values.
   const std::uint16_t* weight_bits() const { return weight_.data(); }
+  // Whether each GEMV block asks L2 for its first weights before it waits
+  // for the kernel before it (on, the default; programmatic_launch.cuh). Off
+  // only to measure what the prefetch buys (step 01's benchmark of a token's
+  // products back to back); the results are the same bits either way.
+  void set_first_weights_prefetch(bool on) { prefetch_first_weights_ = on; }
+  bool first_weights_prefetch() const { return prefetch_first_weights_; }
 
  private:
   void forward_gemv(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
@@ -133,6 +139,7 @@ class HalfCudaLinear final : public CudaLinear {
   int gemv_outputs_per_block_ = 0;  // outputs of one GEMV block (64 on CUDA cores, 128 on tensor cores)
   int gemv_k_splits_ = 1;           // blockIdx.y of the GEMV: slices of the input columns
   int gemv_steps_per_split_ = 1;    // 64-column steps in each slice (the last may have fewer)
+  bool prefetch_first_weights_ = true;  // the GEMV's L2 prefetch before its wait
   std::shared_ptr<HalfActivationScratch> scratch_;
   cublasHandle_t cublas_;
 };

@@ -12,7 +12,8 @@
 //   build/bin/step01_kv_cache_bench --benchmark_filter=half_product
 // And TinyLlama's 88 decode products of a token back to back in a CUDA
 // graph, each kernel launched after the one before has finished or with
-// programmatic dependent launch (docs/01_kv_cache.md, section 5.7):
+// programmatic dependent launch, with and without the GEMV's L2 prefetch of
+// its first weights (docs/01_kv_cache.md, section 5.7):
 //   build/bin/step01_kv_cache_bench --benchmark_filter=half_product_chain
 #include <Eigen/Core>
 #include <benchmark/benchmark.h>
@@ -283,15 +284,26 @@ ProductChain& product_chain() {
   return chain;
 }
 
+// How the chain's launches may overlap: serially or with programmatic
+// dependent launch (as the model launches the kernels after its first,
+// programmatic_launch.cuh), and whether each GEMV block asks L2 for its first
+// weights before its wait (the model always does). The prefetch off is a
+// measurement only: it separates what the overlap does from what the
+// prefetch during the overlap does.
+struct ChainLaunches {
+  bool programmatic = false;
+  bool prefetch_first_weights = true;
+};
+
 // The chain's 88 launches on `stream`: the first as any launch, every later
-// one with programmatic dependent launch when `programmatic` (as the model
-// launches the kernels after its first, programmatic_launch.cuh).
-void enqueue_product_chain(ProductChain& chain, bool programmatic, cudaStream_t stream) {
+// one programmatic when `launches.programmatic`.
+void enqueue_product_chain(ProductChain& chain, ChainLaunches launches, cudaStream_t stream) {
+  for (const auto& product : chain.products) product->set_first_weights_prefetch(launches.prefetch_first_weights);
   // Product p reads inputs[p % 4] and writes outputs[p % 4].
   const float* const inputs[4] = {chain.down.data(), chain.qkv.data(), chain.proj.data(), chain.gate_up.data()};
   float* const outputs[4] = {chain.qkv.data(), chain.proj.data(), chain.gate_up.data(), chain.down.data()};
   chain.products.front()->forward(inputs[0], 1, outputs[0], stream);
-  const llm::cuda::OverlapLaunches overlap(programmatic);
+  const llm::cuda::OverlapLaunches overlap(launches.programmatic);
   for (std::size_t p = 1; p < chain.products.size(); ++p)
     chain.products[p]->forward(inputs[p % 4], 1, outputs[p % 4], stream);
 }
@@ -300,14 +312,14 @@ void enqueue_product_chain(ProductChain& chain, bool programmatic, cudaStream_t 
 // graph after 3 warm-ups, L2 flushed before each (time_cuda). The chain runs
 // once eagerly first (CUDA loads a kernel's code at its first launch, which
 // a capture may not do). bytes_per_second counts the weights.
-void half_product_chain(benchmark::State& state, bool programmatic) {
+void half_product_chain(benchmark::State& state, ChainLaunches launches) {
   ProductChain& chain = product_chain();
   const llm::cuda::CudaStream stream;
-  enqueue_product_chain(chain, programmatic, stream.get());
+  enqueue_product_chain(chain, launches, stream.get());
   stream.synchronize();
   cudaGraph_t graph = nullptr;
   LLM_CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-  enqueue_product_chain(chain, programmatic, stream.get());
+  enqueue_product_chain(chain, launches, stream.get());
   LLM_CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
   cudaGraphExec_t replay = nullptr;
   const cudaError_t instantiated = cudaGraphInstantiate(&replay, graph, 0);
@@ -322,15 +334,20 @@ void half_product_chain(benchmark::State& state, bool programmatic) {
   state.counters["launches"] = static_cast<double>(chain.products.size());
 }
 
+// Serial and programmatic launches, each with the GEMV's L2 prefetch (the
+// model's kernels) and without it (names ending _no_prefetch).
 void register_half_product_chains() {
-  for (const bool programmatic : {false, true}) {
-    const std::string name = std::string("step01/half_product_chain/tinyllama-1.1b/") +
-                             (programmatic ? "programmatic_launch" : "serial_launch");
-    benchmark::RegisterBenchmark(name.c_str(), half_product_chain, programmatic)
-        ->UseManualTime()
-        ->Iterations(1)
-        ->Unit(benchmark::kMicrosecond);
-  }
+  for (const bool prefetch : {true, false})
+    for (const bool programmatic : {false, true}) {
+      const std::string name = std::string("step01/half_product_chain/tinyllama-1.1b/") +
+                               (programmatic ? "programmatic_launch" : "serial_launch") +
+                               (prefetch ? "" : "_no_prefetch");
+      benchmark::RegisterBenchmark(name.c_str(), half_product_chain,
+                                   ChainLaunches{.programmatic = programmatic, .prefetch_first_weights = prefetch})
+          ->UseManualTime()
+          ->Iterations(1)
+          ->Unit(benchmark::kMicrosecond);
+    }
 }
 #endif
 
