@@ -198,9 +198,10 @@ std::vector<cuda::CudaRunOptions> half_runs_on_every_product_path() {
       cuda::CudaRunOptions run;
       run.dtype = dtype;
       run.gemv = gemv;
+      run.max_gemv_rows = cuda::kMaxGemvRows;
       runs.push_back(run);
     }
-  cuda::CudaRunOptions cublas_from_2_rows;
+  cuda::CudaRunOptions cublas_from_2_rows;  // the model's default
   cublas_from_2_rows.dtype = cuda::WeightDtype::Float16;
   cublas_from_2_rows.max_gemv_rows = 1;
   runs.push_back(cublas_from_2_rows);
@@ -392,11 +393,12 @@ TEST_P(CudaHalfVsCpu, ADecodeRowGivesItsSoloLogitsInAForwardOfManyRows) {
 }
 
 // CudaRunOptions::max_gemv_rows reaches every product of the command-line
-// model (make_cuda_model, through cuda_linear_factory). With 1, a 5-row run
-// gives the bits of a CudaModel whose factory was made for 1 row, and not
-// those of the default model, whose GEMV adds the same products in another
-// order than cuBLAS does; a single row runs the GEMV, norms folded, in both,
-// and gives the default model's bits.
+// model (make_cuda_model, through cuda_linear_factory). With 1 (the
+// default), a 5-row run gives the bits of a CudaModel whose factory was made
+// for 1 row, and not those of the model with 16, whose GEMV adds the same
+// products in another order than cuBLAS does; a single row runs the GEMV,
+// norms folded, in both, and gives the same bits. The GEMV's L2 prefetch
+// (CudaRunOptions::gemv_prefetch) changes no bit of either.
 TEST(CudaModel, MaxGemvRowsSendsLongerProductsToCublas) {
   LLM_REQUIRE_CUDA_DEVICE();
   const ModelConfig config = make_config(96, 200, 3, 6, 2, 300, 96, false);  // config_cases()'s "odd"
@@ -426,10 +428,21 @@ TEST(CudaModel, MaxGemvRowsSendsLongerProductsToCublas) {
   const std::vector<float> cublas_bits = logits(spelled_out, five_rows);
   EXPECT_TRUE(same_bits(logits(*routed, five_rows), cublas_bits))
       << "make_cuda_model with max_gemv_rows 1 did not run a 5-row forward as the model made for it";
-  EXPECT_FALSE(same_bits(logits(*gemv, five_rows), cublas_bits))
-      << "the default model's 5 rows gave the bits of cuBLAS's path: they did not run the GEMV";
+  cuda::CudaRunOptions fp16_defaults;
+  fp16_defaults.dtype = cuda::WeightDtype::Float16;
+  EXPECT_TRUE(same_bits(logits(*cuda::make_cuda_model(weights, fp16_defaults), five_rows), cublas_bits))
+      << "the default model's 5 rows did not run cuBLAS";
+  const std::vector<float> gemv_bits = logits(*gemv, five_rows);
+  EXPECT_FALSE(same_bits(gemv_bits, cublas_bits))
+      << "the model with 16 gave the bits of cuBLAS's path for 5 rows: they did not run the GEMV";
   const TokenBatch one_row = TokenBatch::single(prompt.front(), 0, 0);
   EXPECT_TRUE(same_bits(logits(*routed, one_row), logits(*gemv, one_row))) << "a single row left the GEMV";
+
+  cuda::CudaRunOptions gemv_without_prefetch = gemv_up_to_16;
+  gemv_without_prefetch.gemv_prefetch = false;
+  const auto without_prefetch = cuda::make_cuda_model(weights, gemv_without_prefetch);
+  EXPECT_TRUE(same_bits(logits(*without_prefetch, five_rows), gemv_bits)) << "the prefetch changed the GEMV's bits";
+  EXPECT_TRUE(same_bits(logits(*without_prefetch, one_row), logits(*gemv, one_row)));
 }
 #endif
 

@@ -83,11 +83,18 @@ TEST(StepCommandLine, TheCudaFlagsBecomeTheCudaRunOptions) {
   EXPECT_EQ(defaults.dtype, cuda::WeightDtype::Float32);
   EXPECT_EQ(defaults.gemv, cuda::HalfGemvKernel::CudaCores);
   EXPECT_TRUE(defaults.graphs);
-  ASSERT_FALSE(parse({"step", "--dtype", "bf16", "--gemv", "tensor-cores", "--no-graphs"}, common).exit_status);
+  EXPECT_TRUE(defaults.gemv_prefetch);
+  EXPECT_TRUE(cuda::CudaRunOptions{}.gemv_prefetch);
+  ASSERT_FALSE(parse({"step", "--dtype", "bf16", "--gemv", "tensor-cores", "--no-graphs", "--no-gemv-prefetch"}, common)
+                   .exit_status);
   const cuda::CudaRunOptions run = cuda_run_options(common);
   EXPECT_EQ(run.dtype, cuda::WeightDtype::BFloat16);
   EXPECT_EQ(run.gemv, cuda::HalfGemvKernel::TensorCores);
   EXPECT_FALSE(run.graphs);
+  EXPECT_FALSE(run.gemv_prefetch);
+  Results results("stepXX", "a title");  // the JSON config records the prefetch
+  set_sampling_config(results, common);
+  EXPECT_TRUE(HasSubstr(results.to_json(), "\"cuda_gemv_prefetch\": false")) << results.to_json();
   for (const cuda::HalfGemvKernel kernel : {cuda::HalfGemvKernel::CudaCores, cuda::HalfGemvKernel::TensorCores})
     EXPECT_EQ(cuda::parse_half_gemv_kernel(cuda::to_string(kernel)), kernel);
   EXPECT_THROW(cuda::parse_half_gemv_kernel("mma"), InputError);
@@ -99,19 +106,21 @@ TEST(StepCommandLine, TheCudaFlagsBecomeTheCudaRunOptions) {
 }
 
 // --max-gemv-rows N: the half products of more than N rows run cuBLAS, and
-// the JSON config records N. The default keeps every product the GEMV takes
-// on the GEMV; a row count the GEMV cannot take (0, 17) or no number at all
-// is refused, naming the flag.
+// the JSON config records N. The default sends only one-row products to the
+// GEMV (the command line's and the model's the same); 16, the GEMV's largest
+// bucket, keeps every product of up to 16 rows on it; a row count the GEMV
+// cannot take (0, 17) or no number at all is refused, naming the flag.
 TEST(StepCommandLine, MaxGemvRowsBecomesTheCudaRunOptions) {
   CommonOptions common;
-  EXPECT_EQ(common.max_gemv_rows, cuda::kMaxGemvRows);
+  EXPECT_EQ(common.max_gemv_rows, cuda::kDefaultMaxGemvRows);
+  EXPECT_EQ(cuda_run_options(common).max_gemv_rows, cuda::kDefaultMaxGemvRows);
+  EXPECT_EQ(cuda::CudaRunOptions{}.max_gemv_rows, cuda::kDefaultMaxGemvRows);
+  EXPECT_EQ(cuda::kDefaultMaxGemvRows, 1);
+  ASSERT_FALSE(parse({"step", "--max-gemv-rows", "16"}, common).exit_status);
   EXPECT_EQ(cuda_run_options(common).max_gemv_rows, cuda::kMaxGemvRows);
-  EXPECT_EQ(cuda::CudaRunOptions{}.max_gemv_rows, cuda::kMaxGemvRows);
-  ASSERT_FALSE(parse({"step", "--max-gemv-rows", "1"}, common).exit_status);
-  EXPECT_EQ(cuda_run_options(common).max_gemv_rows, 1);
   Results results("stepXX", "a title");  // the JSON config says how the products ran
   set_sampling_config(results, common);
-  EXPECT_TRUE(HasSubstr(results.to_json(), "\"cuda_max_gemv_rows\": 1")) << results.to_json();
+  EXPECT_TRUE(HasSubstr(results.to_json(), "\"cuda_max_gemv_rows\": 16")) << results.to_json();
   for (const char* refused_value : {"0", "17", "two"}) {
     SCOPED_TRACE(refused_value);
     CommonOptions refused;

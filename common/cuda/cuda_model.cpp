@@ -514,11 +514,12 @@ std::span<const float> CudaModel::forward(const TokenBatch& batch, KvCache& cach
   return {logits_pinned_.data(), n_logits};
 }
 
-CudaLinearFactory cuda_linear_factory(WeightDtype dtype, HalfGemvKernel gemv, int max_gemv_rows) {
+CudaLinearFactory cuda_linear_factory(WeightDtype dtype, HalfGemvKernel gemv, int max_gemv_rows, bool gemv_prefetch) {
   switch (dtype) {
     case WeightDtype::Float32: return dense_cuda_linear_factory();
-    case WeightDtype::Float16: return half_cuda_linear_factory(HalfType::Float16, gemv, max_gemv_rows);
-    case WeightDtype::BFloat16: return half_cuda_linear_factory(HalfType::BFloat16, gemv, max_gemv_rows);
+    case WeightDtype::Float16: return half_cuda_linear_factory(HalfType::Float16, gemv, max_gemv_rows, gemv_prefetch);
+    case WeightDtype::BFloat16:
+      return half_cuda_linear_factory(HalfType::BFloat16, gemv, max_gemv_rows, gemv_prefetch);
   }
   throw InputError("unknown weight dtype");
 }
@@ -527,7 +528,7 @@ std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRu
   const DeviceStatus status = device_status();
   if (!status.usable) throw DeviceError("cannot run the CUDA model: " + status.reason);
   CudaModelOptions options;
-  options.linear_factory = cuda_linear_factory(run.dtype, run.gemv, run.max_gemv_rows);
+  options.linear_factory = cuda_linear_factory(run.dtype, run.gemv, run.max_gemv_rows, run.gemv_prefetch);
   options.graphs = run.graphs;
   options.programmatic_launches = run.programmatic_launches;
   options.fusions = run.fusions ? CudaFusions::all() : CudaFusions::none();

@@ -931,13 +931,16 @@ void HalfCudaLinear::forward_gemm(const float* x_dev, int rows, float* y_dev, cu
                                 /*C=*/y_dev, CUDA_R_32F, /*ldc=*/out_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel, int gemv_max_rows) {
+CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel, int gemv_max_rows,
+                                           bool gemv_prefetch) {
   auto scratch = std::make_shared<HalfActivationScratch>();
-  return [type, gemv_kernel, gemv_max_rows, scratch](const std::vector<float>& weight, int out_features,
-                                                     int in_features, const LinearSite&,
-                                                     cublasHandle_t cublas) -> std::unique_ptr<CudaLinear> {
-    return std::make_unique<HalfCudaLinear>(weight, out_features, in_features, type, scratch, cublas, gemv_kernel,
-                                            gemv_max_rows);
+  return [type, gemv_kernel, gemv_max_rows, gemv_prefetch, scratch](
+             const std::vector<float>& weight, int out_features, int in_features, const LinearSite&,
+             cublasHandle_t cublas) -> std::unique_ptr<CudaLinear> {
+    auto layer = std::make_unique<HalfCudaLinear>(weight, out_features, in_features, type, scratch, cublas,
+                                                  gemv_kernel, gemv_max_rows);
+    layer->set_first_weights_prefetch(gemv_prefetch);
+    return layer;
   };
 }
 

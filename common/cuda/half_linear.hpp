@@ -117,7 +117,7 @@ class HalfCudaLinear final : public CudaLinear {
   // Whether each GEMV block asks L2 for its first weights before it waits
   // for the kernel before it (on, the default; programmatic_launch.cuh). Off
   // only to measure what the prefetch buys (step 01's benchmark of a token's
-  // products back to back); the results are the same bits either way.
+  // products back to back, --no-gemv-prefetch); the same bits either way.
   void set_first_weights_prefetch(bool on) { prefetch_first_weights_ = on; }
   bool first_weights_prefetch() const { return prefetch_first_weights_; }
 
@@ -145,9 +145,10 @@ class HalfCudaLinear final : public CudaLinear {
 };
 
 // Layers with weights rounded to `type`, whose products of 1..gemv_max_rows
-// rows run `gemv_kernel` (more rows: cuBLAS); all the layers one factory
-// makes share one HalfActivationScratch.
+// rows run `gemv_kernel` (more rows: cuBLAS), with the GEMV's L2 prefetch on
+// or off (set_first_weights_prefetch); all the layers one factory makes
+// share one HalfActivationScratch.
 CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel = HalfGemvKernel::CudaCores,
-                                           int gemv_max_rows = kMaxGemvRows);
+                                           int gemv_max_rows = kMaxGemvRows, bool gemv_prefetch = true);
 
 }  // namespace llm::cuda

@@ -100,15 +100,20 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
       ->capture_default_str();
   app.add_option("--gemv", o.gemv,
-                 "the kernel of the CUDA model's fp16/bf16 products of 1..16 rows (--max-gemv-rows): cuda-cores "
+                 "the kernel of the CUDA model's fp16/bf16 products of 1..N rows (--max-gemv-rows): cuda-cores "
                  "(fmaf, one per weight and row) or tensor-cores (mma.sync); more rows go through cuBLAS")
       ->check(CLI::IsMember({"cuda-cores", "tensor-cores"}))
       ->capture_default_str();
   in_range(app.add_option("--max-gemv-rows", o.max_gemv_rows,
                           "the CUDA model's fp16/bf16 products of up to N rows run the GEMV (--gemv), more rows "
-                          "cuBLAS; 1.." + std::to_string(cuda::kMaxGemvRows)),
+                          "cuBLAS; 1.." + std::to_string(cuda::kMaxGemvRows) + " (" +
+                              std::to_string(cuda::kMaxGemvRows) +
+                              ": every forward of a few rows gives each row the bits it has alone)"),
            1, cuda::kMaxGemvRows)
       ->capture_default_str();
+  app.add_flag("--no-gemv-prefetch", o.no_gemv_prefetch,
+               "the CUDA model's GEMV asks L2 for no weights before it waits for the kernel before it (the before "
+               "row of that prefetch, which programmatic dependent launch overlaps with the kernel before)");
   app.add_flag("--no-graphs", o.no_graphs,
                "launch every kernel of a CUDA decode forward from the host instead of replaying a CUDA graph");
   app.add_flag("--no-fusions", o.no_fusions,
@@ -212,6 +217,7 @@ void set_sampling_config(Results& results, const CommonOptions& options) {
   results.set_config("cuda_dtype", options.dtype);
   results.set_config("cuda_gemv", options.gemv);
   results.set_config("cuda_max_gemv_rows", static_cast<long long>(options.max_gemv_rows));
+  results.set_config("cuda_gemv_prefetch", !options.no_gemv_prefetch);
   results.set_config("cuda_graphs", !options.no_graphs);
   results.set_config("cuda_fusions", !options.no_fusions);
   results.set_config("cuda_norm_folding", !options.no_fusions && !options.no_norm_folding);

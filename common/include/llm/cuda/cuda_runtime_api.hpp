@@ -94,11 +94,23 @@ std::string to_string(WeightDtype dtype);  // "fp32", "fp16", "bf16"
 // "fp32" | "fp16" | "bf16"; throws InputError for anything else.
 WeightDtype parse_weight_dtype(const std::string& name);
 
-// Up to this many rows, forward runs the GEMV (speculative decoding verifies
-// up to k + 1 <= 9 rows, step 07 batches a few sequences); beyond, cuBLAS.
-// It is the GEMV's largest row bucket, so also the most rows
-// CudaRunOptions::max_gemv_rows may send to it, and that option's default.
+// The GEMV's largest row bucket (speculative decoding verifies up to k + 1
+// <= 9 rows, step 07 batches a few sequences): the most rows
+// CudaRunOptions::max_gemv_rows may send to it, and a HalfCudaLinear's own
+// default. Beyond, cuBLAS.
 inline constexpr int kMaxGemvRows = 16;
+// The model's default (CudaRunOptions::max_gemv_rows, --max-gemv-rows): only
+// a product of one row, the decode token's, runs the GEMV; two rows or more
+// run cuBLAS. Measured on TinyLlama's products (chapter 01, section 5.6),
+// the GEMV reads the weights at cuBLAS's speed for one row, but its time
+// grows with its rows (on the CUDA cores every weight costs one fmaf per
+// row), where cuBLAS's barely moves: a verify pass (step 04) or a batch
+// (step 07) of a few rows is cheaper through cuBLAS, even without the folded
+// norms and adds. The price: a row's logits in a batch are no longer the
+// bits of the same row alone (cuBLAS sums in another order), so greedy
+// tokens may part at a near-tie; --max-gemv-rows 16 keeps every forward of
+// up to 16 rows on the GEMV, whose bits do not depend on the rows beside.
+inline constexpr int kDefaultMaxGemvRows = 1;
 
 // Which kernel multiplies 1..max_gemv_rows rows by fp16/bf16 weights
 // (--gemv). Both read every weight once whatever the row count; they differ
@@ -131,12 +143,15 @@ struct CudaRunOptions {
   // bf16 only).
   HalfGemvKernel gemv = HalfGemvKernel::CudaCores;
   // The half-precision products of up to this many rows run the GEMV
-  // (`gemv`); more rows run cuBLAS. 1..kMaxGemvRows. Lower than the default,
-  // it lets a whole model's forwards of a few rows be timed on either path:
-  // the GEMV's time grows with its rows where cuBLAS's barely does, but the
-  // GEMV folds the norms, SwiGLU and residual adds into its launch, so a
-  // forward of more rows than this runs them as kernels of their own.
-  int max_gemv_rows = kMaxGemvRows;
+  // (`gemv`); more rows run cuBLAS. 1..kMaxGemvRows; the default and why:
+  // kDefaultMaxGemvRows. The GEMV folds the norms, SwiGLU and residual adds
+  // into its launch; a forward of more rows than this runs them as kernels
+  // of their own.
+  int max_gemv_rows = kDefaultMaxGemvRows;
+  // Each GEMV block asks L2 for its first weights before it waits for the
+  // kernel before it (programmatic_launch.cuh); false: the before row of
+  // that prefetch (--no-gemv-prefetch). The same bits either way.
+  bool gemv_prefetch = true;
 };
 
 // The transformer on the GPU: own kernels for embedding, RMSNorm, RoPE,

@@ -29,8 +29,9 @@ struct CommonOptions {
   std::uint64_t seed = 42;       // --seed (weights of presets and the sampler)
   std::string device = "all";    // --device cpu|cuda|all
   std::string dtype = "fp32";    // --dtype fp32|fp16|bf16: the CUDA model's weights
-  std::string gemv = "cuda-cores";  // --gemv cuda-cores|tensor-cores: the fp16/bf16 products' kernel for 1..16 rows
-  int max_gemv_rows = cuda::kMaxGemvRows;  // --max-gemv-rows N: those products of more rows run cuBLAS
+  std::string gemv = "cuda-cores";  // --gemv cuda-cores|tensor-cores: the fp16/bf16 products' GEMV kernel
+  int max_gemv_rows = cuda::kDefaultMaxGemvRows;  // --max-gemv-rows N: those products of more rows run cuBLAS
+  bool no_gemv_prefetch = false;  // --no-gemv-prefetch: the GEMV asks L2 for no weights before its wait
   bool no_graphs = false;        // --no-graphs: CUDA decode launches every kernel (the before row of graphs)
   bool no_fusions = false;       // --no-fusions: the CUDA model's seven products and separate small kernels
   bool no_norm_folding = false;  // --no-norm-folding: fusions, but RMSNorm/SwiGLU/residual add as their own kernels
