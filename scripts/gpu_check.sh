@@ -54,11 +54,11 @@
 #              TinyLlama's and Llama-2-7B's shapes, 1-64 rows; and a token's
 #              88 TinyLlama products back to back, with and without
 #              programmatic dependent launch and the GEMV's L2 prefetch),
-#              then step
-#              01's TinyLlama decode, step 04's target pass and step 07's
-#              forwards of 1-64 rows with each kernel, and steps 04 and 07
-#              again on the CUDA cores with the products of 2 rows or more
-#              on cuBLAS (--max-gemv-rows 1) (minutes)
+#              then step 01's TinyLlama decode, step 04's target pass and
+#              step 07's forwards of 1-64 rows with each kernel taking up to
+#              16 rows (--max-gemv-rows 16), and steps 04 and 07 again with
+#              the model's default, the products of 2 rows or more on cuBLAS
+#              (--max-gemv-rows 1) (minutes)
 #   flash2     only when --stages names it: the top of step 02's
 #              FlashAttention-2 ladder, variants 4, 5 and 11-16, at 16 heads,
 #              d = 128 and 64, 4096 and 16384 tokens, causal and not, beside
@@ -448,10 +448,11 @@ if want gemv || (want presets && ((full))); then
   for kernel in cuda-cores tensor-cores; do
     run_step gemv "tinyllama-1.1b_fp16_$kernel" step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
       --steps 1024 --repeats 3 --dtype fp16 --gemv "$kernel"
+    # Up to 16 rows on the GEMV (the default sends 2 rows or more to cuBLAS).
     run_step gemv "tinyllama-1.1b_fp16_$kernel" step04_speculative --device cuda --preset tinyllama-1.1b \
-      --dtype fp16 --gemv "$kernel" --steps 64 --k 4 --repeats 1
+      --dtype fp16 --gemv "$kernel" --max-gemv-rows 16 --steps 64 --k 4 --repeats 1
     run_step gemv "tinyllama-1.1b_fp16_$kernel" step07_batching --device cuda --preset tinyllama-1.1b --dtype fp16 \
-      --gemv "$kernel" --requests 8 --seed 85 --repeats 1 --loads 1.0
+      --gemv "$kernel" --max-gemv-rows 16 --requests 8 --seed 85 --repeats 1 --loads 1.0
   done
   run_step gemv tinyllama-1.1b_fp16_cublas-from-2-rows step04_speculative --device cuda --preset tinyllama-1.1b \
     --dtype fp16 --gemv cuda-cores --max-gemv-rows 1 --steps 64 --k 4 --repeats 1
