@@ -26,13 +26,16 @@
 //
 // The GEMV (rows <= kMaxGemvRows = 16). Why 16: speculative decoding verifies
 // k + 1 <= 9 rows at once and step 07 batches a few sequences per step; a
-// GEMV that reads every weight byte once whatever the row count makes those
-// rows nearly free at decode, where cublasSgemm's kernels for 9 rows took
-// 1.2-1.7x the time of one row. The row count is a template parameter,
-// rounded up to a bucket (1, 2, 4, 8, 16; the extra rows are zeros that are
-// never written), so the sums live in registers. A layer built with a lower
-// gemv_max_rows (CudaRunOptions::max_gemv_rows) sends its products of more
-// rows to cuBLAS instead: how a whole model is timed on both paths.
+// GEMV that reads every weight byte once whatever the row count was meant to
+// make those rows nearly free at decode, where cublasSgemm's kernels for 9
+// rows took 1.2-1.7x the time of one row. The row count is a template
+// parameter, rounded up to a bucket (1, 2, 4, 8, 16; the extra rows are
+// zeros that are never written), so the sums live in registers. Its
+// multiply-adds grow with the rows, though, where cublasGemmEx's half
+// kernels stay flat, so the model's layers are built with gemv_max_rows 1
+// (kDefaultMaxGemvRows, CudaRunOptions::max_gemv_rows): only decode's
+// single row runs here by default, and --max-gemv-rows 16 brings back the
+// batch-invariant bits of 2-16 rows.
 //
 //   weights  [out, padded_in] half bit patterns, padded_in = in rounded up to
 //            8 (16 bytes), columns [in, padded_in) zero: every row starts

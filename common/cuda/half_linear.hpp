@@ -4,10 +4,11 @@
 // token reads half the bytes of the fp32 baseline. Activations stay fp32 in
 // memory (x in, y out) and every sum is accumulated in fp32; each product
 // multiplies the half weights by x rounded to the same half type. Up to
-// gemv_max_rows rows (kMaxGemvRows unless the layer is built with fewer) go
-// through a GEMV written for this (one pass over the weights whatever the row
-// count; its multiply-adds on the CUDA cores or on the tensor cores,
-// HalfGemvKernel); more rows (prefill) go through cuBLAS.
+// gemv_max_rows rows (kMaxGemvRows unless the layer is built with fewer; the
+// model builds its layers with 1, kDefaultMaxGemvRows) go through a GEMV
+// written for this (one pass over the weights whatever the row count; its
+// multiply-adds on the CUDA cores or on the tensor cores, HalfGemvKernel);
+// more rows (batches, verify passes, prefill) go through cuBLAS.
 // Both paths round x alike, so a row's output does not depend (beyond the
 // order of fp32 sums) on which path its forward took. Why these choices, and
 // the kernel's shape: half_linear.cu.

@@ -287,7 +287,7 @@ ProductChain& product_chain() {
 // How the chain's launches may overlap: serially or with programmatic
 // dependent launch (as the model launches the kernels after its first,
 // programmatic_launch.cuh), and whether each GEMV block asks L2 for its first
-// weights before its wait (the model always does). The prefetch off is a
+// weights before its wait (the model does unless --no-gemv-prefetch). Off is a
 // measurement only: it separates what the overlap does from what the
 // prefetch during the overlap does.
 struct ChainLaunches {
