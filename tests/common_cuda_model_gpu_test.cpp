@@ -188,8 +188,9 @@ class CudaHalfVsCpu : public ::testing::TestWithParam<ConfigCase> {};
 
 // fp16 and bf16, each with its products of 1..16 rows on either GEMV kernel
 // (the CUDA cores' fmaf or the tensor cores' mma); and fp16 with only its
-// products of 1 row on the GEMV (--max-gemv-rows 1: every forward of more
-// rows runs cuBLAS, with its norms, SwiGLU and adds as kernels of their own).
+// products of 1 row on the GEMV (--max-gemv-rows 1, the model's default:
+// every forward of more rows runs cuBLAS, with its norms, SwiGLU and adds as
+// kernels of their own).
 // Graphs on.
 std::vector<cuda::CudaRunOptions> half_runs_on_every_product_path() {
   std::vector<cuda::CudaRunOptions> runs;

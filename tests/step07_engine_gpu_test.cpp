@@ -4,10 +4,10 @@
 // prefill), and each request's greedy tokens equal its solo tokens on the
 // same model with its own contiguous cache, or part from them only at a
 // near-tie that check_replay explains; fp32 weights and fp16 ones, on the
-// tiny preset and on stories260K. In fp16 the chunks of 24 rows put decode
-// rows into forwards of more than 16 rows (cuBLAS's path) that run alone
-// through the GEMV: both paths round x alike (half_linear.cu), and what is
-// left is the order of fp32 sums. Skips where no GPU can be present and fails where
+// tiny preset and on stories260K. In fp16 (the model's default,
+// --max-gemv-rows 1) a decode row that runs alone goes through the GEMV and
+// the same row in a batch through cuBLAS: both paths round x alike
+// (half_linear.cu), and what is left is the order of fp32 sums. Skips where no GPU can be present and fails where
 // one is present but unusable (LLM_REQUIRE_CUDA_DEVICE,
 // tests/test_support.hpp); stories260K's cases skip without its files.
 #include <gtest/gtest.h>

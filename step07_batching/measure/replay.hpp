@@ -54,8 +54,8 @@ ReplayResult replay(llm::Model& model, const std::vector<Request>& requests, con
 // Whether a row's logits are the same bits whatever other rows share its
 // forward. The CPU model runs each row through the same loops; on CUDA,
 // cuBLAS picks its GEMM kernel by the row count, and more rows than
-// --max-gemv-rows (16 by default) take the half model's products from its
-// GEMV to cuBLAS.
+// --max-gemv-rows (1 by default, up to 16) take the half model's products
+// from its GEMV to cuBLAS.
 bool batch_invariant(const llm::Model& model);
 
 // [requests] the greedy tokens of each request run alone (max_tokens of them,

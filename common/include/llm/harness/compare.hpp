@@ -31,7 +31,7 @@ Tolerance model_logits_tolerance(DType dtype);
 // Two computations of one model's logits that round the same values alike
 // but add them in another order: a row alone and the same row in a batch on
 // the GPU (cuBLAS picks its kernel by the row count; the half model's
-// products leave its GEMV past --max-gemv-rows, 16 by default), or the CUDA
+// products leave its GEMV past --max-gemv-rows, 1 by default), or the CUDA
 // half model and the CPU model rounding its products' inputs the same way.
 // In fp32 the sums' order moves logits far less than fp32's 1e-4. With
 // fp16/bf16 products each such last-bit difference may move an input's
