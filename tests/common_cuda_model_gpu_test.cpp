@@ -189,9 +189,9 @@ class CudaHalfVsCpu : public ::testing::TestWithParam<ConfigCase> {};
 // fp16 and bf16, each with its products of 1..16 rows on either GEMV kernel
 // (the CUDA cores' fmaf or the tensor cores' mma); and fp16 with only its
 // products of 1 row on the GEMV (--max-gemv-rows 1, the model's default:
-// every forward of more rows runs cuBLAS, with its norms, SwiGLU and adds as
-// kernels of their own).
-// Graphs on.
+// every forward of more rows runs cuBLAS, its norms, SwiGLU and adds folded
+// into cuBLAS's path), once more with those as kernels of their own
+// (--no-norm-folding). Graphs on.
 std::vector<cuda::CudaRunOptions> half_runs_on_every_product_path() {
   std::vector<cuda::CudaRunOptions> runs;
   for (const cuda::HalfGemvKernel gemv : {cuda::HalfGemvKernel::CudaCores, cuda::HalfGemvKernel::TensorCores})
@@ -206,12 +206,15 @@ std::vector<cuda::CudaRunOptions> half_runs_on_every_product_path() {
   cublas_from_2_rows.dtype = cuda::WeightDtype::Float16;
   cublas_from_2_rows.max_gemv_rows = 1;
   runs.push_back(cublas_from_2_rows);
+  cuda::CudaRunOptions cublas_unfolded = cublas_from_2_rows;  // its before row: norms and adds as kernels
+  cublas_unfolded.fold_norms = false;
+  runs.push_back(cublas_unfolded);
   return runs;
 }
 // "fp16, GEMV on cuda-cores up to 16 rows": a run of the list, in a trace.
 std::string half_run_name(const cuda::CudaRunOptions& run) {
   return cuda::to_string(run.dtype) + ", GEMV on " + cuda::to_string(run.gemv) + " up to " +
-         std::to_string(run.max_gemv_rows) + " rows";
+         std::to_string(run.max_gemv_rows) + " rows" + (run.fold_norms ? "" : ", norms and adds as kernels");
 }
 
 // The tokens are the CPU's (teacher-forced), so both models see the same
@@ -884,8 +887,8 @@ TEST(CudaFusions, EachFusionMatchesTheCpu) {
 // ---------------------------------------------------------------------------
 // The forwards two CUDA models are compared on, in order, on caches of
 // kForwardPathSequences sequences: a 35-token prompt as a 15-row run (a
-// short run: the half GEMV, norms folded) and a 20-row chunk (a prefill:
-// cuBLAS), 10 decode steps (the first of a graph key runs eagerly, the rest
+// short run: the half GEMV where it takes 16 rows) and a 20-row chunk (a
+// prefill: cuBLAS), 10 decode steps (the first of a graph key runs eagerly, the rest
 // replay graphs), then prompts for sequences 1 and 2 and 4 steps of the
 // three decoding together. `forward(batch, which, what)` runs both models on
 // `batch`, checks them, and returns the logits it checked.
@@ -915,16 +918,19 @@ void run_every_forward_path(const ModelConfig& config, Forward&& forward) {
 
 // ---------------------------------------------------------------------------
 // norm_in_product folds every RMSNorm, residual add and (with the fused
-// gate/up product) SwiGLU into the half GEMV's launches. The GEMV computes
-// them with the kernels' own formulas and order of additions, so the model
-// must give the same bits with and without the fold, on every path a
-// forward takes: a short run (folded), a long prefill (too many rows for the
-// GEMV: unfolded), decode steps replayed from graphs, and a batch of three
-// sequences. With fewer products fused (separate Q/K/V and gate/up) too. And
-// the folded model still matches the CPU model at the dtype's tolerance.
-// Also with fp16 products of 1 row only on the GEMV (max_gemv_rows 1): the
-// short run and the batch of three then run cuBLAS, which folds nothing, so
-// the folded model must leave their norms and adds as kernels too.
+// gate/up product) SwiGLU into the half products: into the GEMV's launches,
+// and past the GEMV's rows into cuBLAS's path (the norm or SwiGLU into the
+// kernel that rounds x, the add into cuBLAS's beta = 1). Both compute the
+// norm and SwiGLU with the kernels' own formulas and order of additions, and
+// cuBLAS's epilogue rounds y + product once, as the add kernel does; so,
+// with cuBLAS running the same kernel for beta 0 and 1, the model must give
+// the same bits with and without the fold, on every path a forward takes: a
+// short run, a long prefill (cuBLAS's path), decode steps replayed from
+// graphs, and a batch of three sequences. With fewer products fused
+// (separate Q/K/V and gate/up) too. And the folded model still matches the
+// CPU model at the dtype's tolerance. Also with fp16 products of 1 row only
+// on the GEMV (max_gemv_rows 1, the default): the short run and the batch of
+// three then take cuBLAS's path as well.
 TEST(CudaFusions, NormInProductGivesTheUnfoldedBits) {
   LLM_REQUIRE_CUDA_DEVICE();
   struct Products {

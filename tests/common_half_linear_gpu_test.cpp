@@ -379,17 +379,20 @@ INSTANTIATE_TEST_SUITE_P(Shapes, HalfGemvRowOrder,
 
 class HalfGemvFusions : public ::testing::TestWithParam<HalfCase> {};
 
-// forward_fused folds into the GEMV's launch what the model otherwise runs as
-// kernels of its own: the RMSNorm before a product, SwiGLU before w2 and the
-// residual add after. Each must give the bits of those kernels around a plain
-// forward (half_linear.cu reuses their formulas and, for the norm, their
-// order of additions), for every row bucket and for split and unsplit
-// columns; rows past `rows` stay untouched.
+// forward_fused folds in what the model otherwise runs as kernels of its own:
+// the RMSNorm before a product, SwiGLU before w2 and the residual add after.
+// Each must give the bits of those kernels around a plain forward, for every
+// row bucket of the GEMV (split and unsplit columns) and past it, on
+// cuBLAS's path (21 rows); rows past `rows` stay untouched. The GEMV and the
+// kernel that rounds cuBLAS's input reuse the kernels' formulas and, for the
+// norm, their order of additions. cuBLAS's add (beta = 1) gives the add
+// kernel's bits where cuBLAS runs the same kernel for beta 0 and 1: its
+// epilogue rounds y + product once, as the add kernel does.
 TEST_P(HalfGemvFusions, FoldedNormSwigluAndAddGiveTheBitsOfTheKernels) {
   LLM_REQUIRE_CUDA_DEVICE();
 #if defined(LLM_WITH_CUDA)
   const HalfCase c = GetParam();
-  constexpr int kRows = cuda::kMaxGemvRows;
+  constexpr int kRows = 21;  // the buffers' rows, and a forward past the GEMV's 16 (cuBLAS's path)
   constexpr float kEps = 1e-5f;
   const std::uint64_t seed = 500u + static_cast<std::uint64_t>(c.out) * 13u + static_cast<std::uint64_t>(c.in);
   const std::vector<float> weight = random_vector(static_cast<std::size_t>(c.out) * c.in, seed, 0.5f);
@@ -425,11 +428,12 @@ TEST_P(HalfGemvFusions, FoldedNormSwigluAndAddGiveTheBitsOfTheKernels) {
       LLM_CUDA_CHECK(cudaMemset(y.data(), 0xff, y.bytes()));
   };
   EXPECT_TRUE(layer.fuses(1));
-  EXPECT_TRUE(layer.fuses(kRows));
-  EXPECT_FALSE(layer.fuses(kRows + 1));
+  EXPECT_TRUE(layer.fuses(cuda::kMaxGemvRows + 1));
+  EXPECT_EQ(layer.max_fused_rows(), cuda::kFusesAnyRowCount);
   EXPECT_FALSE(layer.fuses(0));
-  for (const int rows : {1, 3, 9, 16}) {
-    SCOPED_TRACE(std::to_string(rows) + " rows, " + std::to_string(layer.gemv_k_splits()) + " column slices");
+  for (const int rows : {1, 3, 9, 16, kRows}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows, " +
+                 (rows > cuda::kMaxGemvRows ? "cuBLAS" : std::to_string(layer.gemv_k_splits()) + " column slices"));
     for (const bool accumulate : {false, true}) {
       // The RMSNorm folded in: rmsnorm then forward (then add_inplace).
       cuda::kernels::rmsnorm(input.data(), x_dev.data(), norm_dev.data(), rows, c.in, kEps, nullptr);
@@ -458,14 +462,14 @@ TEST_P(HalfGemvFusions, FoldedNormSwigluAndAddGiveTheBitsOfTheKernels) {
                         cuda::ProductFusion{.swiglu_of_gate_up = true, .accumulate = true}, nullptr);
     EXPECT_TRUE(same_bits(download(got), download(want))) << "SwiGLU folded";
   }
-  // What the GEMV cannot fold: too many rows, or two inputs at once.
-  DeviceBuffer<float> big_x(static_cast<std::size_t>(kRows + 1) * c.in);
-  EXPECT_THROW(layer.forward_fused(big_x.data(), kRows + 1, got.data(), cuda::ProductFusion{.accumulate = true}, nullptr),
+  // What neither path folds: no rows, or two inputs at once.
+  EXPECT_THROW(layer.forward_fused(x_dev.data(), 0, got.data(), cuda::ProductFusion{.accumulate = true}, nullptr),
                std::logic_error);
-  EXPECT_THROW(layer.forward_fused(x_dev.data(), 1, got.data(),
-                                   cuda::ProductFusion{.input_norm = norm_dev.data(), .swiglu_of_gate_up = true},
-                                   nullptr),
-               std::logic_error);
+  for (const int rows : {1, kRows})
+    EXPECT_THROW(layer.forward_fused(x_dev.data(), rows, got.data(),
+                                     cuda::ProductFusion{.input_norm = norm_dev.data(), .swiglu_of_gate_up = true},
+                                     nullptr),
+                 std::logic_error);
   LLM_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
 }
@@ -521,10 +525,10 @@ TEST(HalfCudaLinear, ForwardPastTheReservedRowsThrows) {
 // gemv_max_rows (CudaRunOptions::max_gemv_rows, --max-gemv-rows): a layer
 // built with 1 sends 2..16 rows to cuBLAS, the bits of forward_with_cublas on
 // the same rows, with the scratch that reserve_rows(16) grew, and 1 row to
-// the GEMV, the bits of a default layer; it folds nothing into more than one
-// row. The default layer's GEMV adds those rows' products in another order
-// than cuBLAS (its bits differ), so a forward that ignored the limit fails
-// here. A limit the GEMV cannot take (0, 17) is refused when the layer is
+// the GEMV, the bits of a default layer; it folds at every row count, as
+// every half layer does. The default layer's GEMV adds those rows' products
+// in another order than cuBLAS (its bits differ), so a forward that ignored
+// the limit fails here. A limit the GEMV cannot take (0, 17) is refused when the layer is
 // made, by the factory's layers too.
 TEST(HalfCudaLinear, RowsPastGemvMaxRowsRunCublas) {
   LLM_REQUIRE_CUDA_DEVICE();
@@ -539,9 +543,8 @@ TEST(HalfCudaLinear, RowsPastGemvMaxRowsRunCublas) {
                        cuda::HalfGemvKernel::CudaCores, /*gemv_max_rows=*/1);
   EXPECT_EQ(gemv_layer.gemv_max_rows(), cuda::kMaxGemvRows);
   EXPECT_EQ(layer.gemv_max_rows(), 1);
-  EXPECT_EQ(layer.max_fused_rows(), 1);
-  EXPECT_TRUE(layer.fuses(1));
-  EXPECT_FALSE(layer.fuses(2));
+  EXPECT_EQ(layer.max_fused_rows(), cuda::kFusesAnyRowCount);
+  EXPECT_TRUE(layer.fuses(2));
   gemv_layer.reserve_rows(kRows);
   layer.reserve_rows(kRows);
   const DeviceBuffer<float> x_dev{std::span<const float>(x)};
@@ -563,8 +566,6 @@ TEST(HalfCudaLinear, RowsPastGemvMaxRowsRunCublas) {
   }
   EXPECT_TRUE(same_bits(run_forward(layer, x_dev, 1, y_dev), run_forward(gemv_layer, x_dev, 1, y_dev)))
       << "1 row did not run the GEMV";
-  EXPECT_THROW(layer.forward_fused(x_dev.data(), 2, y_dev.data(), cuda::ProductFusion{.accumulate = true}, nullptr),
-               std::logic_error);
   LLM_CUDA_CHECK(cudaDeviceSynchronize());
 
   for (const int refused : {0, cuda::kMaxGemvRows + 1}) {
@@ -583,7 +584,10 @@ TEST(HalfCudaLinear, RowsPastGemvMaxRowsRunCublas) {
   }
   const cuda::CudaLinearFactory one_row_factory =
       cuda::half_cuda_linear_factory(HalfType::BFloat16, cuda::HalfGemvKernel::CudaCores, 1);
-  EXPECT_EQ(one_row_factory(weight, c.out, c.in, LinearSite{0, LinearRole::Key}, cublas.get())->max_fused_rows(), 1);
+  const std::unique_ptr<cuda::CudaLinear> one_row_layer =
+      one_row_factory(weight, c.out, c.in, LinearSite{0, LinearRole::Key}, cublas.get());
+  ASSERT_NE(dynamic_cast<const HalfCudaLinear*>(one_row_layer.get()), nullptr);
+  EXPECT_EQ(dynamic_cast<const HalfCudaLinear&>(*one_row_layer).gemv_max_rows(), 1);
 #endif
 }
 

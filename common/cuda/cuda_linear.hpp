@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -44,7 +45,7 @@ class CublasHandle {
 // resets the workspace to cuBLAS's own pool, which would undo bind_to_stream.
 void set_cublas_stream(cublasHandle_t cublas, cudaStream_t stream);
 
-// What a product can take into its own launch at decode, where the kernels
+// What a product can take into launches it has anyway, where the kernels
 // around it move a few KiB each and cost a launch apiece (see
 // CudaFusions::norm_in_product): the RMSNorm or the SwiGLU before it and the
 // residual add after it.
@@ -62,6 +63,10 @@ struct ProductFusion {
   bool accumulate = false;
 };
 
+// max_fused_rows() of a layer that folds a ProductFusion into a product of
+// any number of rows.
+inline constexpr int kFusesAnyRowCount = std::numeric_limits<int>::max();
+
 class CudaLinear {
  public:
   virtual ~CudaLinear() = default;
@@ -77,7 +82,8 @@ class CudaLinear {
   // graph, where cudaMalloc is not allowed).
   virtual void reserve_rows(int /*rows*/) {}
   // The most rows forward_fused takes (0: it folds nothing, and the model
-  // runs the norm and the add as kernels of their own around forward).
+  // runs the norm and the add as kernels of their own around forward;
+  // kFusesAnyRowCount: every count).
   virtual int max_fused_rows() const { return 0; }
   bool fuses(int rows) const { return rows >= 1 && rows <= max_fused_rows(); }
   // forward with `fusion` folded in; only where fuses(rows).

@@ -56,11 +56,14 @@ struct CudaFusions {
   // Each RMSNorm folded into the products that read its output, each
   // residual add into the product before it, and (with gate_up_product)
   // SwiGLU into w2 (CudaLinear::forward_fused): no norm, add or SwiGLU
-  // kernel is left between the products. Used where every
-  // product of the forward fuses that many rows (the half GEMV: decode and
-  // short runs); elsewhere the model falls back to the kernels above. Each
-  // product's block recomputes its rows' sum of squares (a few KiB from L2)
-  // rather than wait for a kernel of its own; the results are the same bits.
+  // kernel is left between the products. Used where every product of the
+  // forward fuses that many rows (the half-precision layers fuse any count:
+  // the GEMV in its own launch, cuBLAS's path in the kernel that rounds its
+  // input and in cuBLAS's beta); elsewhere (fp32, step 06's layers) the
+  // model falls back to the kernels above. Each GEMV block recomputes its
+  // rows' sum of squares (a few KiB from L2) rather than wait for a kernel
+  // of its own; the results are the same bits, and on cuBLAS's path the
+  // same bits up to the order of the add's product sums.
   bool norm_in_product = false;
 
   static CudaFusions all() { return {true, true, true, true, true}; }

@@ -198,13 +198,45 @@ __global__ void round_weights_kernel(const float* __restrict__ weight, int out, 
   }
 }
 
-// x [count] fp32 -> bits [count] of the half type (the prefill path's B).
+// The cuBLAS path's B operand, x_half [rows, in]: the product's input rounded
+// to the half type, after what the fusion folds in (ProductFusion), computed
+// as the model's own kernels compute it:
+//   input_norm set:  rmsnorm(x) of x [rows, in], with the RMSNorm kernel's
+//                    block size, formulas and order of additions
+//                    (device_formulas.cuh), so the same fp32 values round;
+//   swiglu_input:    silu(gate) * up of the gate/up rows x [rows, 2 * in];
+//   neither:         x [rows, in] as it is.
+// Block r writes row r. One launch is the norm's (or SwiGLU's) kernel and the
+// rounding together: on this path, that and cuBLAS's beta (the residual add)
+// are what folding saves.
 template <class Traits>
-__global__ void round_activations_kernel(const float* __restrict__ x, std::size_t count,
-                                         std::uint16_t* __restrict__ bits) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    bits[i] = Traits::from_float(x[i]);
+__global__ void __launch_bounds__(device::kNormBlockThreads)
+    round_product_input_kernel(const float* __restrict__ x, int in, const float* __restrict__ input_norm,
+                               float norm_eps, bool swiglu_input, std::uint16_t* __restrict__ x_half) {
+  wait_then_let_next_kernel_launch();  // x comes from the kernel before
+  __shared__ float reduce_scratch[kWarpSize];
+  const auto row = static_cast<std::size_t>(blockIdx.x);
+  const auto columns = static_cast<std::size_t>(in);
+  std::uint16_t* half_row = x_half + row * columns;
+  const int first = static_cast<int>(threadIdx.x), stride = static_cast<int>(blockDim.x);
+  if (swiglu_input) {
+    const float* gate_up_row = x + row * 2 * columns;  // gate columns [0, in), up columns [in, 2 in)
+    for (int i = first; i < in; i += stride)
+      half_row[i] = Traits::from_float(device::swiglu_value(gate_up_row[i], gate_up_row[in + i]));
+    return;
+  }
+  const float* x_row = x + row * columns;
+  if (input_norm == nullptr) {
+    for (int i = first; i < in; i += stride) half_row[i] = Traits::from_float(x_row[i]);
+    return;
+  }
+  // Every thread of the block reaches the reduction: the branches above are
+  // the same for the whole grid.
+  const float sum_of_squares =
+      device::block_reduce(device::thread_sum_of_squares(x_row, in), device::SumOp{}, reduce_scratch);
+  const float inv_rms = device::inverse_rms(sum_of_squares, in, norm_eps);
+  for (int i = first; i < in; i += stride)
+    half_row[i] = Traits::from_float(device::normalized(input_norm[i], inv_rms, x_row[i]));
 }
 
 struct GemvArguments {
@@ -849,18 +881,21 @@ void HalfCudaLinear::forward(const float* x_dev, int rows, float* y_dev, cudaStr
   if (rows <= gemv_max_rows_)
     forward_gemv(x_dev, rows, y_dev, ProductFusion{}, stream);
   else
-    forward_gemm(x_dev, rows, y_dev, stream);
+    forward_gemm(x_dev, rows, y_dev, ProductFusion{}, stream);
 }
 
 void HalfCudaLinear::forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                                    cudaStream_t stream) const {
   if (!fuses(rows))
-    throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": the GEMV folds a norm or an add into " +
-                           "1.." + std::to_string(gemv_max_rows_) + " rows, not " + std::to_string(rows));
+    throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": a fused forward needs 1 row or more, not " +
+                           std::to_string(rows));
   if (fusion.input_norm != nullptr && fusion.swiglu_of_gate_up)
     throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": x is either a norm's input or SwiGLU's, "
                            "not both");
-  forward_gemv(x_dev, rows, y_dev, fusion, stream);
+  if (rows <= gemv_max_rows_)
+    forward_gemv(x_dev, rows, y_dev, fusion, stream);
+  else
+    forward_gemm(x_dev, rows, y_dev, fusion, stream);
 }
 
 void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
@@ -898,34 +933,46 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
     tensor_cores ? launch_tensor_core_gemv<BFloat16Traits>(args, stream) : launch_gemv<BFloat16Traits>(args, stream);
 }
 
-// More rows than the GEMV takes (prefill): x is rounded to the half type into
-// the shared scratch and cuBLAS multiplies half by half with fp32 sums
-// (tensor cores). Both paths round x alike (the GEMV as it stages it): each
-// x value gains a relative error of at most 2^-11 (fp16) or 2^-8 (bf16), so
-// an output can move by up to that fraction of sum_i |w_i| |x_i| (in
-// practice about sqrt(in) times less: the errors have random signs). fp16
-// also turns |x| > 65504 into inf and flushes |x| < 2^-24 to zero; bf16
-// keeps fp32's range.
-void HalfCudaLinear::forward_gemm(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
+// More rows than the GEMV takes (prefill, batches, verify passes): x is
+// rounded to the half type into the shared scratch and cuBLAS multiplies half
+// by half with fp32 sums (tensor cores). Both paths round x alike (the GEMV
+// as it stages it): each x value gains a relative error of at most 2^-11
+// (fp16) or 2^-8 (bf16), so an output can move by up to that fraction of
+// sum_i |w_i| |x_i| (in practice about sqrt(in) times less: the errors have
+// random signs). fp16 also turns |x| > 65504 into inf and flushes
+// |x| < 2^-24 to zero; bf16 keeps fp32's range.
+//
+// The fusion folds in here too, in two places that cost no launch of their
+// own: the RMSNorm or SwiGLU before the product goes into the kernel that
+// rounds x (round_product_input_kernel), and the residual add after it into
+// cuBLAS's epilogue, y = 1 * (x . W^T) + beta * y with beta = 1. The
+// epilogue rounds that sum once, as the add kernel rounds y + product, so
+// where cuBLAS runs the same kernel for both betas the bits are those of the
+// plain product and the add kernel (a test checks them: cuBLAS chooses its
+// kernel, we do not).
+void HalfCudaLinear::forward_gemm(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
+                                  cudaStream_t stream) const {
   const std::size_t count = static_cast<std::size_t>(rows) * static_cast<std::size_t>(in_);
   if (scratch_->activations.size() < count)
     throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": a forward of " + std::to_string(rows) +
                            " rows needs scratch that reserve_rows(" + std::to_string(rows) +
                            ") grows; call it first, outside any stream capture");
   std::uint16_t* x_half = scratch_->activations.data();  // [rows, in]
-  const int blocks = elementwise_blocks(count);
+  const dim3 one_block_per_row(static_cast<unsigned int>(rows));
   if (type_ == HalfType::Float16)
-    round_activations_kernel<Float16Traits><<<blocks, kElementwiseThreads, 0, stream>>>(x_dev, count, x_half);
+    launch_kernel(round_product_input_kernel<Float16Traits>, one_block_per_row, device::kNormBlockThreads, 0, stream,
+                  x_dev, in_, fusion.input_norm, fusion.norm_eps, fusion.swiglu_of_gate_up, x_half);
   else
-    round_activations_kernel<BFloat16Traits><<<blocks, kElementwiseThreads, 0, stream>>>(x_dev, count, x_half);
-  LLM_CUDA_CHECK_LAUNCH();
+    launch_kernel(round_product_input_kernel<BFloat16Traits>, one_block_per_row, device::kNormBlockThreads, 0,
+                  stream, x_dev, in_, fusion.input_norm, fusion.norm_eps, fusion.swiglu_of_gate_up, x_half);
   const cudaDataType_t half_type =
       type_ == HalfType::Float16 ? Float16Traits::kCublasType : BFloat16Traits::kCublasType;
   // The row-major / column-major reading of DenseCudaLinear::forward
   // (cuda_linear.cpp): C [out, rows] = op(A) [out, in] . B [in, rows] with A
   // the weights' memory under op T and B = x's memory as is. The weights'
   // rows are padded_in_ apart (lda), x's are in_ apart.
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f;
+  const float beta = fusion.accumulate ? 1.0f : 0.0f;  // 1: y += product (the residual add)
   set_cublas_stream(cublas_, stream);  // cuda_linear.hpp: keeps the model's workspace
   LLM_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N,
                                 /*m=*/out_, /*n=*/rows, /*k=*/in_, &alpha,

@@ -8,7 +8,9 @@
 // model builds its layers with 1, kDefaultMaxGemvRows) go through a GEMV
 // written for this (one pass over the weights whatever the row count; its
 // multiply-adds on the CUDA cores or on the tensor cores, HalfGemvKernel);
-// more rows (batches, verify passes, prefill) go through cuBLAS.
+// more rows (batches, verify passes, prefill) go through cuBLAS. Both paths
+// fold the model's RMSNorm or SwiGLU before a product and the residual add
+// after it (forward_fused), at every row count.
 // Both paths round x alike, so a row's output does not depend (beyond the
 // order of fp32 sums) on which path its forward took. Why these choices, and
 // the kernel's shape: half_linear.cu.
@@ -69,7 +71,7 @@ class HalfCudaLinear final : public CudaLinear {
                  HalfGemvKernel gemv_kernel = HalfGemvKernel::CudaCores, int gemv_max_rows = kMaxGemvRows);
 
   // rows <= 0: nothing. rows <= gemv_max_rows(): the GEMV. More: x rounded to
-  // the half type into the scratch, then cublasGemmEx. Never allocates (it
+  // the half type into the scratch (one kernel), then cublasGemmEx. Never allocates (it
   // may be captured into a CUDA graph): throws std::logic_error when the
   // scratch it needs was not grown by reserve_rows(rows) (of this layer or
   // another layer sharing the scratch).
@@ -80,18 +82,20 @@ class HalfCudaLinear final : public CudaLinear {
   // rows x in_features halves (reserve_rows of more than gemv_max_rows()
   // rows grows it), else it throws std::logic_error.
   void forward_with_cublas(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
-    if (rows > 0) forward_gemm(x_dev, rows, y_dev, stream);
+    if (rows > 0) forward_gemm(x_dev, rows, y_dev, ProductFusion{}, stream);
   }
   // Grows the shared scratch for forwards of up to `rows` rows. Outside any
   // forward and any stream capture (it allocates, and zeroes the split
   // counters synchronously).
   void reserve_rows(int rows) override;
-  // The GEMV folds the RMSNorm before the product and the residual add after
-  // it into its own launch, for the rows it runs (1..gemv_max_rows()); the
-  // results are the bits of the norm kernel, then forward, then the add
-  // kernel. cuBLAS folds nothing: past gemv_max_rows() the model runs those
-  // kernels around forward.
-  int max_fused_rows() const override { return gemv_max_rows_; }
+  // The RMSNorm or SwiGLU before the product and the residual add after it,
+  // folded in at every row count, so the model runs no kernel of its own
+  // for them. The GEMV (1..gemv_max_rows() rows) folds them into its own
+  // launch: the bits of the norm or SwiGLU kernel, then forward, then the
+  // add kernel. Past gemv_max_rows(), the norm or SwiGLU goes into the
+  // kernel that rounds x for cuBLAS (the same bits again) and the add into
+  // cuBLAS's epilogue (beta = 1: within the sums' order; half_linear.cu).
+  int max_fused_rows() const override { return kFusesAnyRowCount; }
   void forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                      cudaStream_t stream) const override;
 
@@ -125,7 +129,8 @@ class HalfCudaLinear final : public CudaLinear {
  private:
   void forward_gemv(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                     cudaStream_t stream) const;
-  void forward_gemm(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const;
+  void forward_gemm(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
+                    cudaStream_t stream) const;
   // gridDim.x of the GEMV: blocks of gemv_outputs_per_block_ outputs (one
   // split counter each).
   int gemv_output_blocks() const;

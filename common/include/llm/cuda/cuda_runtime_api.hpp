@@ -105,8 +105,9 @@ inline constexpr int kMaxGemvRows = 16;
 // the GEMV reads the weights at cuBLAS's speed for one row, but its time
 // grows with its rows (on the CUDA cores every weight costs one fmaf per
 // row), where cuBLAS's barely moves: a verify pass (step 04) or a batch
-// (step 07) of a few rows is cheaper through cuBLAS, even without the folded
-// norms and adds. The price: a row's logits in a batch are no longer the
+// (step 07) of a few rows is cheaper through cuBLAS (whose path folds the
+// norms, SwiGLU and adds too, into the kernel that rounds its input and into
+// cuBLAS's own epilogue; half_linear.hpp). The price: a row's logits in a batch are no longer the
 // bits of the same row alone (cuBLAS sums in another order), so greedy
 // tokens may part at a near-tie; --max-gemv-rows 16 keeps every forward of
 // up to 16 rows on the GEMV, whose bits do not depend on the rows beside.
@@ -144,9 +145,9 @@ struct CudaRunOptions {
   HalfGemvKernel gemv = HalfGemvKernel::CudaCores;
   // The half-precision products of up to this many rows run the GEMV
   // (`gemv`); more rows run cuBLAS. 1..kMaxGemvRows; the default and why:
-  // kDefaultMaxGemvRows. The GEMV folds the norms, SwiGLU and residual adds
-  // into its launch; a forward of more rows than this runs them as kernels
-  // of their own.
+  // kDefaultMaxGemvRows. Both paths fold the norms, SwiGLU and residual adds
+  // (fold_norms): the GEMV into its launch, cuBLAS's path into the kernel
+  // that rounds its input and into cuBLAS's epilogue.
   int max_gemv_rows = kDefaultMaxGemvRows;
   // Each GEMV block asks L2 for its first weights before it waits for the
   // kernel before it (programmatic_launch.cuh); false: the before row of
