@@ -58,7 +58,8 @@
 #              step 07's forwards of 1-64 rows with each kernel taking up to
 #              16 rows (--max-gemv-rows 16), and steps 04 and 07 again with
 #              the model's default, the products of 2 rows or more on cuBLAS
-#              (--max-gemv-rows 1) (minutes)
+#              (--max-gemv-rows 1), folded and not (--no-norm-folding)
+#              (minutes)
 #   flash2     only when --stages names it: the top of step 02's
 #              FlashAttention-2 ladder, variants 4, 5 and 11-16, at 16 heads,
 #              d = 128 and 64, 4096 and 16384 tokens, causal and not, beside
@@ -441,8 +442,10 @@ fi
 # each with the multiply-adds on the CUDA cores (the default) and on the
 # tensor cores, in one run; then steps 04 and 07 once more on the CUDA cores
 # with only the products of 1 row on the GEMV and those of 2 rows or more on
-# cuBLAS (--max-gemv-rows 1), to weigh cuBLAS's flat time over 2-16 rows
-# against the launches the GEMV saves by folding the norms, SwiGLU and adds.
+# cuBLAS (--max-gemv-rows 1, the default), to weigh cuBLAS's flat time over
+# 2-16 rows against the GEMV's growing one, and again with cuBLAS's path
+# unfolded (--no-norm-folding), to weigh what folding the norms, SwiGLU and
+# adds into it saves.
 if want gemv || (want presets && ((full))); then
   run_half_products gemv half_products half_product
   for kernel in cuda-cores tensor-cores; do
@@ -458,6 +461,14 @@ if want gemv || (want presets && ((full))); then
     --dtype fp16 --gemv cuda-cores --max-gemv-rows 1 --steps 64 --k 4 --repeats 1
   run_step gemv tinyllama-1.1b_fp16_cublas-from-2-rows step07_batching --device cuda --preset tinyllama-1.1b \
     --dtype fp16 --gemv cuda-cores --max-gemv-rows 1 --requests 8 --seed 85 --repeats 1 --loads 1.0
+  # The same two with cuBLAS's path unfolded (its norms, SwiGLU and adds as
+  # kernels of their own): the before row of folding them into it.
+  run_step gemv tinyllama-1.1b_fp16_cublas-from-2-rows_unfolded step04_speculative --device cuda \
+    --preset tinyllama-1.1b --dtype fp16 --gemv cuda-cores --max-gemv-rows 1 --no-norm-folding --steps 64 --k 4 \
+    --repeats 1
+  run_step gemv tinyllama-1.1b_fp16_cublas-from-2-rows_unfolded step07_batching --device cuda \
+    --preset tinyllama-1.1b --dtype fp16 --gemv cuda-cores --max-gemv-rows 1 --no-norm-folding --requests 8 \
+    --seed 85 --repeats 1 --loads 1.0
 fi
 
 # The top of step 02's FlashAttention-2 ladder beside SDPA (stage flash2):
