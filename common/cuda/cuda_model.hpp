@@ -62,8 +62,8 @@ struct CudaFusions {
   // input and in cuBLAS's beta); elsewhere (fp32, step 06's layers) the
   // model falls back to the kernels above. Each GEMV block recomputes its
   // rows' sum of squares (a few KiB from L2) rather than wait for a kernel
-  // of its own; the results are the same bits, and on cuBLAS's path the
-  // same bits up to the order of the add's product sums.
+  // of its own. The results are the same bits (on cuBLAS's path, where
+  // cuBLAS runs the same kernel for beta 0 and 1; a test checks it).
   bool norm_in_product = false;
 
   static CudaFusions all() { return {true, true, true, true, true}; }

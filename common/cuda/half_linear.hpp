@@ -70,11 +70,11 @@ class HalfCudaLinear final : public CudaLinear {
                  std::shared_ptr<HalfActivationScratch> scratch, cublasHandle_t cublas,
                  HalfGemvKernel gemv_kernel = HalfGemvKernel::CudaCores, int gemv_max_rows = kMaxGemvRows);
 
-  // rows <= 0: nothing. rows <= gemv_max_rows(): the GEMV. More: x rounded to
-  // the half type into the scratch (one kernel), then cublasGemmEx. Never allocates (it
-  // may be captured into a CUDA graph): throws std::logic_error when the
-  // scratch it needs was not grown by reserve_rows(rows) (of this layer or
-  // another layer sharing the scratch).
+  // rows <= 0: nothing. rows <= gemv_max_rows(): the GEMV. More: x rounded
+  // to the half type into the scratch (one kernel), then cublasGemmEx. Never
+  // allocates (it may be captured into a CUDA graph): throws
+  // std::logic_error when the scratch it needs was not grown by
+  // reserve_rows(rows) (of this layer or another layer sharing the scratch).
   void forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const override;
   // The prefill path (x rounded into the scratch, then cublasGemmEx) at any
   // row count: what forward runs past gemv_max_rows(). For measuring where
@@ -94,7 +94,8 @@ class HalfCudaLinear final : public CudaLinear {
   // launch: the bits of the norm or SwiGLU kernel, then forward, then the
   // add kernel. Past gemv_max_rows(), the norm or SwiGLU goes into the
   // kernel that rounds x for cuBLAS (the same bits again) and the add into
-  // cuBLAS's epilogue (beta = 1: within the sums' order; half_linear.cu).
+  // cuBLAS's epilogue (beta = 1: the same bits where cuBLAS runs the same
+  // kernel for both betas; half_linear.cu).
   int max_fused_rows() const override { return kFusesAnyRowCount; }
   void forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                      cudaStream_t stream) const override;

@@ -173,9 +173,8 @@ std::vector<std::size_t> position_checkpoints(std::size_t n_generated) {
 // (weights + K/V so far, decode_bytes_per_token) over the measured time per
 // token, at the first and the last checkpoint, and on CUDA as a fraction of
 // the device-to-device copy bandwidth measured in the same run (the higher of
-// its two readings, CopyBandwidth). Recompute
-// rows are skipped: they read the weights once per step too, but do O(t)
-// work per read.
+// its two readings, CopyBandwidth). Recompute rows are skipped: they read the
+// weights once per step too, but do O(t) work per read.
 struct DecodeBandwidth {
   std::size_t context;   // positions the token attends to
   double bytes;          // read per token

@@ -107,10 +107,11 @@ inline constexpr int kMaxGemvRows = 16;
 // row), where cuBLAS's barely moves: a verify pass (step 04) or a batch
 // (step 07) of a few rows is cheaper through cuBLAS (whose path folds the
 // norms, SwiGLU and adds too, into the kernel that rounds its input and into
-// cuBLAS's own epilogue; half_linear.hpp). The price: a row's logits in a batch are no longer the
-// bits of the same row alone (cuBLAS sums in another order), so greedy
-// tokens may part at a near-tie; --max-gemv-rows 16 keeps every forward of
-// up to 16 rows on the GEMV, whose bits do not depend on the rows beside.
+// cuBLAS's own epilogue; half_linear.hpp). The price: a row's logits in a
+// batch are no longer the bits of the same row alone (cuBLAS sums in
+// another order), so greedy tokens may part at a near-tie; --max-gemv-rows
+// 16 keeps every forward of up to 16 rows on the GEMV, whose bits do not
+// depend on the rows beside.
 inline constexpr int kDefaultMaxGemvRows = 1;
 
 // Which kernel multiplies 1..max_gemv_rows rows by fp16/bf16 weights
