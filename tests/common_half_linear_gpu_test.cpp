@@ -171,6 +171,10 @@ std::uint32_t bits_of(float v) {
   std::memcpy(&bits, &v, sizeof bits);
   return bits;
 }
+// Whether a and b hold the same floats bit for bit (NaNs included).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
 constexpr std::uint32_t kPoisonBits = 0xffffffffu;  // a NaN: what cudaMemset(0xff) leaves in a float
 
 // Runs layer.forward on the first `rows` rows of x_dev into a poisoned y
@@ -325,7 +329,7 @@ TEST_P(HalfGemvRowOrder, ARowGivesTheSameBitsAloneOrAmong16) {
   const DeviceBuffer<float>& x_dev = random.x_dev;
   DeviceBuffer<float>& y_dev = random.y_dev;
   const std::vector<float> all_rows = run_forward(layer, x_dev, kRows, y_dev);
-  const auto same_bits = [&](const std::vector<float>& got, int got_row, int row) {
+  const auto same_row_bits = [&](const std::vector<float>& got, int got_row, int row) {
     for (int o = 0; o < c.out; ++o)
       if (bits_of(got[static_cast<std::size_t>(got_row) * c.out + o]) !=
           bits_of(all_rows[static_cast<std::size_t>(row) * c.out + o]))
@@ -334,7 +338,7 @@ TEST_P(HalfGemvRowOrder, ARowGivesTheSameBitsAloneOrAmong16) {
   };
   for (int rows = 1; rows < kRows; ++rows) {
     const std::vector<float> y = run_forward(layer, x_dev, rows, y_dev);
-    for (int r = 0; r < rows; ++r) EXPECT_TRUE(same_bits(y, r, r)) << "row " << r << " of " << rows;
+    for (int r = 0; r < rows; ++r) EXPECT_TRUE(same_row_bits(y, r, r)) << "row " << r << " of " << rows;
   }
   // Each row alone, from its own place in x.
   DeviceBuffer<float> one_y(static_cast<std::size_t>(c.out));
@@ -344,7 +348,7 @@ TEST_P(HalfGemvRowOrder, ARowGivesTheSameBitsAloneOrAmong16) {
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> y(one_y.size());
     one_y.download(y);
-    EXPECT_TRUE(same_bits(y, 0, r)) << "row " << r << " alone";
+    EXPECT_TRUE(same_row_bits(y, 0, r)) << "row " << r << " alone";
   }
 #endif
 }
@@ -415,9 +419,6 @@ TEST_P(HalfGemvFusions, FoldedNormSwigluAndAddGiveTheBitsOfTheKernels) {
     std::vector<float> host(buffer.size());
     buffer.download(host);
     return host;
-  };
-  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
   // y starts as NaN (a plain product) or as the residual rows (an add); the
   // rows past `rows` keep what they started with either way.
@@ -549,9 +550,6 @@ TEST(HalfCudaLinear, RowsPastGemvMaxRowsRunCublas) {
   layer.reserve_rows(kRows);
   const DeviceBuffer<float> x_dev{std::span<const float>(x)};
   DeviceBuffer<float> y_dev(static_cast<std::size_t>(kRows) * c.out);
-  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
   for (const int rows : {2, 5, 9, 16}) {
     SCOPED_TRACE(std::to_string(rows) + " rows");
     const std::vector<float> routed = run_forward(layer, x_dev, rows, y_dev);
