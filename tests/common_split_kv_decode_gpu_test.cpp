@@ -6,9 +6,12 @@
 // another order, contiguous and paged (block size 16, shuffled table) views,
 // fp32 and int8 elements. Also: the split is piecewise constant per
 // power-of-two bucket and covers max_length, the workspace covers the
-// splits, a max_length of the same bucket gives the same bits, and a
-// captured CUDA graph replayed with new lengths computes what an eager call
-// does (the kernels read the lengths from device memory).
+// splits, a max_length of the same bucket gives the same bits, a captured
+// CUDA graph replayed with new lengths computes what an eager call does (the
+// kernels read the lengths from device memory), and the splits merged by a
+// merge kernel (the before row) give the bits of the merge in the last
+// split block (the default, which every other test runs), whose tickets
+// every call leaves at zero.
 //
 // Rows of the caches no query may read (past a sequence's length, spare
 // blocks) hold NaN, and output rows no query writes hold a sentinel: a kernel
@@ -97,6 +100,9 @@ std::vector<KernelCase> kernel_cases() {
 
 constexpr int kPagedBlockSize = 16;  // step 05's block size
 constexpr float kOutputSentinel = 12345.0f;  // output rows no query writes must keep it
+
+// Who merges the splits' partial results (DecodeQueries::merge_tickets).
+enum class Merge { InLastSplitBlock, MergeKernel };
 
 // One decode batch with its caches in host and device memory: query i sees
 // keys 0..lengths[i]-1 of its own sequence and reads and writes batch row
@@ -203,6 +209,9 @@ class DecodeProblem {
     if (!rows_.empty()) d_rows_ = cuda::DeviceBuffer<int>(std::span<const int>(rows_));
     d_q_ = cuda::DeviceBuffer<float>(std::span<const float>(q_));
     d_out_ = cuda::DeviceBuffer<float>(q_.size());
+    d_merge_tickets_ = cuda::DeviceBuffer<unsigned int>(cuda::kernels::split_kv_decode_merge_tickets(shape, n_queries));
+    d_merge_tickets_.zero();  // what the kernel needs before its first call
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
   int n_queries() const { return static_cast<int>(lengths_.size()); }
@@ -221,8 +230,9 @@ class DecodeProblem {
   }
 
   // The batch for the kernel; max_length 0: the longest length.
-  cuda::kernels::DecodeQueries queries(int max_length = 0) const {
+  cuda::kernels::DecodeQueries queries(int max_length = 0, Merge merge = Merge::InLastSplitBlock) {
     cuda::kernels::DecodeQueries queries;
+    queries.merge_tickets = merge == Merge::InLastSplitBlock ? d_merge_tickets_.data() : nullptr;
     queries.views = d_views_.data();
     queries.lengths = d_lengths_.data();
     queries.rows = rows_.empty() ? nullptr : d_rows_.data();
@@ -240,6 +250,13 @@ class DecodeProblem {
     d_out_.upload(std::span<const float>(sentinel));
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
   }
+  // The merge tickets as they are now (zero between calls).
+  std::vector<unsigned int> merge_tickets() const {
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<unsigned int> tickets(d_merge_tickets_.size());
+    d_merge_tickets_.download(std::span<unsigned int>(tickets));
+    return tickets;
+  }
   std::vector<float> download_output() const {
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> out(q_.size());
@@ -248,9 +265,9 @@ class DecodeProblem {
   }
 
   // An eager call (default stream); max_length 0: the longest length.
-  std::vector<float> run(int max_length = 0) {
+  std::vector<float> run(int max_length = 0, Merge merge = Merge::InLastSplitBlock) {
     reset_output();
-    const cuda::kernels::DecodeQueries batch = queries(max_length);
+    const cuda::kernels::DecodeQueries batch = queries(max_length, merge);
     const std::size_t workspace_floats =
         cuda::kernels::split_kv_decode_workspace_floats(shape_, n_queries(), batch.max_length);
     cuda::DeviceBuffer<float> workspace(std::max<std::size_t>(1, workspace_floats));
@@ -296,6 +313,7 @@ class DecodeProblem {
   cuda::DeviceBuffer<KvView> d_views_;
   cuda::DeviceBuffer<int> d_lengths_, d_rows_;
   cuda::DeviceBuffer<float> d_q_, d_out_;
+  cuda::DeviceBuffer<unsigned int> d_merge_tickets_;  // [split_kv_decode_merge_tickets(shape, n_queries)]
 };
 
 // fp32 sums in another order than the reference's (tiles, warps, splits,
@@ -361,6 +379,41 @@ TEST_P(SplitKvDecode, MixedBatchMatchesReference) {
 #endif
 }
 
+// The merge kernel (the before row) and the merge in the last split block
+// of each (query, KV head, head chunk) compute the same expression in the
+// same order: the same bits, on single queries of 2 and 4 splits and on
+// the mixed batch (up to 64 splits, empty splits, rows in another order;
+// MQA's two head chunks in the group-12 and head-256 cases). The tickets are zero after every call, so a second call takes
+// the same path and gives the same bits again.
+TEST_P(SplitKvDecode, MergeKernelGivesTheLastSplitBlocksBits) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  const KernelCase& c = GetParam();
+  const auto expect_same_bits = [](DecodeProblem& problem, const std::string& what) {
+    const std::vector<float> in_last_block = problem.run(0, Merge::InLastSplitBlock);
+    const std::vector<unsigned int> tickets = problem.merge_tickets();
+    EXPECT_TRUE(std::all_of(tickets.begin(), tickets.end(), [](unsigned int t) { return t == 0; }))
+        << what << ": a call left a merge ticket other than zero";
+    const std::vector<float> again = problem.run(0, Merge::InLastSplitBlock);
+    const std::vector<float> by_kernel = problem.run(0, Merge::MergeKernel);
+    ASSERT_EQ(in_last_block.size(), by_kernel.size());
+    EXPECT_EQ(std::memcmp(in_last_block.data(), again.data(), again.size() * sizeof(float)), 0)
+        << what << ": a second call merged differently";
+    EXPECT_EQ(std::memcmp(in_last_block.data(), by_kernel.data(), by_kernel.size() * sizeof(float)), 0)
+        << what << ": the merge kernel's bits differ from the last split block's";
+    expect_matches_reference(by_kernel, problem.reference(), what + ", merge kernel");
+  };
+  unsigned seed = 3000;
+  for (const int length : {65, 129}) {
+    DecodeProblem problem(c.shape_case.shape, {length}, c.storage, c.element, {}, 1, ++seed, 1.0f);
+    expect_same_bits(problem, "length " + std::to_string(length));
+  }
+  const std::vector<int> lengths = {2500, 1, 65, 1000, 2, 127, 64, 300};
+  DecodeProblem mixed(c.shape_case.shape, lengths, c.storage, c.element, {7, 2, 9, 0, 4, 1, 8, 5}, 10, 78, 2.5f);
+  expect_same_bits(mixed, lengths_text(lengths));
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, SplitKvDecode, ::testing::ValuesIn(kernel_cases()),
                          [](const ::testing::TestParamInfo<KernelCase>& param_info) {
                            return kernel_case_name(param_info.param);
@@ -421,6 +474,12 @@ TEST(SplitKvDecodeSplit, WorkspaceCoversEverySplit) {
                                      (static_cast<std::size_t>(shape.head_dim) + 2);
           EXPECT_GE(floats, needed) << shape_case.name << ", " << n_queries << " queries, max_length " << max_length;
         }
+        // One ticket per (query, KV head, chunk of up to 8 query heads), never more than one per query head.
+        const std::size_t tickets = cuda::kernels::split_kv_decode_merge_tickets(shape, n_queries);
+        const int group = shape.n_heads / shape.n_kv_heads;
+        EXPECT_EQ(tickets, static_cast<std::size_t>(n_queries) * shape.n_kv_heads * ((group + 7) / 8))
+            << shape_case.name;
+        EXPECT_LE(tickets, static_cast<std::size_t>(n_queries) * shape.n_heads) << shape_case.name;
         // The same for every max_length of the bucket (a graph's workspace stays big enough).
         const int bucket_end = split.splits * split.keys_per_split;
         EXPECT_EQ(floats, cuda::kernels::split_kv_decode_workspace_floats(shape, n_queries, bucket_end))

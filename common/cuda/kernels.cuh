@@ -121,6 +121,13 @@ struct DecodeQueries {
   const int* rows_host = nullptr;
   int n_queries = 0;
   int max_length = 0;  // >= every length
+  // Split-KV's merge in the last split block (split_kv_decode_attention.cuh):
+  // split_kv_decode_merge_tickets(shape, n_queries) ticket counters in device
+  // memory, zero before the first call; every call leaves them zero. Their
+  // own buffer, which nothing else writes (a workspace shared with prefill
+  // would overwrite them). Null: the merge runs as a kernel of its own.
+  // Other decode kernels ignore it.
+  unsigned int* merge_tickets = nullptr;
 };
 // The model's decode attention, split_kv_decode_attention.cuh, takes these.
 

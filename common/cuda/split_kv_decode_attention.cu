@@ -13,10 +13,20 @@
 //        block (s, g, i) writes a PARTIAL (m_s, l_s, o_s) per query head:
 //        m_s the largest score of its keys, l_s = sum 2^(score - m_s),
 //        o_s = sum 2^(score - m_s) v (unnormalized);
-//      kernel 2 (merge kernel), grid (query heads, queries):
+//      the merge, per query head:
 //        M = max_s m_s,  l = sum_s 2^(m_s - M) l_s,  out = sum_s 2^(m_s - M) o_s / l
-//      With one split, kernel 1 normalizes and writes `out` itself and
-//      kernel 2 is not launched: short contexts cost one launch.
+//      The merge runs in the last split block of each (query, KV head,
+//      head chunk) to finish, found with a ticket counter (the half GEMV's
+//      way of adding its column slices, half_linear.cu): the split kernel
+//      is the only launch. Without tickets (DecodeQueries::merge_tickets
+//      null: the before row) it is kernel 2 (merge kernel), grid (query
+//      heads, queries), the same arithmetic in the same order, so the same
+//      bits. With one split, kernel 1 normalizes and writes `out` itself
+//      and there is nothing to merge.
+//      Why in the last block: at a long context every layer's attention
+//      would otherwise be two launches, and the second one (a few KiB of
+//      partials) costs what a launch costs; the last block finds the
+//      partials in L2, written microseconds before.
 // 2. The group-aware read (step 03's cuda_gqa_attention.cu). With GQA the
 //    `group` query heads of a KV head read the same K and V rows. A block
 //    serves one KV head and (up to 8 of) its query heads: each K/V row is
@@ -90,9 +100,12 @@ constexpr unsigned kFullWarpMask = 0xffffffffu;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreadsPerBlock = kWarpsPerBlock * kWarpSize;
 // The register budget: at least 4 blocks of 128 threads per SM caps ptxas at
-// 65536 / (4 x 128) = 128 registers per thread, which ptxas (CUDA 13,
-// sm_90) reaches without spills (kLoadBatch); shared memory (at most ~42 KiB
-// per block, SharedTile) allows 5 blocks per SM.
+// 65536 / (4 x 128) = 128 registers per thread, which most layouts use in
+// full. ptxas (CUDA 13) fits them without spills (kLoadBatch), but for one
+// layout no preset runs, since the last split block merges (the call to
+// merge_block_heads): head_dim 256 with 8 heads per block, on sm_75 only
+// (12 bytes). Shared memory (at most ~42 KiB per block, SharedTile) allows 5
+// blocks per SM.
 constexpr int kMinBlocksPerSm = 4;
 // A split covers at least 64 keys: one tile at head_dim <= 64 (TinyLlama's
 // 64), 2 at 128, 4 at 256. Each split costs a fixed amount beyond its keys:
@@ -319,7 +332,26 @@ struct SplitKernelArgs {
   // The workspace, used when there are several splits (slot = (query, head, split)):
   float* partial_outputs;  // [n_queries, n_heads, splits, head_dim] o_s, unnormalized
   float* partial_stats;    // [n_queries, n_heads, splits, 2] (m_s in log2 units, l_s)
+  // [n_queries, n_kv_heads * head_chunks] ticket counters, zero between
+  // launches, or null: the merge kernel merges (DecodeQueries::merge_tickets).
+  unsigned int* merge_tickets;
 };
+
+// The heads block (split, y, query) serves: KV head y / head_chunks and, of
+// its `group` query heads (adjacent: kv_head * group ...), chunk
+// y % head_chunks of layout_heads heads (the layout's kHeads; the last
+// chunk may have fewer).
+struct BlockHeads {
+  int kv_head;
+  int first_head;   // the first query head of the block
+  int block_heads;  // 1..layout_heads query heads
+};
+__device__ __forceinline__ BlockHeads block_query_heads(const SplitKernelArgs& args, int layout_heads) {
+  const int group = args.shape.n_heads / args.shape.n_kv_heads;
+  const int kv_head = static_cast<int>(blockIdx.y) / args.head_chunks;
+  const int chunk = static_cast<int>(blockIdx.y) % args.head_chunks;
+  return {kv_head, kv_head * group + chunk * layout_heads, min(layout_heads, group - chunk * layout_heads)};
+}
 
 // --- The block-table lookup of a tile, in two steps so that the table read
 // of the next tile is in flight while the current tile's scores are
@@ -399,6 +431,70 @@ __device__ __forceinline__ void copy_tile(const CachedHead<kElement>& cached, Sh
   }
 }
 
+// The merge of one output element: (query, head, dim) from the partials of
+// its `splits` splits, in split order. Every split is read, the empty ones
+// included (weight 2^(-inf - M) = 0), so the merge needs no lengths. The
+// loads go to L2 (__ldcg): in the split kernel's last block the partials
+// were written by other blocks of the same launch, whose lines this SM's L1
+// must not serve; for the merge kernel it changes no value.
+__device__ __forceinline__ float merged_output(int n_heads, int head_dim, int splits, int query, int head, int dim,
+                                               const float* partial_outputs, const float* partial_stats) {
+  const std::size_t first_slot = (static_cast<std::size_t>(query) * n_heads + head) * splits;
+  float global_max = -INFINITY;
+  for (int s = 0; s < splits; ++s) global_max = fmaxf(global_max, __ldcg(partial_stats + (first_slot + s) * 2));
+  float sum = 0.0f, value = 0.0f;
+  if (global_max != -INFINITY) {  // else no split saw a key (a length of 0, which callers never pass)
+    for (int s = 0; s < splits; ++s) {
+      const float weight = exp2f(__ldcg(partial_stats + (first_slot + s) * 2) - global_max);
+      sum += weight * __ldcg(partial_stats + (first_slot + s) * 2 + 1);
+      value += weight * __ldcg(partial_outputs + (first_slot + s) * head_dim + dim);
+    }
+  }
+  return sum > 0.0f ? value / sum : 0.0f;
+}
+
+// After every thread of a split block has written its partials: a ticket
+// per (query, KV head, head chunk) from `tickets`. True in the last of the
+// query's gridDim.x split blocks to take one, which then merges. Called by
+// every thread of the block (it has barriers).
+__device__ __forceinline__ bool takes_last_ticket(unsigned int* tickets, int query) {
+  __shared__ bool is_last_split;
+  const unsigned int last_ticket = gridDim.x - 1;
+  // Release: each thread's partials are visible device-wide before the
+  // ticket is taken (the fence), and every thread has fenced before thread 0
+  // takes it (the barrier).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // atomicInc wraps to 0 after last_ticket: the last block leaves the
+    // counter at zero for the next launch (the next layer's, or the next
+    // token's).
+    const std::size_t counter = static_cast<std::size_t>(query) * gridDim.y + blockIdx.y;
+    const unsigned int ticket = atomicInc(tickets + counter, last_ticket);
+    __threadfence();  // acquire: the other splits' partials are read after their tickets
+    is_last_split = ticket == last_ticket;
+  }
+  __syncthreads();
+  return is_last_split;
+}
+
+// The last split block's merge: query heads [first_head, first_head +
+// block_heads), every dim, into row batch_row of out. A call, not inlined,
+// with its inputs by value: the split kernel already uses all 128 registers
+// its launch bounds allow, and inlined, the merge made ptxas (CUDA 13) spill
+// in three layouts of 8 heads per block (kMinBlocksPerSm).
+__device__ __noinline__ void merge_block_heads(const float* partial_outputs, const float* partial_stats, float* out,
+                                               int n_heads, int head_dim, int query, int batch_row, int first_head,
+                                               int block_heads) {
+  const int splits = static_cast<int>(gridDim.x);
+  for (int index = static_cast<int>(threadIdx.x); index < block_heads * head_dim;
+       index += static_cast<int>(blockDim.x)) {
+    const int head = first_head + index / head_dim, dim = index % head_dim;
+    out[(static_cast<std::size_t>(batch_row) * n_heads + head) * head_dim + dim] =
+        merged_output(n_heads, head_dim, splits, query, head, dim, partial_outputs, partial_stats);
+  }
+}
+
 // The body of block (split, KV head x chunk, query) for one element type.
 template <class Layout, KvElement kElement>
 __device__ __forceinline__ void attend_split(const SplitKernelArgs& args, const KvView& view,
@@ -410,17 +506,13 @@ __device__ __forceinline__ void attend_split(const SplitKernelArgs& args, const 
 
   const int split = static_cast<int>(blockIdx.x);
   const int splits = static_cast<int>(gridDim.x);
-  const int kv_head = static_cast<int>(blockIdx.y) / args.head_chunks;
-  const int chunk = static_cast<int>(blockIdx.y) % args.head_chunks;
   const int query = static_cast<int>(blockIdx.z);
   const int thread = static_cast<int>(threadIdx.x);
   const int warp = thread / kWarpSize;
   const int lane = thread % kWarpSize;
   const int head_dim = args.shape.head_dim;
   const int n_heads = args.shape.n_heads;
-  const int group = n_heads / args.shape.n_kv_heads;
-  const int first_head = kv_head * group + chunk * kHeads;  // a KV head's query heads are adjacent
-  const int block_heads = min(kHeads, group - chunk * kHeads);  // 1..kHeads query heads in this block
+  const auto [kv_head, first_head, block_heads] = block_query_heads(args, kHeads);
 
   const int length = args.lengths[query];
   const int batch_row = args.rows != nullptr ? args.rows[query] : query;
@@ -641,12 +733,21 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocksPerSm) split_kerne
     attend_split<Layout, KvElement::Int8>(args, view, tile);
   else
     attend_split<Layout, KvElement::Float32>(args, view, tile);
+  // Several splits: the last of a query's split blocks merges them. Uniform
+  // over the grid (every block of the launch takes the branch or none
+  // does), so every thread reaches takes_last_ticket's barriers.
+  if (gridDim.x > 1 && args.merge_tickets != nullptr) {
+    const int query = static_cast<int>(blockIdx.z);
+    if (takes_last_ticket(args.merge_tickets, query)) {
+      const BlockHeads heads = block_query_heads(args, Layout::kHeads);
+      merge_block_heads(args.partial_outputs, args.partial_stats, args.out, args.shape.n_heads, args.shape.head_dim,
+                        query, args.rows != nullptr ? args.rows[query] : query, heads.first_head, heads.block_heads);
+    }
+  }
 }
 
-// Kernel 2. Grid (n_heads, n_queries); one thread per dim of the head
-// (blockDim = head_dim rounded up to whole warps). Every split of every
-// query is read, the empty ones included (weight 2^(-inf - M) = 0), so the
-// merge needs no lengths.
+// Kernel 2, only without tickets. Grid (n_heads, n_queries); one thread per
+// dim of the head (blockDim = head_dim rounded up to whole warps).
 __global__ void merge_kernel(AttentionShape shape, const int* __restrict__ rows, int splits,
                              const float* __restrict__ partial_outputs, const float* __restrict__ partial_stats,
                              float* __restrict__ out) {
@@ -655,19 +756,9 @@ __global__ void merge_kernel(AttentionShape shape, const int* __restrict__ rows,
   const int head_dim = shape.head_dim;
   wait_then_let_next_kernel_launch();  // before any return: every block waits (programmatic_launch.cuh)
   if (dim >= head_dim) return;  // no barrier follows
-  const std::size_t first_slot = (static_cast<std::size_t>(query) * shape.n_heads + head) * splits;
-  float global_max = -INFINITY;
-  for (int s = 0; s < splits; ++s) global_max = fmaxf(global_max, partial_stats[(first_slot + s) * 2]);
-  float sum = 0.0f, value = 0.0f;
-  if (global_max != -INFINITY) {  // else no split saw a key (a length of 0, which callers never pass)
-    for (int s = 0; s < splits; ++s) {
-      const float weight = exp2f(partial_stats[(first_slot + s) * 2] - global_max);
-      sum += weight * partial_stats[(first_slot + s) * 2 + 1];
-      value += weight * partial_outputs[(first_slot + s) * head_dim + dim];
-    }
-  }
   const int batch_row = rows != nullptr ? rows[query] : query;
-  out[(static_cast<std::size_t>(batch_row) * shape.n_heads + head) * head_dim + dim] = sum > 0.0f ? value / sum : 0.0f;
+  out[(static_cast<std::size_t>(batch_row) * shape.n_heads + head) * head_dim + dim] =
+      merged_output(shape.n_heads, head_dim, splits, query, head, dim, partial_outputs, partial_stats);
 }
 
 // --- Host side.
@@ -749,6 +840,14 @@ DecodeSplit split_kv_decode_split(int max_length) {
   return {splits, bucket / splits};  // splits * keys_per_split = bucket >= max_length
 }
 
+std::size_t split_kv_decode_merge_tickets(const AttentionShape& shape, int n_queries) {
+  check_shape(shape);
+  const int group = shape.n_heads / shape.n_kv_heads;
+  const int head_chunks = ceil_div(group, heads_per_block(group));
+  return static_cast<std::size_t>(std::max(n_queries, 0)) * static_cast<std::size_t>(shape.n_kv_heads) *
+         static_cast<std::size_t>(head_chunks);
+}
+
 std::size_t split_kv_decode_workspace_floats(const AttentionShape& shape, int n_queries, int max_length) {
   const DecodeSplit split = split_kv_decode_split(max_length);
   if (n_queries <= 0 || split.splits <= 1) return 0;  // one split writes out directly
@@ -799,6 +898,7 @@ void split_kv_decode_attention(const AttentionShape& shape, const float* q, cons
     args.partial_outputs = workspace;
     args.partial_stats =
         workspace + static_cast<std::size_t>(n_queries) * shape.n_heads * split.splits * shape.head_dim;
+    args.merge_tickets = queries.merge_tickets;  // null: the merge kernel below
   }
 
   const dim3 grid(static_cast<unsigned>(split.splits), static_cast<unsigned>(shape.n_kv_heads * head_chunks),
@@ -810,7 +910,7 @@ void split_kv_decode_attention(const AttentionShape& shape, const float* q, cons
     default: launch_split_kernel_for<256>(heads, args, grid, stream); break;
   }
 
-  if (split.splits > 1) {
+  if (split.splits > 1 && args.merge_tickets == nullptr) {
     // One thread per dim: head_dim rounded up to whole warps (32..256).
     const int merge_threads = ceil_div(shape.head_dim, kWarpSize) * kWarpSize;
     const dim3 merge_grid(static_cast<unsigned>(shape.n_heads), static_cast<unsigned>(n_queries));

@@ -35,6 +35,10 @@ namespace llm::cuda::kernels {
 // q, out     [batch rows, n_heads, head_dim] device memory, not overlapping
 // workspace  split_kv_decode_workspace_floats(shape, n_queries, max_length)
 //            floats of device memory (may be null when that is 0)
+// With several splits, the last split block of each (query, KV head) to
+// finish merges the splits' partial results when queries.merge_tickets is
+// given (one launch), else a second kernel does (the before row); the same
+// bits either way.
 // Throws InputError for a shape it cannot take (head_dim outside
 // 1..kMaxHeadDim, n_heads not a multiple of n_kv_heads, more than 65535
 // queries or (KV head, head chunk) pairs) and for host copies of the
@@ -42,6 +46,11 @@ namespace llm::cuda::kernels {
 // whose rows are not n_kv_heads * head_dim wide). n_queries == 0: nothing.
 void split_kv_decode_attention(const AttentionShape& shape, const float* q, const DecodeQueries& queries,
                                float* out, float* workspace, cudaStream_t stream);
+
+// Ticket counters (DecodeQueries::merge_tickets) a call with this shape and
+// n_queries uses: one per (query, KV head, chunk of up to 8 of its query
+// heads), at most n_queries * n_heads.
+std::size_t split_kv_decode_merge_tickets(const AttentionShape& shape, int n_queries);
 
 // Floats of workspace a call with this shape, n_queries and max_length needs:
 // the partial results of every split (0 when there is one split: the kernel
