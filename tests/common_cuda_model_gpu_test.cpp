@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -977,6 +978,80 @@ TEST(CudaFusions, NormInProductGivesTheUnfoldedBits) {
           return got;
         };
         run_every_forward_path(config, expect_same);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// merge_in_split_kernel: past 64 keys the split-KV decode attention merges
+// its splits in the last split block to finish, not in a merge kernel of
+// its own. The merge is the same expression in the same order either way,
+// so the model must give the same bits with and without it: decode steps
+// across 64, 128 and 256 keys (1, 2, 4 and 8 splits; prefill chunks in
+// between), replayed from graphs as the steps run them, then a batch of
+// three sequences at about 260, 100 and 5 keys (the short ones with empty
+// splits), on an fp32 cache and a paged int8 cache; on the tiny preset and
+// on 12 query heads per KV head (two head chunks, each merged by its own
+// last block). fp32 products, so the attention is all that differs.
+TEST(CudaFusions, MergeInTheSplitKernelGivesTheMergeKernelsBits) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const ConfigCase cases[] = {{"tiny", find_preset("tiny").config},
+                              {"group12", make_config(192, 200, 2, 12, 1, 300, 320, false)}};
+  for (const ConfigCase& config_case : cases) {
+    const ModelConfig& config = config_case.config;
+    const int vocab = config.vocab_size;
+    const ModelWeights weights = random_weights(config, 4242);
+    cuda::CudaModelOptions kernel_options;
+    kernel_options.fusions = cuda::CudaFusions::all();
+    kernel_options.fusions.merge_in_split_kernel = false;
+    cuda::CudaModelOptions last_block_options;
+    last_block_options.fusions = cuda::CudaFusions::all();
+    cuda::CudaModel by_kernel(weights, kernel_options), in_last_block(weights, last_block_options);
+    for (const KvElement element : {KvElement::Float32, KvElement::Int8}) {
+      SCOPED_TRACE(config_case.name + (element == KvElement::Int8 ? ", paged int8 cache" : ", fp32 cache"));
+      const auto make_cache = [&](const cuda::CudaModel& model) -> std::unique_ptr<KvCache> {
+        if (element == KvElement::Float32) return model.make_cache(3, config.seq_len);
+        constexpr int kBlockSize = 16;
+        const int blocks = 3 * ((config.seq_len + kBlockSize - 1) / kBlockSize);
+        return std::make_unique<PagedCudaKvCacheDouble>(config, 3, blocks, kBlockSize, KvElement::Int8);
+      };
+      const std::unique_ptr<KvCache> kernel_cache = make_cache(by_kernel);
+      const std::unique_ptr<KvCache> last_block_cache = make_cache(in_last_block);
+      const auto expect_same = [&](const TokenBatch& batch, const std::string& what) {
+        const std::vector<float> want = run(by_kernel, batch, *kernel_cache);
+        const std::vector<float> got = run(in_last_block, batch, *last_block_cache);
+        EXPECT_TRUE(want.size() == got.size() &&
+                    std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
+            << what << ": merged in the last split block, the logits are not the merge kernel's bits";
+        return got;
+      };
+      // Sequence 0: a prefill chunk up to each stop, then decode steps across
+      // the bucket boundary after it (64, 128, 256 keys).
+      struct Stretch {
+        int prefill_to, decode_to;
+      };
+      const Stretch stretches[] = {{60, 70}, {124, 134}, {250, 262}};
+      int position = 0, token = 0;
+      for (const Stretch& stretch : stretches) {
+        const std::vector<int> chunk = random_tokens(stretch.prefill_to - position, vocab, 30 + position);
+        token = last_argmax(expect_same(TokenBatch::prefill(chunk, position, 0), "chunk to " +
+                                                                                   std::to_string(stretch.prefill_to)),
+                            vocab);
+        for (position = stretch.prefill_to; position < stretch.decode_to; ++position)
+          token = last_argmax(expect_same(TokenBatch::single(token, position, 0),
+                                          "decode at " + std::to_string(position)),
+                              vocab);
+      }
+      const int other_prompts[] = {100, 5};  // sequences 1 and 2
+      for (int s = 1; s < 3; ++s)
+        expect_same(TokenBatch::prefill(random_tokens(other_prompts[s - 1], vocab, 40 + s), 0, s),
+                    "prompt of sequence " + std::to_string(s));
+      for (int step = 0; step < 4; ++step) {
+        TokenBatch batch;
+        batch.add(token, position + step, 0);
+        for (int s = 1; s < 3; ++s) batch.add((token + 7 * s + step) % vocab, other_prompts[s - 1] + step, s);
+        expect_same(batch, "batch of 3, step " + std::to_string(step));
       }
     }
   }

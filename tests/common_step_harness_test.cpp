@@ -131,6 +131,30 @@ TEST(StepCommandLine, MaxGemvRowsBecomesTheCudaRunOptions) {
   }
 }
 
+// --no-merge-folding: split-KV decode attention merges its splits in a
+// kernel of its own (the before row); --no-fusions turns that fusion off
+// too, and the JSON config says which ran.
+TEST(StepCommandLine, NoMergeFoldingBecomesTheCudaRunOptions) {
+  CommonOptions defaults;
+  EXPECT_TRUE(cuda_run_options(defaults).fold_merge);
+  EXPECT_TRUE(cuda::CudaRunOptions{}.fold_merge);
+  Results folded("stepXX", "a title");
+  set_sampling_config(folded, defaults);
+  EXPECT_TRUE(HasSubstr(folded.to_json(), "\"cuda_merge_folding\": true")) << folded.to_json();
+  CommonOptions common;
+  ASSERT_FALSE(parse({"step", "--no-merge-folding"}, common).exit_status);
+  EXPECT_FALSE(cuda_run_options(common).fold_merge);
+  EXPECT_TRUE(cuda_run_options(common).fusions);  // the other fusions stay on
+  Results results("stepXX", "a title");
+  set_sampling_config(results, common);
+  EXPECT_TRUE(HasSubstr(results.to_json(), "\"cuda_merge_folding\": false")) << results.to_json();
+  CommonOptions no_fusions;
+  ASSERT_FALSE(parse({"step", "--no-fusions"}, no_fusions).exit_status);
+  Results unfused("stepXX", "a title");
+  set_sampling_config(unfused, no_fusions);
+  EXPECT_TRUE(HasSubstr(unfused.to_json(), "\"cuda_merge_folding\": false")) << unfused.to_json();
+}
+
 // CLI11's own errors keep CLI11's message but exit 1, the status of every
 // bad input (CLI11's codes are 105 to 109).
 TEST(StepCommandLine, CommandLineErrorsStopWithStatusOne) {

@@ -218,6 +218,10 @@ void CudaModel::ensure_scratch(int rows, std::size_t workspace_floats) {
   final_rows_.ensure(r * c.dim);
   final_normed_.ensure(r * c.dim);
   logits_.ensure(r * c.vocab_size);
+  if (fusions_.merge_in_split_kernel) {
+    merge_tickets_.ensure(kernels::split_kv_decode_merge_tickets(shape_, rows));
+    merge_tickets_.zero(stream_.get());  // queued before any kernel that takes a ticket
+  }
   scratch_rows_ = rows;
 }
 
@@ -344,6 +348,7 @@ void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows,
     queries.rows_host = decode_rows_host_.data();
     queries.n_queries = n_decode;
     queries.max_length = decode_max_length_;
+    if (fusions_.merge_in_split_kernel) queries.merge_tickets = merge_tickets_.data();
     attention_.decode(shape_, q_.data(), queries, attn_out_.data(), workspace_.data(), stream);
   }
 }
@@ -533,6 +538,7 @@ std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRu
   options.programmatic_launches = run.programmatic_launches;
   options.fusions = run.fusions ? CudaFusions::all() : CudaFusions::none();
   if (!run.fold_norms) options.fusions.norm_in_product = false;
+  if (!run.fold_merge) options.fusions.merge_in_split_kernel = false;
   return std::make_unique<CudaModel>(weights, options);
 }
 

@@ -65,8 +65,13 @@ struct CudaFusions {
   // of its own. The results are the same bits (on cuBLAS's path, where
   // cuBLAS runs the same kernel for beta 0 and 1; a test checks it).
   bool norm_in_product = false;
+  // Split-KV decode attention merges its splits' partial results in the
+  // last split block to finish (DecodeQueries::merge_tickets) instead of a
+  // merge kernel of its own: past 64 keys, one launch a layer fewer. The
+  // same bits either way.
+  bool merge_in_split_kernel = false;
 
-  static CudaFusions all() { return {true, true, true, true, true}; }
+  static CudaFusions all() { return {true, true, true, true, true, true}; }
   static CudaFusions none() { return {}; }
 };
 
@@ -281,6 +286,11 @@ class CudaModel final : public Model {
   // n_past + n_new] floats: O(N^2) memory (512 MiB for a 2048-token prompt
   // with 32 heads), exactly what FlashAttention (step 02) does without.
   DeviceBuffer<float> workspace_;
+  // [rows * n_heads] the decode attention's merge tickets
+  // (kernels::DecodeQueries::merge_tickets) when merge_in_split_kernel:
+  // zeroed when grown, and left zero by every launch. A buffer of their own:
+  // prefill's scores in workspace_ would overwrite them.
+  DeviceBuffer<unsigned int> merge_tickets_;
 };
 
 }  // namespace llm::cuda

@@ -29,6 +29,7 @@ cuda::CudaRunOptions cuda_run_options(const CommonOptions& options) {
   run.graphs = !options.no_graphs;
   run.fusions = !options.no_fusions;
   run.fold_norms = !options.no_norm_folding;
+  run.fold_merge = !options.no_merge_folding;
   run.programmatic_launches = !options.no_pdl;
   return run;
 }

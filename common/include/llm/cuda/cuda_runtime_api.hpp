@@ -132,11 +132,15 @@ struct CudaRunOptions {
   bool graphs = true;
   // Fused launches (cuda_model.hpp's CudaFusions, all of them): one QKV
   // product, one gate/up product, residual add + RMSNorm, RoPE + K/V append,
-  // and the norms, SwiGLU and residual adds folded into half-precision
+  // the norms, SwiGLU and residual adds folded into half-precision
   // products ...
   bool fusions = true;
-  // ... that last one unless this is false (its before row).
+  // ... that one unless this is false (its before row) ...
   bool fold_norms = true;
+  // ... and split-KV decode attention's merge done by the last split block
+  // to finish, unless this is false (a merge kernel of its own: its before
+  // row).
+  bool fold_merge = true;
   // Programmatic dependent launch on sm_90 and later: a kernel of the
   // forward may start while the one before it finishes (false: the before
   // row; cuda_model.hpp's CudaModelOptions::programmatic_launches).
