@@ -40,7 +40,8 @@
 #   presets    the model on real models' dims, CUDA only: step 01's decode on
 #              TinyLlama-1.1B's dims in fp32 without graphs and fusions (the
 #              before row), fp16 without and with the norms folded into the
-#              products and without programmatic dependent launch, and the
+#              products, without programmatic dependent launch and with
+#              split-KV attention's merge as a kernel of its own, and the
 #              tiny preset; steps 04-07 on TinyLlama's dims,
 #              sized to fit (--full: longer generations, fp32 with graphs,
 #              bf16, Llama-2-7B in fp16 where the GPU has the memory, step 02's
@@ -334,10 +335,12 @@ run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
 # Step 01's cached decode (variant 1) on the CUDA model: the overhead lesson.
 # Before: fp32, every kernel launched from the host, no fused launches; then
 # graphs and fusions; then half-precision weights, without and with the
-# norms, SwiGLU and residual adds folded into their products, and without
+# norms, SwiGLU and residual adds folded into their products, without
 # programmatic dependent launch (--no-pdl: each kernel starts only once the
-# one before has finished). Bytes per token over time per token, against the
-# copy bandwidth measured in the same run, by position.
+# one before has finished), and with split-KV attention's merge as a kernel
+# of its own (--no-merge-folding: past 64 keys, one launch a layer more).
+# Bytes per token over time per token, against the copy bandwidth measured
+# in the same run, by position.
 decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and fusions>
   local steps=$1 repeats=$2 dtypes=$3 dtype
   run_step presets tinyllama-1.1b_fp32_eager step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
@@ -350,6 +353,8 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
     --steps "$steps" --repeats "$repeats" --dtype fp16 --no-norm-folding
   run_step presets tinyllama-1.1b_fp16_no_pdl step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
     --steps "$steps" --repeats "$repeats" --dtype fp16 --no-pdl
+  run_step presets tinyllama-1.1b_fp16_merge_kernel step01_kv_cache --device cuda --preset tinyllama-1.1b \
+    --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-merge-folding
   run_step presets tiny_fp32_eager step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --no-graphs --no-fusions
   for dtype in fp32 fp16; do
@@ -360,6 +365,8 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
     --repeats 5 --dtype fp16 --no-norm-folding
   run_step presets tiny_fp16_no_pdl step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --dtype fp16 --no-pdl
+  run_step presets tiny_fp16_merge_kernel step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
+    --repeats 5 --dtype fp16 --no-merge-folding
 }
 # PyTorch's SDPA beside step 02's rows, in the same run, where PyTorch with
 # CUDA is importable (step02_flash_attention/measure/sdpa_beside.hpp); the
