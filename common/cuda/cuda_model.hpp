@@ -286,10 +286,11 @@ class CudaModel final : public Model {
   // n_past + n_new] floats: O(N^2) memory (512 MiB for a 2048-token prompt
   // with 32 heads), exactly what FlashAttention (step 02) does without.
   DeviceBuffer<float> workspace_;
-  // [rows * n_heads] the decode attention's merge tickets
-  // (kernels::DecodeQueries::merge_tickets) when merge_in_split_kernel:
-  // zeroed when grown, and left zero by every launch. A buffer of their own:
-  // prefill's scores in workspace_ would overwrite them.
+  // [split_kv_decode_merge_tickets(shape, rows)] the decode attention's
+  // merge tickets (kernels::DecodeQueries::merge_tickets), one per (decode
+  // row, KV head, head chunk), when merge_in_split_kernel: zeroed when
+  // grown, and left zero by every launch. A buffer of their own: prefill's
+  // scores in workspace_ would overwrite them.
   DeviceBuffer<unsigned int> merge_tickets_;
 };
 

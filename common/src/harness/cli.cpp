@@ -118,7 +118,7 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
                "launch every kernel of a CUDA decode forward from the host instead of replaying a CUDA graph");
   app.add_flag("--no-fusions", o.no_fusions,
                "the CUDA model without fused launches (Q/K/V and gate/up as separate products, residual add, "
-               "RMSNorm, RoPE and the K/V append as separate kernels)");
+               "RMSNorm, RoPE, the K/V append and split-KV attention's merge as separate kernels)");
   app.add_flag("--no-norm-folding", o.no_norm_folding,
                "keep the CUDA model's RMSNorm, SwiGLU and residual add as kernels of their own instead of folding "
                "them into the half-precision products (the before row of that fusion; --no-fusions implies it)");
