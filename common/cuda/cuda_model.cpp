@@ -436,13 +436,20 @@ void CudaModel::enqueue_layers(const KvCache& cache, int rows) {
     }
   }
 
-  // Final norm and classifier, only for the rows whose logits are wanted.
-  kernels::gather_rows(final_rows_.data(), x_.data(), logit_rows_, n_out, c.dim, stream);  // [n_out, dim]
+  // Final norm and classifier, only for the rows whose logits are wanted:
+  // gathered into final_rows_, or, when every row gets logits (a decode
+  // batch, a verify pass: logit rows are the batch's rows in order), x_
+  // itself, and the gather (a copy) is not launched.
+  const float* final_rows = x_.data();  // [n_out, dim]
+  if (n_out != rows) {
+    kernels::gather_rows(final_rows_.data(), x_.data(), logit_rows_, n_out, c.dim, stream);
+    final_rows = final_rows_.data();
+  }
   if (fold) {
-    classifier_->forward_fused(final_rows_.data(), n_out, logits_.data(),
+    classifier_->forward_fused(final_rows, n_out, logits_.data(),
                                ProductFusion{.input_norm = final_norm_.data(), .norm_eps = c.norm_eps}, stream);
   } else {
-    kernels::rmsnorm(final_normed_.data(), final_rows_.data(), final_norm_.data(), n_out, c.dim, c.norm_eps, stream);
+    kernels::rmsnorm(final_normed_.data(), final_rows, final_norm_.data(), n_out, c.dim, c.norm_eps, stream);
     classifier_->forward(final_normed_.data(), n_out, logits_.data(), stream);  // logits_ [n_out, vocab]
   }
 }

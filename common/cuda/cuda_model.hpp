@@ -239,7 +239,7 @@ class CudaModel final : public Model {
   std::vector<int> decode_rows_host_;        // [n_decode] batch row of each single-row run
   std::vector<int> decode_lengths_host_;     // [n_decode] keys visible to it (position + 1)
   std::vector<KvView> decode_views_host_;    // [n_layers, n_decode]
-  std::vector<int> logit_rows_host_;         // [n_out] batch rows that get logits
+  std::vector<int> logit_rows_host_;         // [n_out] batch rows that get logits, in increasing order
   int decode_max_length_ = 0;                // max of decode_lengths_host_
 
   // The plan as the kernels read it: one blob, laid out by upload_plan,
