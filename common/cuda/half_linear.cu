@@ -877,11 +877,7 @@ void HalfCudaLinear::reserve_rows(int rows) {
 }
 
 void HalfCudaLinear::forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const {
-  if (rows <= 0) return;
-  if (rows <= gemv_max_rows_)
-    forward_gemv(x_dev, rows, y_dev, ProductFusion{}, stream);
-  else
-    forward_gemm(x_dev, rows, y_dev, ProductFusion{}, stream);
+  if (rows > 0) forward_on_path(x_dev, rows, y_dev, ProductFusion{}, stream);
 }
 
 void HalfCudaLinear::forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
@@ -892,6 +888,11 @@ void HalfCudaLinear::forward_fused(const float* x_dev, int rows, float* y_dev, c
   if (fusion.input_norm != nullptr && fusion.swiglu_of_gate_up)
     throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": x is either a norm's input or SwiGLU's, "
                            "not both");
+  forward_on_path(x_dev, rows, y_dev, fusion, stream);
+}
+
+void HalfCudaLinear::forward_on_path(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
+                                     cudaStream_t stream) const {
   if (rows <= gemv_max_rows_)
     forward_gemv(x_dev, rows, y_dev, fusion, stream);
   else

@@ -128,6 +128,9 @@ class HalfCudaLinear final : public CudaLinear {
   bool first_weights_prefetch() const { return prefetch_first_weights_; }
 
  private:
+  // 1..gemv_max_rows_ rows: the GEMV; more: cuBLAS's path. Both fold `fusion`.
+  void forward_on_path(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
+                       cudaStream_t stream) const;
   void forward_gemv(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                     cudaStream_t stream) const;
   void forward_gemm(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
