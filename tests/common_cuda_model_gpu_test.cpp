@@ -403,7 +403,9 @@ TEST_P(CudaHalfVsCpu, ADecodeRowGivesItsSoloLogitsInAForwardOfManyRows) {
 // for 1 row, and not those of the model with 16, whose GEMV adds the same
 // products in another order than cuBLAS does; a single row runs the GEMV,
 // norms folded, in both, and gives the same bits. The GEMV's L2 prefetch
-// (CudaRunOptions::gemv_prefetch) changes no bit of either.
+// (CudaRunOptions::gemv_prefetch) changes no bit of either, nor do its
+// pipelined weight loads (CudaRunOptions::gemv_pipelining) at 1 row and at 3
+// (the 4-row bucket, the largest that pipelines).
 TEST(CudaModel, MaxGemvRowsSendsLongerProductsToCublas) {
   LLM_REQUIRE_CUDA_DEVICE();
   const ModelConfig config = make_config(96, 200, 3, 6, 2, 300, 96, false);  // config_cases()'s "odd"
@@ -448,6 +450,17 @@ TEST(CudaModel, MaxGemvRowsSendsLongerProductsToCublas) {
   const auto without_prefetch = cuda::make_cuda_model(weights, gemv_without_prefetch);
   EXPECT_TRUE(same_bits(logits(*without_prefetch, five_rows), gemv_bits)) << "the prefetch changed the GEMV's bits";
   EXPECT_TRUE(same_bits(logits(*without_prefetch, one_row), logits(*gemv, one_row)));
+
+  cuda::CudaRunOptions gemv_serial_loads = gemv_up_to_16;
+  gemv_serial_loads.gemv_pipelining = false;
+  const auto serial_loads = cuda::make_cuda_model(weights, gemv_serial_loads);
+  const std::vector<int> three_tokens(prompt.begin(), prompt.begin() + 3);
+  const TokenBatch three_rows = TokenBatch::prefill(three_tokens, 0, 0);
+  EXPECT_TRUE(same_bits(logits(*serial_loads, one_row), logits(*gemv, one_row)))
+      << "the pipelined loads changed a row's bits";
+  EXPECT_TRUE(same_bits(logits(*serial_loads, three_rows), logits(*gemv, three_rows)))
+      << "the pipelined loads changed the bits of 3 rows";
+  EXPECT_TRUE(same_bits(logits(*serial_loads, five_rows), gemv_bits));
 }
 #endif
 

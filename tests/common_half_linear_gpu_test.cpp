@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <ostream>
@@ -353,6 +354,26 @@ TEST_P(HalfGemvRowOrder, ARowGivesTheSameBitsAloneOrAmong16) {
 #endif
 }
 
+#if defined(LLM_WITH_CUDA)
+// For each row count: the layer's forward with a measurement switch on, then
+// off (set_switch), gives the same bits; the switch is left on, its default.
+void expect_the_same_bits_either_way(RandomGemvLayer& random, std::initializer_list<int> row_counts,
+                                     const std::function<void(bool)>& set_switch) {
+  for (const int rows : row_counts) {
+    SCOPED_TRACE(std::to_string(rows) + " rows");
+    set_switch(true);
+    const std::vector<float> on = run_forward(random.layer, random.x_dev, rows, random.y_dev);
+    set_switch(false);
+    const std::vector<float> off = run_forward(random.layer, random.x_dev, rows, random.y_dev);
+    ASSERT_EQ(on.size(), off.size());
+    EXPECT_EQ(std::memcmp(on.data(), off.data(), on.size() * sizeof(float)), 0);
+    // Not a comparison of two untouched buffers: the rows were written.
+    EXPECT_TRUE(std::isfinite(off.front()));
+  }
+  set_switch(true);
+}
+#endif
+
 // The GEMV's L2 prefetch of a block's first weights is a hint: with it off
 // (a measurement switch, step 01's benchmark) every bucket gives the same
 // bits, split columns or not.
@@ -362,23 +383,36 @@ TEST_P(HalfGemvRowOrder, TheFirstWeightsPrefetchChangesNoBit) {
   RandomGemvLayer random(GetParam(), 2000u);
   HalfCudaLinear& layer = random.layer;
   EXPECT_TRUE(layer.first_weights_prefetch()) << "the prefetch is on by default";
-  for (const int rows : {1, 3, 9, cuda::kMaxGemvRows}) {
-    SCOPED_TRACE(std::to_string(rows) + " rows");
-    layer.set_first_weights_prefetch(true);
-    const std::vector<float> with_prefetch = run_forward(layer, random.x_dev, rows, random.y_dev);
-    layer.set_first_weights_prefetch(false);
-    const std::vector<float> without_prefetch = run_forward(layer, random.x_dev, rows, random.y_dev);
-    ASSERT_EQ(with_prefetch.size(), without_prefetch.size());
-    EXPECT_EQ(std::memcmp(with_prefetch.data(), without_prefetch.data(), with_prefetch.size() * sizeof(float)), 0);
-    // Not a comparison of two untouched buffers: the rows were written.
-    EXPECT_TRUE(std::isfinite(without_prefetch.front()));
-  }
+  expect_the_same_bits_either_way(random, {1, 3, 9, cuda::kMaxGemvRows},
+                                  [&layer](bool on) { layer.set_first_weights_prefetch(on); });
 #endif
 }
 
+// The CUDA-core GEMV's pipelined weight loads (1..4 rows, on by default: the
+// first batch requested before the wait, each next one before the current
+// one is multiplied) multiply the same products in the same order as its
+// serial loads: the same bits in every bucket, over split and unsplit
+// columns and over slices of several staged chunks of x, where the pipeline
+// restarts. The 8- and 16-row buckets never pipeline: the same bits trivially.
+TEST_P(HalfGemvRowOrder, PipelinedWeightLoadsChangeNoBit) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  RandomGemvLayer random(GetParam(), 3000u);
+  HalfCudaLinear& layer = random.layer;
+  EXPECT_TRUE(layer.pipelined_weight_loads()) << "the pipelining is on by default";
+  expect_the_same_bits_either_way(random, {1, 2, 3, 4, 9, cuda::kMaxGemvRows},
+                                  [&layer](bool on) { layer.set_pipelined_weight_loads(on); });
+#endif
+}
+
+// [4224, 4200]: 66 output blocks of the CUDA-core kernel, so on a GPU of 132
+// SMs its columns are cut into 4 slices of 1088 (17 steps of 64), more than
+// the 1024 columns of x the 4-row bucket stages at a time: 2 chunks a slice
+// there (3 at 8 rows, 5 at 16).
 INSTANTIATE_TEST_SUITE_P(Shapes, HalfGemvRowOrder,
                          ::testing::ValuesIn(on_both_kernels({HalfCase{false, 256, 2048}, HalfCase{true, 256, 2048},
-                                                              HalfCase{false, 72, 512}, HalfCase{true, 20000, 100}})),
+                                                              HalfCase{false, 72, 512}, HalfCase{true, 20000, 100},
+                                                              HalfCase{false, 4224, 4200}})),
                          case_name);
 
 class HalfGemvFusions : public ::testing::TestWithParam<HalfCase> {};

@@ -155,6 +155,28 @@ TEST(StepCommandLine, NoMergeFoldingBecomesTheCudaRunOptions) {
   EXPECT_TRUE(HasSubstr(unfused.to_json(), "\"cuda_merge_folding\": false")) << unfused.to_json();
 }
 
+// --no-gemv-pipelining is the GEMV's serial weight loads, the before row of
+// its pipelining: off in the run options and in the JSON, everything else on.
+TEST(StepCommandLine, NoGemvPipeliningBecomesTheCudaRunOptions) {
+  CommonOptions defaults;
+  EXPECT_TRUE(cuda_run_options(defaults).gemv_pipelining);
+  EXPECT_TRUE(cuda::CudaRunOptions{}.gemv_pipelining);
+  EXPECT_TRUE(cuda::HalfGemvLoads{}.pipelined);
+  Results pipelined("stepXX", "a title");
+  set_sampling_config(pipelined, defaults);
+  EXPECT_TRUE(HasSubstr(pipelined.to_json(), "\"cuda_gemv_pipelining\": true")) << pipelined.to_json();
+  CommonOptions common;
+  ASSERT_FALSE(parse({"step", "--no-gemv-pipelining"}, common).exit_status);
+  const cuda::CudaRunOptions run = cuda_run_options(common);
+  EXPECT_FALSE(run.gemv_pipelining);
+  EXPECT_TRUE(run.gemv_prefetch);  // the other switches stay on
+  EXPECT_TRUE(run.fusions);
+  EXPECT_TRUE(run.programmatic_launches);
+  Results results("stepXX", "a title");
+  set_sampling_config(results, common);
+  EXPECT_TRUE(HasSubstr(results.to_json(), "\"cuda_gemv_pipelining\": false")) << results.to_json();
+}
+
 // CLI11's own errors keep CLI11's message but exit 1, the status of every
 // bad input (CLI11's codes are 105 to 109).
 TEST(StepCommandLine, CommandLineErrorsStopWithStatusOne) {

@@ -526,12 +526,13 @@ std::span<const float> CudaModel::forward(const TokenBatch& batch, KvCache& cach
   return {logits_pinned_.data(), n_logits};
 }
 
-CudaLinearFactory cuda_linear_factory(WeightDtype dtype, HalfGemvKernel gemv, int max_gemv_rows, bool gemv_prefetch) {
+CudaLinearFactory cuda_linear_factory(WeightDtype dtype, HalfGemvKernel gemv, int max_gemv_rows,
+                                      HalfGemvLoads loads) {
   switch (dtype) {
     case WeightDtype::Float32: return dense_cuda_linear_factory();
-    case WeightDtype::Float16: return half_cuda_linear_factory(HalfType::Float16, gemv, max_gemv_rows, gemv_prefetch);
+    case WeightDtype::Float16: return half_cuda_linear_factory(HalfType::Float16, gemv, max_gemv_rows, loads);
     case WeightDtype::BFloat16:
-      return half_cuda_linear_factory(HalfType::BFloat16, gemv, max_gemv_rows, gemv_prefetch);
+      return half_cuda_linear_factory(HalfType::BFloat16, gemv, max_gemv_rows, loads);
   }
   throw InputError("unknown weight dtype");
 }
@@ -540,7 +541,9 @@ std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRu
   const DeviceStatus status = device_status();
   if (!status.usable) throw DeviceError("cannot run the CUDA model: " + status.reason);
   CudaModelOptions options;
-  options.linear_factory = cuda_linear_factory(run.dtype, run.gemv, run.max_gemv_rows, run.gemv_prefetch);
+  options.linear_factory =
+      cuda_linear_factory(run.dtype, run.gemv, run.max_gemv_rows,
+                          {.prefetch_first_weights = run.gemv_prefetch, .pipelined = run.gemv_pipelining});
   options.graphs = run.graphs;
   options.programmatic_launches = run.programmatic_launches;
   options.fusions = run.fusions ? CudaFusions::all() : CudaFusions::none();

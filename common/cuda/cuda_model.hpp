@@ -97,11 +97,11 @@ struct CudaModelOptions {
 
 // The linear factory of a weight element type: DenseCudaLinear (fp32) or
 // HalfCudaLinear (fp16, bf16, whose products of 1..max_gemv_rows rows run
-// `gemv`, more rows cuBLAS; the GEMV's L2 prefetch on or off). max_gemv_rows
-// outside 1..kMaxGemvRows: the half layers throw InputError as they are made
-// (fp32 has no GEMV, and ignores both).
+// `gemv`, more rows cuBLAS, their weights requested as `loads` says).
+// max_gemv_rows outside 1..kMaxGemvRows: the half layers throw InputError as
+// they are made (fp32 has no GEMV, and ignores all three).
 CudaLinearFactory cuda_linear_factory(WeightDtype dtype, HalfGemvKernel gemv = HalfGemvKernel::CudaCores,
-                                      int max_gemv_rows = kMaxGemvRows, bool gemv_prefetch = true);
+                                      int max_gemv_rows = kMaxGemvRows, HalfGemvLoads loads = {});
 
 class CudaModel final : public Model {
  public:

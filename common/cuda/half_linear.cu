@@ -84,9 +84,18 @@
 // bits alone or among 16 (the test checks it).
 //
 // Loads in flight: each lane requests kStepsPerBatch x kOutputsPerLane = 8
-// vectors (128 bytes) before it uses any, with 2 or more blocks per SM (the
-// launch bounds cap registers at 128 for that): 64 KB or more per SM, enough
-// to cover HBM latency at full bandwidth.
+// vectors (128 bytes, a "batch") before it uses any, with 2 or more blocks
+// per SM (the launch bounds cap registers at 128 for that): 64 KB per SM
+// while a batch travels. Up to 4 rows the loads are also pipelined: a lane
+// requests its next batch before it multiplies the current one, so its
+// requests do not stop while it computes (up to 128 KB per SM), and it
+// requests its first batch before it waits for the kernel before it. Little's
+// law says why that matters: an SM's share of an H100's 3.35 TB/s is ~25
+// GB/s, an H200's 4.8 TB/s ~36 GB/s, so at a loaded HBM latency of ~1.5 us
+// it must keep ~40-55 KB in flight all the time, not only between its
+// multiplies. A token's products are short (on 132 SMs a TinyLlama block
+// streams 1-4 batches), so a batch that waits for the arithmetic before it
+// is even requested costs a visible share of each product.
 #include "half_linear.hpp"
 
 #include <cublas_v2.h>
@@ -128,6 +137,14 @@ constexpr int kOutputsPerBlock = kGemvWarps * kLaneGroupsPerWarp * kOutputsPerLa
 constexpr int kStepElements = kLanesPerWeightRow * kHalvesPerVector;  // 64 columns per step
 constexpr int kStepsPerBatch = 4;                                     // steps whose loads are issued together
 constexpr int kBatchElements = kStepsPerBatch * kStepElements;        // 256 columns
+// Row buckets up to this one pipeline their weight loads (the next batch
+// requested before the current one is multiplied: 64 registers of weights
+// instead of 32). The 1-row kernel then takes ~110 registers instead of ~70,
+// the 2- and 4-row ones 126-128, under the launch bounds' 128 without a
+// spill on sm_75 and sm_90; the 8- and 16-row kernels would spill (their
+// sums take 16 and 32 registers more), and there the fmaf of 8 and 16 rows
+// per weight keeps a warp busy long enough to hide its next batch anyway.
+constexpr int kMaxPipelinedRows = 4;
 constexpr int kStagedXFloats = 4096;                                  // 16 KB of x per chunk
 // Wanted GEMV blocks per SM when choosing the column split.
 constexpr int kWantedBlocksPerSm = 2;
@@ -261,6 +278,11 @@ struct GemvArguments {
   // Part 1's L2 prefetch of the block's first weights (on by default; off
   // only to measure what it buys, HalfCudaLinear::set_first_weights_prefetch).
   bool prefetch_first_weights = true;
+  // The CUDA-core kernel's next batch of weights requested before the
+  // arithmetic of the current one, in row buckets up to kMaxPipelinedRows
+  // (on by default; off only to measure what it buys,
+  // HalfCudaLinear::set_pipelined_weight_loads). The same bits either way.
+  bool pipelined_weight_loads = true;
 };
 
 // What a block keeps in shared memory for a folded RMSNorm.
@@ -319,7 +341,10 @@ __device__ void rows_inverse_rms(const GemvArguments& args, FoldedNorm<kRows>& n
 // the wait the block's first loads find them in L2 instead of waiting a
 // whole HBM round trip behind the norm's sums and the staging of x. A
 // prefetch, not a load into registers: the 16-row CUDA-core kernel has no
-// registers to spare for a batch held across the staging.
+// registers to spare for a batch held across the staging. The CUDA-core
+// kernel's pipelined buckets (1-4 rows) do have them, and also load their
+// first batch into registers before the wait; there the prefetch asks for
+// the same lines first, and L2 serves both requests with one read.
 __device__ __forceinline__ void prefetch_first_weights_to_l2(const GemvArguments& args, int first_output,
                                                              int outputs, int k_begin, int k_end, int columns) {
   constexpr int kHalvesPerLine = 128 / 2;
@@ -427,6 +452,61 @@ __device__ void add_slices_if_last(const GemvArguments& args, int output_block, 
   }
 }
 
+// One batch of a lane's weights: kStepsPerBatch steps of 64 columns for
+// each of its kOutputsPerLane output rows, 16 bytes (8 halves) each:
+//   vectors [kStepsPerBatch][kOutputsPerLane] uint4, 128 bytes, 32 registers.
+struct WeightBatch {
+  uint4 vectors[kStepsPerBatch][kOutputsPerLane];
+};
+
+// Requests the lane's batch at columns [batch_k, batch_k + kBatchElements):
+// its 8 columns batch_k + 64 step + 8 sublane of each step, for each output
+// row. A vector at or past k_bound, or of an output past `out`, is zero and
+// is not loaded (x is zero there too: adding 0 * 0 changes no sum). The
+// loads are only issued here; a register is waited for where it is used.
+__device__ __forceinline__ WeightBatch load_weight_batch(const uint4* const (&weight_row)[kOutputsPerLane],
+                                                         const bool (&output_valid)[kOutputsPerLane], int batch_k,
+                                                         int k_bound, int sublane) {
+  WeightBatch batch;
+#pragma unroll
+  for (int step = 0; step < kStepsPerBatch; ++step)
+#pragma unroll
+    for (int o = 0; o < kOutputsPerLane; ++o) {
+      const int k = batch_k + step * kStepElements + sublane * kHalvesPerVector;
+      batch.vectors[step][o] =
+          output_valid[o] && k < k_bound ? __ldg(weight_row[o] + k / kHalvesPerVector) : make_uint4(0, 0, 0, 0);
+    }
+  return batch;
+}
+
+// sums[o][r] += the batch's weights of output o times x row r: per step,
+// the lane's 8 columns in increasing order with fmaf. batch_x points at the
+// batch's first column in the staged chunk (x row r at r * chunk_stride;
+// columns swizzled by staged_column).
+template <class Traits, int kRows>
+__device__ __forceinline__ void multiply_weight_batch(const WeightBatch& batch, const float* batch_x, int chunk_stride,
+                                                      int sublane, float (&sums)[kOutputsPerLane][kRows]) {
+#pragma unroll
+  for (int step = 0; step < kStepsPerBatch; ++step) {
+    float weights[kOutputsPerLane][kHalvesPerVector];
+#pragma unroll
+    for (int o = 0; o < kOutputsPerLane; ++o)
+#pragma unroll
+      for (int j = 0; j < kHalvesPerVector; ++j) weights[o][j] = vector_element<Traits>(batch.vectors[step][o], j);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float* x_step = batch_x + r * chunk_stride + step * kStepElements + sublane * 4;
+      const float4 low = *reinterpret_cast<const float4*>(x_step);
+      const float4 high = *reinterpret_cast<const float4*>(x_step + kStepElements / 2);
+      const float x_values[kHalvesPerVector] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
+#pragma unroll
+      for (int o = 0; o < kOutputsPerLane; ++o)
+#pragma unroll
+        for (int j = 0; j < kHalvesPerVector; ++j) sums[o][r] = fmaf(weights[o][j], x_values[j], sums[o][r]);
+    }
+  }
+}
+
 // Grid (output blocks, k_splits), kGemvThreads threads. Block (b, s)
 // computes outputs [64 b, 64 b + 64) over columns [k_begin, k_end) of slice
 // s for args.rows <= kRows rows. Lane `sublane` (0..7) of lane group
@@ -466,6 +546,16 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
     weight_row[o] = reinterpret_cast<const uint4*>(args.weight + row * static_cast<std::size_t>(args.padded_in));
   }
 
+  // Pipelined loads (uniform, as every branch on args below): `batch` is
+  // always the next batch to multiply, already requested. The first one is
+  // requested here, before the wait: the weights depend on no kernel, so
+  // with a programmatic launch they travel while the kernel before finishes,
+  // and in any case during the norm's sums and the staging of x.
+  const bool pipelined = kRows <= kMaxPipelinedRows && args.pipelined_weight_loads;
+  WeightBatch batch;
+  if (pipelined)
+    batch = load_weight_batch(weight_row, output_valid, k_begin, min(k_begin + kChunkElements, k_end), sublane);
+
   // A uniform branch: every thread of every block takes it or none does.
   if (args.prefetch_first_weights)
     prefetch_first_weights_to_l2(args, output_block * kOutputsPerBlock, kOutputsPerBlock, k_begin, k_end,
@@ -495,38 +585,30 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
       }
     __syncthreads();
 
-    for (int batch_offset = 0; batch_offset < chunk_length; batch_offset += kBatchElements) {
+    // The weights of [chunk_k, chunk_end): every column of every batch in the
+    // chunk is below chunk_end or past the slice's end (then 0, as x is).
+    const int chunk_end = chunk_k + chunk_length;
+    if (pipelined) {
+      // Batch b + 1's loads go out before batch b's arithmetic: a lane keeps
+      // a batch (128 bytes) in flight while it multiplies, where the serial
+      // loop below has none. The same products in the same order, so the
+      // same bits. The last iteration's next batch lies past chunk_end: all
+      // zeros, and no load is issued for it; a later chunk requests its
+      // first batch after its staging.
+      if (chunk_k != k_begin) batch = load_weight_batch(weight_row, output_valid, chunk_k, chunk_end, sublane);
+      for (int batch_offset = 0; batch_offset < chunk_length; batch_offset += kBatchElements) {
+        const WeightBatch next_batch =
+            load_weight_batch(weight_row, output_valid, chunk_k + batch_offset + kBatchElements, chunk_end, sublane);
+        multiply_weight_batch<Traits, kRows>(batch, staged_x + batch_offset, kChunkElements, sublane, sums);
+        batch = next_batch;
+      }
+    } else {
       // Every load of the batch first (8 x 16 bytes in flight per lane),
-      // then the arithmetic. Past the slice's end, or for outputs past
-      // `out`, the vector is zero (and so is x there): adding 0 * 0 changes
-      // no sum.
-      uint4 raw[kStepsPerBatch][kOutputsPerLane];
-#pragma unroll
-      for (int step = 0; step < kStepsPerBatch; ++step)
-#pragma unroll
-        for (int o = 0; o < kOutputsPerLane; ++o) {
-          const int k = chunk_k + batch_offset + step * kStepElements + sublane * kHalvesPerVector;
-          raw[step][o] =
-              output_valid[o] && k < k_end ? __ldg(weight_row[o] + k / kHalvesPerVector) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-      for (int step = 0; step < kStepsPerBatch; ++step) {
-        float weights[kOutputsPerLane][kHalvesPerVector];
-#pragma unroll
-        for (int o = 0; o < kOutputsPerLane; ++o)
-#pragma unroll
-          for (int j = 0; j < kHalvesPerVector; ++j) weights[o][j] = vector_element<Traits>(raw[step][o], j);
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          const float* x_step = staged_x + r * kChunkElements + batch_offset + step * kStepElements + sublane * 4;
-          const float4 low = *reinterpret_cast<const float4*>(x_step);
-          const float4 high = *reinterpret_cast<const float4*>(x_step + kStepElements / 2);
-          const float x_values[kHalvesPerVector] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
-#pragma unroll
-          for (int o = 0; o < kOutputsPerLane; ++o)
-#pragma unroll
-            for (int j = 0; j < kHalvesPerVector; ++j) sums[o][r] = fmaf(weights[o][j], x_values[j], sums[o][r]);
-        }
+      // then the arithmetic; the next batch's loads only after it.
+      for (int batch_offset = 0; batch_offset < chunk_length; batch_offset += kBatchElements) {
+        const WeightBatch batch =
+            load_weight_batch(weight_row, output_valid, chunk_k + batch_offset, chunk_end, sublane);
+        multiply_weight_batch<Traits, kRows>(batch, staged_x + batch_offset, kChunkElements, sublane, sums);
       }
     }
   }
@@ -916,6 +998,7 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
   args.steps_per_split = gemv_steps_per_split_;
   args.k_splits = gemv_k_splits_;
   args.prefetch_first_weights = prefetch_first_weights_;
+  args.pipelined_weight_loads = pipelined_weight_loads_;
   if (gemv_k_splits_ > 1) {
     const std::size_t partial_floats =
         static_cast<std::size_t>(gemv_k_splits_) * static_cast<std::size_t>(rows) * static_cast<std::size_t>(out_);
@@ -983,14 +1066,15 @@ void HalfCudaLinear::forward_gemm(const float* x_dev, int rows, float* y_dev, co
 }
 
 CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel, int gemv_max_rows,
-                                           bool gemv_prefetch) {
+                                           HalfGemvLoads loads) {
   auto scratch = std::make_shared<HalfActivationScratch>();
-  return [type, gemv_kernel, gemv_max_rows, gemv_prefetch, scratch](
+  return [type, gemv_kernel, gemv_max_rows, loads, scratch](
              const std::vector<float>& weight, int out_features, int in_features, const LinearSite&,
              cublasHandle_t cublas) -> std::unique_ptr<CudaLinear> {
     auto layer = std::make_unique<HalfCudaLinear>(weight, out_features, in_features, type, scratch, cublas,
                                                   gemv_kernel, gemv_max_rows);
-    layer->set_first_weights_prefetch(gemv_prefetch);
+    layer->set_first_weights_prefetch(loads.prefetch_first_weights);
+    layer->set_pipelined_weight_loads(loads.pipelined);
     return layer;
   };
 }

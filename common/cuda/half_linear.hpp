@@ -126,6 +126,13 @@ class HalfCudaLinear final : public CudaLinear {
   // products back to back, --no-gemv-prefetch); the same bits either way.
   void set_first_weights_prefetch(bool on) { prefetch_first_weights_ = on; }
   bool first_weights_prefetch() const { return prefetch_first_weights_; }
+  // Whether the CUDA-core GEMV requests its next batch of weights before it
+  // multiplies the current one, for products of 1..4 rows (on, the default;
+  // half_linear.cu says why). Off only to measure what that buys (step 01's
+  // benchmarks, --no-gemv-pipelining); the same bits either way. The
+  // tensor-core kernel ignores it.
+  void set_pipelined_weight_loads(bool on) { pipelined_weight_loads_ = on; }
+  bool pipelined_weight_loads() const { return pipelined_weight_loads_; }
 
  private:
   // 1..gemv_max_rows_ rows: the GEMV; more: cuBLAS's path. Both fold `fusion`.
@@ -150,15 +157,16 @@ class HalfCudaLinear final : public CudaLinear {
   int gemv_k_splits_ = 1;           // blockIdx.y of the GEMV: slices of the input columns
   int gemv_steps_per_split_ = 1;    // 64-column steps in each slice (the last may have fewer)
   bool prefetch_first_weights_ = true;  // the GEMV's L2 prefetch before its wait
+  bool pipelined_weight_loads_ = true;  // the CUDA-core GEMV's next batch requested before this one's multiplies
   std::shared_ptr<HalfActivationScratch> scratch_;
   cublasHandle_t cublas_;
 };
 
 // Layers with weights rounded to `type`, whose products of 1..gemv_max_rows
-// rows run `gemv_kernel` (more rows: cuBLAS), with the GEMV's L2 prefetch on
-// or off (set_first_weights_prefetch); all the layers one factory makes
-// share one HalfActivationScratch.
+// rows run `gemv_kernel` (more rows: cuBLAS), whose weight loads are set by
+// `loads` (set_first_weights_prefetch, set_pipelined_weight_loads); all the
+// layers one factory makes share one HalfActivationScratch.
 CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel = HalfGemvKernel::CudaCores,
-                                           int gemv_max_rows = kMaxGemvRows, bool gemv_prefetch = true);
+                                           int gemv_max_rows = kMaxGemvRows, HalfGemvLoads loads = {});
 
 }  // namespace llm::cuda

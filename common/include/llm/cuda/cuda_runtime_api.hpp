@@ -124,6 +124,18 @@ std::string to_string(HalfGemvKernel kernel);  // "cuda-cores", "tensor-cores"
 // "cuda-cores" | "tensor-cores"; throws InputError for anything else.
 HalfGemvKernel parse_half_gemv_kernel(const std::string& name);
 
+// How the half-precision GEMV requests its weights. Each switch is on by
+// default and off only to measure what it buys (its before row); the same
+// bits either way (half_linear.cu has both).
+struct HalfGemvLoads {
+  // Each block asks L2 for its first weights before it waits for the kernel
+  // before it (programmatic_launch.cuh; --no-gemv-prefetch).
+  bool prefetch_first_weights = true;
+  // The CUDA-core kernel requests a lane's next batch of weights before it
+  // multiplies the current one, at 1..4 rows (--no-gemv-pipelining).
+  bool pipelined = true;
+};
+
 // How the CUDA model runs (every step's --dtype and --no-graphs).
 struct CudaRunOptions {
   WeightDtype dtype = WeightDtype::Float32;
@@ -158,6 +170,10 @@ struct CudaRunOptions {
   // kernel before it (programmatic_launch.cuh); false: the before row of
   // that prefetch (--no-gemv-prefetch). The same bits either way.
   bool gemv_prefetch = true;
+  // The CUDA-core GEMV requests its next batch of weights before it
+  // multiplies the current one (1..4 rows); false: the before row of that
+  // pipelining (--no-gemv-pipelining). The same bits either way.
+  bool gemv_pipelining = true;
 };
 
 // The transformer on the GPU: own kernels for embedding, RMSNorm, RoPE,
