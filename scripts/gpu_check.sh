@@ -314,11 +314,12 @@ run_step() {  # run_step <stage> <label> <step> [args...]
 
 # The fp16 products alone (step 01's Google Benchmark, "half_product"): each
 # GEMV kernel and cuBLAS on TinyLlama's and Llama-2-7B's shapes, 1-64 rows,
-# each row count the median of 15 runs from HBM; and the same filter's
+# and the CUDA-core GEMV without its pipelined weight loads at 1-4 rows, each
+# row count the median of 15 runs from HBM; and the same filter's
 # "half_product_chain": TinyLlama's 88 products of a token back to back in a
 # CUDA graph, launched serially and with programmatic dependent launch, each
-# with and without the GEMV's L2 prefetch of its first weights. Its JSON is
-# Google Benchmark's.
+# as the model runs them, without the GEMV's L2 prefetch of its first
+# weights, and without its pipelined loads. Its JSON is Google Benchmark's.
 run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
   local stage=$1 label=$2 filter=$3
   selected step01_kv_cache || return 0
@@ -337,8 +338,11 @@ run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
 # graphs and fusions; then half-precision weights, without and with the
 # norms, SwiGLU and residual adds folded into their products, without
 # programmatic dependent launch (--no-pdl: each kernel starts only once the
-# one before has finished), and with split-KV attention's merge as a kernel
-# of its own (--no-merge-folding: past 64 keys, one launch a layer more).
+# one before has finished), with split-KV attention's merge as a kernel of
+# its own (--no-merge-folding: past 64 keys, one launch a layer more), and
+# with the GEMV's weight loads not pipelined (--no-gemv-pipelining; TinyLlama
+# only: the tiny preset's products are one batch of loads per block, so
+# there is nothing to pipeline).
 # Bytes per token over time per token, against the copy bandwidth measured
 # in the same run, by position.
 decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and fusions>
@@ -355,6 +359,8 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
     --steps "$steps" --repeats "$repeats" --dtype fp16 --no-pdl
   run_step presets tinyllama-1.1b_fp16_merge_kernel step01_kv_cache --device cuda --preset tinyllama-1.1b \
     --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-merge-folding
+  run_step presets tinyllama-1.1b_fp16_serial_loads step01_kv_cache --device cuda --preset tinyllama-1.1b \
+    --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-gemv-pipelining
   run_step presets tiny_fp32_eager step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --no-graphs --no-fusions
   for dtype in fp32 fp16; do

@@ -171,10 +171,14 @@ std::vector<float> timing_weights(const ProductShape& shape) {
   return weight;
 }
 
-enum class ProductPath { GemvCudaCores, GemvTensorCores, Cublas };
+// GemvCudaCoresSerialLoads: the CUDA-core GEMV with its weight loads not
+// pipelined (HalfCudaLinear::set_pipelined_weight_loads(false)), the before
+// row of that pipelining, at the row counts it applies to (1..4).
+enum class ProductPath { GemvCudaCores, GemvCudaCoresSerialLoads, GemvTensorCores, Cublas };
 const char* path_name(ProductPath path) {
   switch (path) {
     case ProductPath::GemvCudaCores: return "gemv_cuda_cores";
+    case ProductPath::GemvCudaCoresSerialLoads: return "gemv_cuda_cores_serial_loads";
     case ProductPath::GemvTensorCores: return "gemv_tensor_cores";
     case ProductPath::Cublas: break;
   }
@@ -185,7 +189,7 @@ const char* path_name(ProductPath path) {
 // classifier of Llama-2-7B is 262 MB of fp16), made when a benchmark of
 // another shape or kernel first asks, with fp16 weights whose values do not
 // matter to the time.
-const llm::cuda::HalfCudaLinear& half_layer(const ProductShape& shape, llm::cuda::HalfGemvKernel kernel) {
+llm::cuda::HalfCudaLinear& half_layer(const ProductShape& shape, llm::cuda::HalfGemvKernel kernel) {
   static llm::cuda::CublasHandle cublas;
   static std::string current_key;
   static std::unique_ptr<llm::cuda::HalfCudaLinear> current;
@@ -211,7 +215,8 @@ void half_product(benchmark::State& state, const ProductShape& shape, ProductPat
   const int rows = static_cast<int>(state.range(0));
   const auto kernel = path == ProductPath::GemvTensorCores ? llm::cuda::HalfGemvKernel::TensorCores
                                                            : llm::cuda::HalfGemvKernel::CudaCores;
-  const llm::cuda::HalfCudaLinear& layer = half_layer(shape, kernel);
+  llm::cuda::HalfCudaLinear& layer = half_layer(shape, kernel);
+  layer.set_pipelined_weight_loads(path != ProductPath::GemvCudaCoresSerialLoads);
   std::vector<float> x_host(static_cast<std::size_t>(rows) * static_cast<std::size_t>(shape.in), 0.5f);
   const llm::cuda::DeviceBuffer<float> x{std::span<const float>(x_host)};
   llm::cuda::DeviceBuffer<float> y(static_cast<std::size_t>(rows) * static_cast<std::size_t>(shape.out));
@@ -230,14 +235,18 @@ void half_product(benchmark::State& state, const ProductShape& shape, ProductPat
 
 void register_half_products() {
   for (const ProductShape& shape : product_shapes())
-    // cuBLAS beside the CUDA-core GEMV: the two share a layer (half_layer).
-    for (const ProductPath path : {ProductPath::GemvCudaCores, ProductPath::Cublas, ProductPath::GemvTensorCores}) {
+    // cuBLAS and the serial loads beside the CUDA-core GEMV: the three share
+    // a layer (half_layer).
+    for (const ProductPath path : {ProductPath::GemvCudaCores, ProductPath::GemvCudaCoresSerialLoads,
+                                   ProductPath::Cublas, ProductPath::GemvTensorCores}) {
       const std::string name = std::string("step01/half_product/") + path_name(path) + "/" + shape.name;
       auto* bench = benchmark::RegisterBenchmark(name.c_str(), half_product, shape, path);
       // The GEMV's row buckets and speculative decoding's 9 rows; cuBLAS from
-      // 1 row to a batch past the GEMV's 16.
+      // 1 row to a batch past the GEMV's 16; the serial loads where the
+      // pipelined ones apply.
       const std::vector<int> rows = path == ProductPath::Cublas ? std::vector<int>{1, 2, 4, 8, 9, 16, 17, 32, 64}
-                                                                : std::vector<int>{1, 2, 4, 8, 9, 16};
+                                    : path == ProductPath::GemvCudaCoresSerialLoads ? std::vector<int>{1, 2, 4}
+                                                                                     : std::vector<int>{1, 2, 4, 8, 9, 16};
       for (const int r : rows) bench->Arg(r);
       bench->UseManualTime()->Iterations(1)->Unit(benchmark::kMicrosecond);
     }
@@ -286,19 +295,25 @@ ProductChain& product_chain() {
 
 // How the chain's launches may overlap: serially or with programmatic
 // dependent launch (as the model launches the kernels after its first,
-// programmatic_launch.cuh), and whether each GEMV block asks L2 for its first
-// weights before its wait (the model does unless --no-gemv-prefetch). Off is a
-// measurement only: it separates what the overlap does from what the
-// prefetch during the overlap does.
+// programmatic_launch.cuh), whether each GEMV block asks L2 for its first
+// weights before its wait (the model does unless --no-gemv-prefetch), and
+// whether it requests its next batch of weights before it multiplies the
+// current one (unless --no-gemv-pipelining). Off is a measurement only: the
+// prefetch off separates what the overlap does from what the prefetch during
+// the overlap does; the pipelining off is its before row.
 struct ChainLaunches {
   bool programmatic = false;
   bool prefetch_first_weights = true;
+  bool pipelined_weight_loads = true;
 };
 
 // The chain's 88 launches on `stream`: the first as any launch, every later
 // one programmatic when `launches.programmatic`.
 void enqueue_product_chain(ProductChain& chain, ChainLaunches launches, cudaStream_t stream) {
-  for (const auto& product : chain.products) product->set_first_weights_prefetch(launches.prefetch_first_weights);
+  for (const auto& product : chain.products) {
+    product->set_first_weights_prefetch(launches.prefetch_first_weights);
+    product->set_pipelined_weight_loads(launches.pipelined_weight_loads);
+  }
   // Product p reads inputs[p % 4] and writes outputs[p % 4].
   const float* const inputs[4] = {chain.down.data(), chain.qkv.data(), chain.proj.data(), chain.gate_up.data()};
   float* const outputs[4] = {chain.qkv.data(), chain.proj.data(), chain.gate_up.data(), chain.down.data()};
@@ -334,16 +349,20 @@ void half_product_chain(benchmark::State& state, ChainLaunches launches) {
   state.counters["launches"] = static_cast<double>(chain.products.size());
 }
 
-// Serial and programmatic launches, each with the GEMV's L2 prefetch (the
-// model's kernels) and without it (names ending _no_prefetch).
+// Serial and programmatic launches, each as the model's kernels run (the
+// GEMV's L2 prefetch and pipelined loads), without the prefetch (names
+// ending _no_prefetch) and without the pipelining (_no_pipelining).
 void register_half_product_chains() {
-  for (const bool prefetch : {true, false})
+  const ChainLaunches model_kernels;
+  for (const auto& [suffix, loads] :
+       {std::pair{"", model_kernels}, std::pair{"_no_prefetch", ChainLaunches{.prefetch_first_weights = false}},
+        std::pair{"_no_pipelining", ChainLaunches{.pipelined_weight_loads = false}}})
     for (const bool programmatic : {false, true}) {
       const std::string name = std::string("step01/half_product_chain/tinyllama-1.1b/") +
-                               (programmatic ? "programmatic_launch" : "serial_launch") +
-                               (prefetch ? "" : "_no_prefetch");
-      benchmark::RegisterBenchmark(name.c_str(), half_product_chain,
-                                   ChainLaunches{.programmatic = programmatic, .prefetch_first_weights = prefetch})
+                               (programmatic ? "programmatic_launch" : "serial_launch") + suffix;
+      ChainLaunches launches = loads;
+      launches.programmatic = programmatic;
+      benchmark::RegisterBenchmark(name.c_str(), half_product_chain, launches)
           ->UseManualTime()
           ->Iterations(1)
           ->Unit(benchmark::kMicrosecond);
