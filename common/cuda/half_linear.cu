@@ -605,11 +605,10 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
     } else {
       // Every load of the batch first (8 x 16 bytes in flight per lane),
       // then the arithmetic; the next batch's loads only after it.
-      for (int batch_offset = 0; batch_offset < chunk_length; batch_offset += kBatchElements) {
-        const WeightBatch batch =
-            load_weight_batch(weight_row, output_valid, chunk_k + batch_offset, chunk_end, sublane);
-        multiply_weight_batch<Traits, kRows>(batch, staged_x + batch_offset, kChunkElements, sublane, sums);
-      }
+      for (int batch_offset = 0; batch_offset < chunk_length; batch_offset += kBatchElements)
+        multiply_weight_batch<Traits, kRows>(
+            load_weight_batch(weight_row, output_valid, chunk_k + batch_offset, chunk_end, sublane),
+            staged_x + batch_offset, kChunkElements, sublane, sums);
     }
   }
 
