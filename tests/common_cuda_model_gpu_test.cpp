@@ -1071,6 +1071,80 @@ TEST(CudaFusions, MergeInTheSplitKernelGivesTheMergeKernelsBits) {
 }
 
 // ---------------------------------------------------------------------------
+// rope_in_qkv_product: the fused QKV product rotates its Q and K outputs and
+// appends K and V to the cache itself (the CUDA-core GEMV in its last
+// writes; its tensor-core kernel and cuBLAS's path with rope_and_write_kv
+// after them), instead of writing y for that kernel to read. The same table
+// entries and the same rotation (device::rotated_pair), so the model must
+// give the same bits with and without it on every forward path
+// (run_every_forward_path: a short run, a long prefill, decode steps
+// replayed from graphs, a batch of three), with the GEMV up to 16 rows and
+// up to 1 (the default), in fp16 and bf16, on both GEMV kernels, on a
+// contiguous fp32 cache and a paged one (block tables), and on a paged int8
+// cache, where the kernel stays (an int8 row's scale needs its whole head).
+TEST(CudaFusions, RopeInTheQkvProductGivesTheKernelsBits) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  struct Products {
+    cuda::WeightDtype dtype;
+    cuda::HalfGemvKernel gemv;
+    int max_gemv_rows;
+  };
+  const Products products_cases[] = {{cuda::WeightDtype::Float16, cuda::HalfGemvKernel::CudaCores, cuda::kMaxGemvRows},
+                                     {cuda::WeightDtype::Float16, cuda::HalfGemvKernel::CudaCores, 1},
+                                     {cuda::WeightDtype::BFloat16, cuda::HalfGemvKernel::CudaCores, cuda::kMaxGemvRows},
+                                     {cuda::WeightDtype::Float16, cuda::HalfGemvKernel::TensorCores, cuda::kMaxGemvRows}};
+  struct Cache {
+    std::string name;
+    KvElement element;
+    int block_size;  // 0: the model's contiguous cache
+  };
+  const Cache cache_cases[] = {{"fp32 cache", KvElement::Float32, 0},
+                               {"paged fp32 cache", KvElement::Float32, 8},
+                               {"paged int8 cache", KvElement::Int8, 16}};
+  for (const ConfigCase& config_case : config_cases()) {
+    const ModelConfig& config = config_case.config;
+    const ModelWeights weights = random_weights(config, 5150);
+    for (const Products& products : products_cases) {
+      const auto linear_factory = [&products] {
+        return cuda::cuda_linear_factory(products.dtype, products.gemv, products.max_gemv_rows);
+      };
+      cuda::CudaModelOptions kernel_options;
+      kernel_options.linear_factory = linear_factory();
+      kernel_options.fusions = cuda::CudaFusions::all();
+      kernel_options.fusions.rope_in_qkv_product = false;
+      cuda::CudaModelOptions product_options = kernel_options;
+      product_options.linear_factory = linear_factory();
+      product_options.fusions.rope_in_qkv_product = true;
+      cuda::CudaModel by_kernel(weights, kernel_options), in_product(weights, product_options);
+      for (const Cache& cache_case : cache_cases) {
+        SCOPED_TRACE(config_case.name + ", " + cuda::to_string(products.dtype) + ", " +
+                     cuda::to_string(products.gemv) + " up to " + std::to_string(products.max_gemv_rows) +
+                     " rows, " + cache_case.name);
+        const auto make_cache = [&](const cuda::CudaModel& model) -> std::unique_ptr<KvCache> {
+          if (cache_case.block_size == 0) return model.make_cache(kForwardPathSequences, config.seq_len);
+          const int blocks =
+              kForwardPathSequences * ((config.seq_len + cache_case.block_size - 1) / cache_case.block_size);
+          return std::make_unique<PagedCudaKvCacheDouble>(config, kForwardPathSequences, blocks,
+                                                          cache_case.block_size, cache_case.element);
+        };
+        const std::unique_ptr<KvCache> kernel_cache = make_cache(by_kernel);
+        const std::unique_ptr<KvCache> product_cache = make_cache(in_product);
+        const auto expect_same = [&](const TokenBatch& batch, LogitsFor which, const std::string& what) {
+          const std::vector<float> want = run(by_kernel, batch, *kernel_cache, which);
+          const std::vector<float> got = run(in_product, batch, *product_cache, which);
+          EXPECT_TRUE(want.size() == got.size() &&
+                      std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
+              << what << ": with RoPE and the K/V append in the QKV product, the logits are not the kernel's bits";
+          EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float v) { return std::isfinite(v); })) << what;
+          return got;
+        };
+        run_every_forward_path(config, expect_same);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // The int8 K/V append on the GPU (kernels::write_kv_rows) against the host's
 // (store_kv_row), on the same fp32 rows: the same codes and the same scales,
 // bit for bit. Both run store_int8_head (llm/kv_int8.hpp); this is what makes

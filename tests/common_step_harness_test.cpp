@@ -155,6 +155,31 @@ TEST(StepCommandLine, NoMergeFoldingBecomesTheCudaRunOptions) {
   EXPECT_TRUE(HasSubstr(unfused.to_json(), "\"cuda_merge_folding\": false")) << unfused.to_json();
 }
 
+// --no-rope-folding is the RoPE + K/V append kernel after the QKV product,
+// the before row of folding it into the product: off in the run options and
+// in the JSON, the other fusions on; --no-fusions turns it off too.
+TEST(StepCommandLine, NoRopeFoldingBecomesTheCudaRunOptions) {
+  CommonOptions defaults;
+  EXPECT_TRUE(cuda_run_options(defaults).fold_rope);
+  EXPECT_TRUE(cuda::CudaRunOptions{}.fold_rope);
+  Results folded("stepXX", "a title");
+  set_sampling_config(folded, defaults);
+  EXPECT_TRUE(HasSubstr(folded.to_json(), "\"cuda_rope_folding\": true")) << folded.to_json();
+  CommonOptions common;
+  ASSERT_FALSE(parse({"step", "--no-rope-folding"}, common).exit_status);
+  EXPECT_FALSE(cuda_run_options(common).fold_rope);
+  EXPECT_TRUE(cuda_run_options(common).fusions);
+  EXPECT_TRUE(cuda_run_options(common).fold_merge);
+  Results results("stepXX", "a title");
+  set_sampling_config(results, common);
+  EXPECT_TRUE(HasSubstr(results.to_json(), "\"cuda_rope_folding\": false")) << results.to_json();
+  CommonOptions no_fusions;
+  ASSERT_FALSE(parse({"step", "--no-fusions"}, no_fusions).exit_status);
+  Results unfused("stepXX", "a title");
+  set_sampling_config(unfused, no_fusions);
+  EXPECT_TRUE(HasSubstr(unfused.to_json(), "\"cuda_rope_folding\": false")) << unfused.to_json();
+}
+
 // --no-gemv-pipelining is the GEMV's serial weight loads, the before row of
 // its pipelining: off in the run options and in the JSON, everything else on.
 TEST(StepCommandLine, NoGemvPipeliningBecomesTheCudaRunOptions) {

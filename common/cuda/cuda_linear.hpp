@@ -18,6 +18,10 @@
 #include "llm/cuda/device_buffer.hpp"
 #include "llm/linear.hpp"
 
+namespace llm {
+struct KvView;  // llm/kv_cache.hpp
+}
+
 namespace llm::cuda {
 
 // A cuBLAS handle that destroys itself. Created in fp32 math mode (see the
@@ -45,10 +49,30 @@ class CublasHandle {
 // resets the workspace to cuBLAS's own pool, which would undo bind_to_stream.
 void set_cublas_stream(cublasHandle_t cublas, cudaStream_t stream);
 
+// The fused QKV product's RoPE and K/V append (kernels::rope_and_write_kv,
+// fp32 caches), for the product to do them on its outputs instead of
+// writing them (CudaFusions::rope_in_qkv_product). Device pointers:
+//   q_out [rows, n_heads * head_dim]      the rotated queries
+//   views [rows]                          each row's cache view (fp32 rows)
+//   positions [rows]                      each row's position
+//   cos_table, sin_table [positions, head_dim / 2]
+// Row r's product [n_heads * head_dim + 2 * kv_dim] is Q, then K, then V.
+struct QkvRopeWrite {
+  float* q_out = nullptr;  // null: no RoPE folded in
+  const KvView* views = nullptr;
+  const int* positions = nullptr;
+  const float* cos_table = nullptr;
+  const float* sin_table = nullptr;
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+};
+
 // What a product can take into launches it has anyway, where the kernels
 // around it move a few KiB each and cost a launch apiece (see
-// CudaFusions::norm_in_product): the RMSNorm or the SwiGLU before it and the
-// residual add after it.
+// CudaFusions::norm_in_product): the RMSNorm or the SwiGLU before it, the
+// residual add after it, and the QKV product's RoPE and K/V append. A layer
+// that fuses (max_fused_rows() > 0) does every one it is given.
 struct ProductFusion {
   // Non-null: the product multiplies rmsnorm(x) = input_norm * (x / rms(x))
   // (input_norm [in_features] in device memory, eps its epsilon), row by
@@ -61,6 +85,10 @@ struct ProductFusion {
   bool swiglu_of_gate_up = false;
   // y += x . W^T (the residual add) instead of y = x . W^T.
   bool accumulate = false;
+  // rope.q_out non-null: the product's rows go through RoPE and the K/V
+  // append as rope_and_write_kv would take them from y, and y itself may be
+  // left unwritten. Not together with `accumulate`.
+  QkvRopeWrite rope{};
 };
 
 // max_fused_rows() of a layer that folds a ProductFusion into a product of

@@ -304,7 +304,22 @@ void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows,
   const KvView* layer_views = row_views_ + static_cast<std::size_t>(layer_index) * rows;  // [rows]
   const auto project = [&](const CudaLinear& linear, float* out) { multiply(linear, input, rows, out); };
   kernels::QkvRows in{};
-  if (fusions_.qkv_product) {
+  // The QKV product rotates and appends its own outputs (the product's
+  // fusion also carries the norm when that is folded in).
+  const bool rope_in_product = fusions_.qkv_product && fusions_.rope_in_qkv_product &&
+                               cache.element() == KvElement::Float32 && layer.wqkv->fuses(rows);
+  if (rope_in_product) {
+    ProductFusion fusion = input.fusion;
+    fusion.rope = {.q_out = q_.data(),
+                   .views = layer_views,
+                   .positions = positions_,
+                   .cos_table = rope_cos_.data(),
+                   .sin_table = rope_sin_.data(),
+                   .n_heads = c.n_heads,
+                   .n_kv_heads = c.n_kv_heads,
+                   .head_dim = c.head_dim()};
+    layer.wqkv->forward_fused(input.rows, rows, qkv_.data(), fusion, stream);  // q_, the cache (qkv_ maybe)
+  } else if (fusions_.qkv_product) {
     project(*layer.wqkv, qkv_.data());  // qkv_ [rows, q_width + 2*kv_dim]
     const int stride = static_cast<int>(q_width) + 2 * c.kv_dim();
     in = {qkv_.data(), qkv_.data() + q_width, qkv_.data() + q_width + c.kv_dim(), stride, stride, stride};
@@ -315,11 +330,13 @@ void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows,
     in = {q_.data(), k_.data(), v_.data(), static_cast<int>(q_width), c.kv_dim(), c.kv_dim()};
   }
   // The fused QKV product's rows are read in place by the fused kernel (its
-  // strides), so that product brings the kernel along.
+  // strides), so that product brings the kernel along, unless it did the
+  // kernel's work itself.
   if (fusions_.qkv_product || fusions_.rope_kv_write) {
-    kernels::rope_and_write_kv(in, q_.data(), k_.data(), v_.data(), layer_views, positions_, rows, c.n_heads,
-                               c.n_kv_heads, c.head_dim(), rope_cos_.data(), rope_sin_.data(), cache.element(),
-                               stream);
+    if (!rope_in_product)
+      kernels::rope_and_write_kv(in, q_.data(), k_.data(), v_.data(), layer_views, positions_, rows, c.n_heads,
+                                 c.n_kv_heads, c.head_dim(), rope_cos_.data(), rope_sin_.data(), cache.element(),
+                                 stream);
   } else {
     kernels::rope(q_.data(), rows, c.n_heads, c.head_dim(), positions_, rope_cos_.data(), rope_sin_.data(), stream);
     kernels::rope(k_.data(), rows, c.n_kv_heads, c.head_dim(), positions_, rope_cos_.data(), rope_sin_.data(),
@@ -549,6 +566,7 @@ std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRu
   options.fusions = run.fusions ? CudaFusions::all() : CudaFusions::none();
   if (!run.fold_norms) options.fusions.norm_in_product = false;
   if (!run.fold_merge) options.fusions.merge_in_split_kernel = false;
+  if (!run.fold_rope) options.fusions.rope_in_qkv_product = false;
   return std::make_unique<CudaModel>(weights, options);
 }
 

@@ -70,8 +70,16 @@ struct CudaFusions {
   // merge kernel of its own: past 64 keys, one launch a layer fewer. The
   // same bits either way.
   bool merge_in_split_kernel = false;
+  // With qkv_product: RoPE and the K/V append done by the QKV product on its
+  // outputs (ProductFusion::rope) instead of by the kernel after it, one
+  // launch a layer fewer. Where the product fuses that many rows (the
+  // half-precision layers; the CUDA-core GEMV in its own launch, its other
+  // paths with the kernel after them) and the cache stores fp32 rows (an
+  // int8 row's scale needs a whole head first: there the kernel stays). The
+  // same bits either way.
+  bool rope_in_qkv_product = false;
 
-  static CudaFusions all() { return {true, true, true, true, true, true}; }
+  static CudaFusions all() { return {true, true, true, true, true, true, true}; }
   static CudaFusions none() { return {}; }
 };
 

@@ -4,7 +4,8 @@
 // - block-wide reductions (warp shuffles, then the warps' results);
 // - RMSNorm's parts: the sum of squares of a row as a block sums it, the
 //   inverse RMS and the normalized value, the expressions of cpu::rmsnorm;
-// - SwiGLU's value, cpu::swiglu's expression.
+// - SwiGLU's value, cpu::swiglu's expression;
+// - RoPE's rotation of one pair of values.
 //
 // The RMSNorm and SwiGLU kernels (kernels.cu) and the half-precision GEMV
 // that folds them into its own launch (half_linear.cu) both use these, the
@@ -83,5 +84,14 @@ __device__ __forceinline__ float normalized(float weight, float inv_rms, float x
 
 // silu(gate) * up, silu(g) = g / (1 + exp(-g)): cpu::swiglu's expression.
 __device__ __forceinline__ float swiglu_value(float gate, float up) { return gate * (1.0f / (1.0f + expf(-gate))) * up; }
+
+// (x0, x1) as a complex number times e^{i angle} (c = cos, s = sin of the
+// angle), as cpu::rope rotates a pair: (x0 c - x1 s, x0 s + x1 c). Written
+// with its roundings explicit (one product rounded, then one fmaf), so the
+// RoPE kernels (kernels.cu) and the GEMV that folds RoPE into the QKV
+// product (half_linear.cu) round alike whatever the compiler would contract.
+__device__ __forceinline__ float2 rotated_pair(float x0, float x1, float c, float s) {
+  return make_float2(fmaf(x0, c, -__fmul_rn(x1, s)), fmaf(x0, s, __fmul_rn(x1, c)));
+}
 
 }  // namespace llm::cuda::device

@@ -112,12 +112,14 @@
 #include <utility>
 
 #include "device_formulas.cuh"
+#include "kernels.cuh"  // rope_and_write_kv: the RoPE fold's fallback past the GEMV's rows
 #include "mma_fragments.cuh"
 #include "programmatic_launch.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/cuda/tensor_core_gemv_layout.hpp"
 #include "llm/errors.hpp"
+#include "llm/kv_cache.hpp"
 
 namespace llm::cuda {
 namespace {
@@ -283,6 +285,9 @@ struct GemvArguments {
   // (on by default; off only to measure what it buys,
   // HalfCudaLinear::set_pipelined_weight_loads). The same bits either way.
   bool pipelined_weight_loads = true;
+  // ProductFusion::rope (q_out non-null): the QKV product's outputs are
+  // rotated and appended, not written to y (CUDA-core kernel only).
+  QkvRopeWrite rope{};
 };
 
 // What a block keeps in shared memory for a folded RMSNorm.
@@ -404,6 +409,30 @@ __device__ __forceinline__ float product_input(const GemvArguments& args, int r,
   return args.input_norm != nullptr ? device::normalized(args.input_norm[k], inverse_rms[r], value) : value;
 }
 
+// The folded RoPE and K/V append of one pair of outputs of row r of the
+// fused QKV product, (o, o + 1) with o even: what rope_and_write_kv_kernel
+// (kernels.cu) writes from y[r][o], y[r][o + 1], with the same table entries
+// and the same rotation (device::rotated_pair), so the same bits. Q and K
+// start at multiples of head_dim, so o and o + 1 are a RoPE pair.
+__device__ __forceinline__ void rotate_and_append_pair(const QkvRopeWrite& rope, int r, int o, float y0, float y1) {
+  const int q_width = rope.n_heads * rope.head_dim;
+  const int kv_dim = rope.n_kv_heads * rope.head_dim;
+  const int pos = rope.positions[r];
+  float* to;
+  float2 pair = make_float2(y0, y1);
+  if (o < q_width + kv_dim) {  // a query or key pair: rotated
+    const int half = rope.head_dim / 2;
+    const std::size_t table_index = static_cast<std::size_t>(pos) * half + (o % rope.head_dim) / 2;
+    pair = device::rotated_pair(y0, y1, rope.cos_table[table_index], rope.sin_table[table_index]);
+    to = o < q_width ? rope.q_out + static_cast<std::size_t>(r) * q_width + o
+                     : rope.views[r].key_row(pos) + (o - q_width);
+  } else {  // a value pair: appended as it is
+    to = rope.views[r].value_row(pos) + (o - q_width - kv_dim);
+  }
+  to[0] = pair.x;
+  to[1] = pair.y;
+}
+
 // One output's sum over the block's slice of columns: y itself when the
 // columns are not split (y = sum, or y += sum for the residual add, as
 // add_inplace does), else the slice's partial sum (to L2).
@@ -419,8 +448,9 @@ __device__ __forceinline__ void store_slice_sum(const GemvArguments& args, int s
 // Split columns (args.k_splits > 1), after every thread of the block stored
 // its partial sums: a ticket per output block; the last of the k_splits
 // blocks of outputs [first_output, first_output + outputs) to take one adds
-// every slice's partials in slice order and writes y. Called by every
-// thread of the block (it has barriers).
+// every slice's partials in slice order and writes y (or, with RoPE folded
+// in, rotates and appends each pair of outputs). Called by every thread of
+// the block (it has barriers).
 __device__ void add_slices_if_last(const GemvArguments& args, int output_block, int first_output, int outputs) {
   __shared__ bool is_last_block;
   const int thread = static_cast<int>(threadIdx.x);
@@ -439,14 +469,31 @@ __device__ void add_slices_if_last(const GemvArguments& args, int output_block, 
   }
   __syncthreads();
   if (!is_last_block) return;
+  // Output `output` of row r: the slices' partial sums added in slice order.
+  // __ldcg: from L2, where the other blocks' stores went (never a stale L1 line).
+  const auto slices_sum = [&args](int r, int output) {
+    float sum = 0.0f;
+    for (int s = 0; s < args.k_splits; ++s)
+      sum += __ldcg(args.partial_sums + (static_cast<std::size_t>(s) * args.rows + r) * args.out + output);
+    return sum;
+  };
+  // A uniform branch. With RoPE folded in, each thread takes a pair of
+  // outputs (outputs and first_output are even) and rotates and appends it.
+  if (args.rope.q_out != nullptr) {
+    const int pairs = outputs / 2;
+    for (int index = thread; index < args.rows * pairs; index += static_cast<int>(blockDim.x)) {
+      const int r = index / pairs;
+      const int output = first_output + 2 * (index % pairs);
+      if (output < args.out)
+        rotate_and_append_pair(args.rope, r, output, slices_sum(r, output), slices_sum(r, output + 1));
+    }
+    return;
+  }
   for (int index = thread; index < args.rows * outputs; index += static_cast<int>(blockDim.x)) {
     const int r = index / outputs;
     const int output = first_output + index % outputs;
     if (output >= args.out) continue;
-    float sum = 0.0f;
-    // __ldcg: from L2, where the other blocks' stores went (never a stale L1 line).
-    for (int s = 0; s < args.k_splits; ++s)
-      sum += __ldcg(args.partial_sums + (static_cast<std::size_t>(s) * args.rows + r) * args.out + output);
+    const float sum = slices_sum(r, output);
     float& y = args.y[static_cast<std::size_t>(r) * args.out + output];
     y = args.accumulate ? y + sum : sum;
   }
@@ -621,12 +668,20 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_k
       for (int offset = kLanesPerWeightRow / 2; offset > 0; offset /= 2)
         sums[o][r] += __shfl_xor_sync(0xffffffffu, sums[o][r], offset);
 
+  static_assert(kOutputsPerLane == 2, "a lane's two outputs are one RoPE pair (first_output is even)");
   if (sublane == 0) {
-#pragma unroll
-    for (int o = 0; o < kOutputsPerLane; ++o)
+    if (args.rope.q_out != nullptr && args.k_splits == 1) {  // uniform
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
-        if (output_valid[o] && r < args.rows) store_slice_sum(args, split, r, first_output + o, sums[o][r]);
+        if (output_valid[0] && r < args.rows)
+          rotate_and_append_pair(args.rope, r, first_output, sums[0][r], sums[1][r]);
+    } else {
+#pragma unroll
+      for (int o = 0; o < kOutputsPerLane; ++o)
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+          if (output_valid[o] && r < args.rows) store_slice_sum(args, split, r, first_output + o, sums[o][r]);
+    }
   }
   if (args.k_splits == 1) return;  // the whole block returns: no barrier follows
   add_slices_if_last(args, output_block, output_block * kOutputsPerBlock, kOutputsPerBlock);
@@ -969,15 +1024,37 @@ void HalfCudaLinear::forward_fused(const float* x_dev, int rows, float* y_dev, c
   if (fusion.input_norm != nullptr && fusion.swiglu_of_gate_up)
     throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": x is either a norm's input or SwiGLU's, "
                            "not both");
+  const QkvRopeWrite& rope = fusion.rope;
+  if (rope.q_out != nullptr &&
+      (fusion.accumulate || rope.head_dim <= 0 || rope.head_dim % 2 != 0 ||
+       out_ != (rope.n_heads + 2 * rope.n_kv_heads) * rope.head_dim))
+    throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": RoPE folds into a QKV product of " +
+                           std::to_string(rope.n_heads) + " + 2 x " + std::to_string(rope.n_kv_heads) +
+                           " heads of an even head_dim (" + std::to_string(rope.head_dim) + "), without an add");
   forward_on_path(x_dev, rows, y_dev, fusion, stream);
 }
 
+// The GEMV folds RoPE and the K/V append into its last writes on CUDA cores.
+// The tensor-core GEMV (whose lanes do not hold a pair of outputs) and
+// cuBLAS's path write y and run rope_and_write_kv after it: the same bits,
+// one launch more.
 void HalfCudaLinear::forward_on_path(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                                      cudaStream_t stream) const {
-  if (rows <= gemv_max_rows_)
-    forward_gemv(x_dev, rows, y_dev, fusion, stream);
-  else
-    forward_gemm(x_dev, rows, y_dev, fusion, stream);
+  const QkvRopeWrite& rope = fusion.rope;
+  const bool gemv = rows <= gemv_max_rows_;
+  if (rope.q_out == nullptr || (gemv && gemv_kernel_ == HalfGemvKernel::CudaCores)) {
+    gemv ? forward_gemv(x_dev, rows, y_dev, fusion, stream) : forward_gemm(x_dev, rows, y_dev, fusion, stream);
+    return;
+  }
+  ProductFusion product_only = fusion;
+  product_only.rope = {};
+  gemv ? forward_gemv(x_dev, rows, y_dev, product_only, stream)
+       : forward_gemm(x_dev, rows, y_dev, product_only, stream);
+  const int q_width = rope.n_heads * rope.head_dim, kv_dim = rope.n_kv_heads * rope.head_dim;
+  const kernels::QkvRows in{y_dev, y_dev + q_width, y_dev + q_width + kv_dim, out_, out_, out_};
+  kernels::rope_and_write_kv(in, rope.q_out, nullptr, nullptr, rope.views, rope.positions, rows, rope.n_heads,
+                             rope.n_kv_heads, rope.head_dim, rope.cos_table, rope.sin_table, KvElement::Float32,
+                             stream);
 }
 
 void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
@@ -987,6 +1064,7 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
   args.norm_eps = fusion.norm_eps;
   args.swiglu_input = fusion.swiglu_of_gate_up;
   args.accumulate = fusion.accumulate;
+  args.rope = fusion.rope;
   args.weight = weight_.data();
   args.x = x_dev;
   args.y = y_dev;

@@ -63,12 +63,12 @@ using device::SumOp;
 // ---------------------------------------------------------------------------
 // The formulas the element-wise and fused kernels share.
 
-// (x0, x1) as a complex number times e^{i angle}, as in cpu::rope; `to` may
-// be `from` (in place).
+// The pair at `from` rotated into `to` (device::rotated_pair); `to` may be
+// `from` (in place).
 __device__ __forceinline__ void rotate_pair(const float* from, float* to, float c, float s) {
-  const float x0 = from[0], x1 = from[1];
-  to[0] = x0 * c - x1 * s;
-  to[1] = x0 * s + x1 * c;
+  const float2 rotated = device::rotated_pair(from[0], from[1], c, s);
+  to[0] = rotated.x;
+  to[1] = rotated.y;
 }
 
 // silu(gate) * up (device_formulas.cuh).

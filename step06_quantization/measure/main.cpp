@@ -122,7 +122,8 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
         "its decode is greedy, and its calibration and held-out text is sampled at temperature 1 without top-p"},
        // The fp16 row runs on CUDA whatever --dtype says: it is a baseline, as fp32 is.
        {{"--dtype", "--gemv", "--max-gemv-rows", "--no-graphs", "--no-fusions", "--no-norm-folding",
-         "--no-merge-folding", "--no-pdl", "--no-gemv-prefetch", "--no-gemv-pipelining"},
+         "--no-merge-folding", "--no-rope-folding", "--no-pdl", "--no-gemv-prefetch",
+         "--no-gemv-pipelining"},
         "its weight formats are its own variants, measured against fp32 and, on CUDA, the fp16 model, all with "
         "graphs on and fusions off; steps 01 and 04 take them"}});
 }

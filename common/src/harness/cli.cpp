@@ -129,6 +129,10 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
                "merge the CUDA model's split-KV decode attention's partial results in a kernel of its own instead "
                "of in the last split block to finish (past 64 keys: one launch a layer more; the before row of "
                "that fusion; --no-fusions implies it)");
+  app.add_flag("--no-rope-folding", o.no_rope_folding,
+               "run the CUDA model's RoPE and K/V append as a kernel after the QKV product instead of in the "
+               "product's last writes (one launch a layer more; the before row of that fusion; --no-fusions "
+               "implies it)");
   app.add_flag("--no-pdl", o.no_pdl,
                "start each kernel of a CUDA forward only once the kernel before it has finished, instead of letting "
                "it start early and request its weights meanwhile (programmatic dependent launch, sm_90 and later; "
@@ -230,6 +234,7 @@ void set_sampling_config(Results& results, const CommonOptions& options) {
   results.set_config("cuda_fusions", !options.no_fusions);
   results.set_config("cuda_norm_folding", !options.no_fusions && !options.no_norm_folding);
   results.set_config("cuda_merge_folding", !options.no_fusions && !options.no_merge_folding);
+  results.set_config("cuda_rope_folding", !options.no_fusions && !options.no_rope_folding);
   results.set_config("cuda_programmatic_launches", !options.no_pdl);
 }
 

@@ -153,6 +153,10 @@ struct CudaRunOptions {
   // to finish, unless this is false (a merge kernel of its own: its before
   // row).
   bool fold_merge = true;
+  // ... and RoPE with the K/V append done by the QKV product on its outputs
+  // (fp32 caches), unless this is false (the kernel after the product: its
+  // before row).
+  bool fold_rope = true;
   // Programmatic dependent launch on sm_90 and later: a kernel of the
   // forward may start while the one before it finishes (false: the before
   // row; cuda_model.hpp's CudaModelOptions::programmatic_launches).
