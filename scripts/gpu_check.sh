@@ -342,7 +342,9 @@ run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
 # its own (--no-merge-folding: past 64 keys, one launch a layer more), and
 # with the GEMV's weight loads not pipelined (--no-gemv-pipelining; TinyLlama
 # only: the tiny preset's products are one batch of loads per block, so
-# there is nothing to pipeline).
+# there is nothing to pipeline), and with RoPE and the K/V append as a kernel
+# after the QKV product (--no-rope-folding; the tiny preset only, whose 80 us
+# target five launches a token are the size of).
 # Bytes per token over time per token, against the copy bandwidth measured
 # in the same run, by position.
 decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and fusions>
@@ -373,6 +375,8 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
     --repeats 5 --dtype fp16 --no-pdl
   run_step presets tiny_fp16_merge_kernel step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --dtype fp16 --no-merge-folding
+  run_step presets tiny_fp16_rope_kernel step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
+    --repeats 5 --dtype fp16 --no-rope-folding
 }
 # PyTorch's SDPA beside step 02's rows, in the same run, where PyTorch with
 # CUDA is importable (step02_flash_attention/measure/sdpa_beside.hpp); the
