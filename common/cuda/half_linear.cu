@@ -141,11 +141,11 @@ constexpr int kStepsPerBatch = 4;                                     // steps w
 constexpr int kBatchElements = kStepsPerBatch * kStepElements;        // 256 columns
 // Row buckets up to this one pipeline their weight loads (the next batch
 // requested before the current one is multiplied: 64 registers of weights
-// instead of 32). The 1-row kernel then takes ~110 registers instead of ~70,
-// the 2- and 4-row ones 126-128, under the launch bounds' 128 without a
+// instead of 32). The 1-row kernel then takes 100-115 registers instead of ~70,
+// the 2- and 4-row ones 118-128, under the launch bounds' 128 without a
 // spill on sm_75 and sm_90; the 8- and 16-row kernels would spill (their
-// sums take 16 and 32 registers more), and there the fmaf of 8 and 16 rows
-// per weight keeps a warp busy long enough to hide its next batch anyway.
+// sums take 16 and 32 registers more), and there the 8 or 16 fmaf per weight
+// already keep a warp busy between its batches.
 constexpr int kMaxPipelinedRows = 4;
 constexpr int kStagedXFloats = 4096;                                  // 16 KB of x per chunk
 // Wanted GEMV blocks per SM when choosing the column split.
