@@ -346,19 +346,23 @@ run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
 # after the QKV product (--no-rope-folding; the tiny preset only, whose 80 us
 # target five launches a token are the size of).
 # Bytes per token over time per token, against the copy bandwidth measured
-# in the same run, by position.
-decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and fusions>
-  local steps=$1 repeats=$2 dtypes=$3 dtype
+# in the same run, by position. TinyLlama's --no-norm-folding and --no-pdl
+# rows, which chapter 01 already quotes (sections 5.5 and 5.7), run with
+# --full only: each is some 15 s of the default form's 8 minutes.
+decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and fusions> <quoted before rows: 0|1>
+  local steps=$1 repeats=$2 dtypes=$3 quoted_before_rows=$4 dtype
   run_step presets tinyllama-1.1b_fp32_eager step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
     --steps "$steps" --repeats "$repeats" --dtype fp32 --no-graphs --no-fusions
   for dtype in $dtypes; do
     run_step presets "tinyllama-1.1b_$dtype" step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
       --steps "$steps" --repeats "$repeats" --dtype "$dtype"
   done
-  run_step presets tinyllama-1.1b_fp16_unfolded step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
-    --steps "$steps" --repeats "$repeats" --dtype fp16 --no-norm-folding
-  run_step presets tinyllama-1.1b_fp16_no_pdl step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
-    --steps "$steps" --repeats "$repeats" --dtype fp16 --no-pdl
+  if ((quoted_before_rows)); then
+    run_step presets tinyllama-1.1b_fp16_unfolded step01_kv_cache --device cuda --preset tinyllama-1.1b \
+      --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-norm-folding
+    run_step presets tinyllama-1.1b_fp16_no_pdl step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
+      --steps "$steps" --repeats "$repeats" --dtype fp16 --no-pdl
+  fi
   run_step presets tinyllama-1.1b_fp16_merge_kernel step01_kv_cache --device cuda --preset tinyllama-1.1b \
     --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-merge-folding
   run_step presets tinyllama-1.1b_fp16_serial_loads step01_kv_cache --device cuda --preset tinyllama-1.1b \
@@ -393,7 +397,7 @@ if want presets && ((full)) && selected step02_flash_attention; then
   fi
 fi
 if want presets && ! ((full)); then
-  decode_rows 1024 3 "fp16"
+  decode_rows 1024 3 "fp16" 0
   run_step presets tinyllama-1.1b_fp16 step04_speculative --device cuda --preset tinyllama-1.1b --dtype fp16 \
     --steps 64 --k 4 --repeats 1
   run_step presets tinyllama-1.1b step05_paged_attention --device cuda --preset tinyllama-1.1b --steps 64
@@ -412,7 +416,7 @@ if want presets && ! ((full)); then
     --requests 8 --seed 85 --repeats 1 --loads 1.0
 fi
 if want presets && ((full)); then
-  decode_rows 2048 5 "fp32 fp16 bf16"
+  decode_rows 2048 5 "fp32 fp16 bf16" 1
   # Llama-2-7B's dims in fp16 (13.5 GB of weights; the host makes 27 GB of
   # fp32 ones first, most of the minute this row takes).
   if ((gpu_memory_gib >= 40)); then
