@@ -318,7 +318,9 @@ void CudaModel::attention_block(int layer_index, const KvCache& cache, int rows,
                    .n_heads = c.n_heads,
                    .n_kv_heads = c.n_kv_heads,
                    .head_dim = c.head_dim()};
-    layer.wqkv->forward_fused(input.rows, rows, qkv_.data(), fusion, stream);  // q_, the cache (qkv_ maybe)
+    // Writes q_ and the cache rows; qkv_ only on the paths that run the
+    // RoPE kernel after the product (half_linear.hpp).
+    layer.wqkv->forward_fused(input.rows, rows, qkv_.data(), fusion, stream);
   } else if (fusions_.qkv_product) {
     project(*layer.wqkv, qkv_.data());  // qkv_ [rows, q_width + 2*kv_dim]
     const int stride = static_cast<int>(q_width) + 2 * c.kv_dim();

@@ -9,8 +9,9 @@
 // written for this (one pass over the weights whatever the row count; its
 // multiply-adds on the CUDA cores or on the tensor cores, HalfGemvKernel);
 // more rows (batches, verify passes, prefill) go through cuBLAS. Both paths
-// fold the model's RMSNorm or SwiGLU before a product and the residual add
-// after it (forward_fused), at every row count.
+// fold the model's RMSNorm or SwiGLU before a product, the residual add
+// after it, and the QKV product's RoPE and K/V append (forward_fused), at
+// every row count.
 // Both paths round x alike, so a row's output does not depend (beyond the
 // order of fp32 sums) on which path its forward took. Why these choices, and
 // the kernel's shape: half_linear.cu.
@@ -95,7 +96,10 @@ class HalfCudaLinear final : public CudaLinear {
   // add kernel. Past gemv_max_rows(), the norm or SwiGLU goes into the
   // kernel that rounds x for cuBLAS (the same bits again) and the add into
   // cuBLAS's epilogue (beta = 1: the same bits where cuBLAS runs the same
-  // kernel for both betas; half_linear.cu).
+  // kernel for both betas; half_linear.cu). The QKV product's RoPE and K/V
+  // append (fusion.rope): the CUDA-core GEMV does them in its last writes;
+  // the tensor-core GEMV and cuBLAS's path run rope_and_write_kv after the
+  // product. The same bits either way.
   int max_fused_rows() const override { return kFusesAnyRowCount; }
   void forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                      cudaStream_t stream) const override;
