@@ -131,75 +131,67 @@ TEST(StepCommandLine, MaxGemvRowsBecomesTheCudaRunOptions) {
   }
 }
 
+// The JSON config a step writes for these options.
+std::string json_config_of(const CommonOptions& options) {
+  Results results("stepXX", "a title");
+  set_sampling_config(results, options);
+  return results.to_json();
+}
+
+// A before-row switch of the CUDA model: `option` is on by default (in the
+// parsed options and in CudaRunOptions{}) and the JSON config records
+// `json_key`: true; `flag` parses into `parsed`, turns it off, and the JSON
+// records false; with `off_without_fusions`, --no-fusions turns it off too.
+void expect_before_row_switch(const std::string& flag, bool cuda::CudaRunOptions::*option,
+                              const std::string& json_key, bool off_without_fusions, CommonOptions& parsed) {
+  const CommonOptions defaults;
+  EXPECT_TRUE(cuda_run_options(defaults).*option);
+  EXPECT_TRUE(cuda::CudaRunOptions{}.*option);
+  const std::string on_json = json_config_of(defaults);
+  EXPECT_TRUE(HasSubstr(on_json, "\"" + json_key + "\": true")) << on_json;
+  ASSERT_FALSE(parse({"step", flag}, parsed).exit_status);
+  EXPECT_FALSE(cuda_run_options(parsed).*option);
+  const std::string off_json = json_config_of(parsed);
+  EXPECT_TRUE(HasSubstr(off_json, "\"" + json_key + "\": false")) << off_json;
+  if (!off_without_fusions) return;
+  CommonOptions no_fusions;
+  ASSERT_FALSE(parse({"step", "--no-fusions"}, no_fusions).exit_status);
+  const std::string unfused_json = json_config_of(no_fusions);
+  EXPECT_TRUE(HasSubstr(unfused_json, "\"" + json_key + "\": false")) << unfused_json;
+}
+
 // --no-merge-folding: split-KV decode attention merges its splits in a
 // kernel of its own (the before row); --no-fusions turns that fusion off
 // too, and the JSON config says which ran.
 TEST(StepCommandLine, NoMergeFoldingBecomesTheCudaRunOptions) {
-  CommonOptions defaults;
-  EXPECT_TRUE(cuda_run_options(defaults).fold_merge);
-  EXPECT_TRUE(cuda::CudaRunOptions{}.fold_merge);
-  Results folded("stepXX", "a title");
-  set_sampling_config(folded, defaults);
-  EXPECT_TRUE(HasSubstr(folded.to_json(), "\"cuda_merge_folding\": true")) << folded.to_json();
   CommonOptions common;
-  ASSERT_FALSE(parse({"step", "--no-merge-folding"}, common).exit_status);
-  EXPECT_FALSE(cuda_run_options(common).fold_merge);
+  ASSERT_NO_FATAL_FAILURE(expect_before_row_switch("--no-merge-folding", &cuda::CudaRunOptions::fold_merge,
+                                                   "cuda_merge_folding", /*off_without_fusions=*/true, common));
   EXPECT_TRUE(cuda_run_options(common).fusions);  // the other fusions stay on
-  Results results("stepXX", "a title");
-  set_sampling_config(results, common);
-  EXPECT_TRUE(HasSubstr(results.to_json(), "\"cuda_merge_folding\": false")) << results.to_json();
-  CommonOptions no_fusions;
-  ASSERT_FALSE(parse({"step", "--no-fusions"}, no_fusions).exit_status);
-  Results unfused("stepXX", "a title");
-  set_sampling_config(unfused, no_fusions);
-  EXPECT_TRUE(HasSubstr(unfused.to_json(), "\"cuda_merge_folding\": false")) << unfused.to_json();
 }
 
 // --no-rope-folding is the RoPE + K/V append kernel after the QKV product,
 // the before row of folding it into the product: off in the run options and
 // in the JSON, the other fusions on; --no-fusions turns it off too.
 TEST(StepCommandLine, NoRopeFoldingBecomesTheCudaRunOptions) {
-  CommonOptions defaults;
-  EXPECT_TRUE(cuda_run_options(defaults).fold_rope);
-  EXPECT_TRUE(cuda::CudaRunOptions{}.fold_rope);
-  Results folded("stepXX", "a title");
-  set_sampling_config(folded, defaults);
-  EXPECT_TRUE(HasSubstr(folded.to_json(), "\"cuda_rope_folding\": true")) << folded.to_json();
   CommonOptions common;
-  ASSERT_FALSE(parse({"step", "--no-rope-folding"}, common).exit_status);
-  EXPECT_FALSE(cuda_run_options(common).fold_rope);
+  ASSERT_NO_FATAL_FAILURE(expect_before_row_switch("--no-rope-folding", &cuda::CudaRunOptions::fold_rope,
+                                                   "cuda_rope_folding", /*off_without_fusions=*/true, common));
   EXPECT_TRUE(cuda_run_options(common).fusions);
   EXPECT_TRUE(cuda_run_options(common).fold_merge);
-  Results results("stepXX", "a title");
-  set_sampling_config(results, common);
-  EXPECT_TRUE(HasSubstr(results.to_json(), "\"cuda_rope_folding\": false")) << results.to_json();
-  CommonOptions no_fusions;
-  ASSERT_FALSE(parse({"step", "--no-fusions"}, no_fusions).exit_status);
-  Results unfused("stepXX", "a title");
-  set_sampling_config(unfused, no_fusions);
-  EXPECT_TRUE(HasSubstr(unfused.to_json(), "\"cuda_rope_folding\": false")) << unfused.to_json();
 }
 
 // --no-gemv-pipelining is the GEMV's serial weight loads, the before row of
 // its pipelining: off in the run options and in the JSON, everything else on.
 TEST(StepCommandLine, NoGemvPipeliningBecomesTheCudaRunOptions) {
-  CommonOptions defaults;
-  EXPECT_TRUE(cuda_run_options(defaults).gemv_pipelining);
-  EXPECT_TRUE(cuda::CudaRunOptions{}.gemv_pipelining);
   EXPECT_TRUE(cuda::HalfGemvLoads{}.pipelined);
-  Results pipelined("stepXX", "a title");
-  set_sampling_config(pipelined, defaults);
-  EXPECT_TRUE(HasSubstr(pipelined.to_json(), "\"cuda_gemv_pipelining\": true")) << pipelined.to_json();
   CommonOptions common;
-  ASSERT_FALSE(parse({"step", "--no-gemv-pipelining"}, common).exit_status);
+  ASSERT_NO_FATAL_FAILURE(expect_before_row_switch("--no-gemv-pipelining", &cuda::CudaRunOptions::gemv_pipelining,
+                                                   "cuda_gemv_pipelining", /*off_without_fusions=*/false, common));
   const cuda::CudaRunOptions run = cuda_run_options(common);
-  EXPECT_FALSE(run.gemv_pipelining);
   EXPECT_TRUE(run.gemv_prefetch);  // the other switches stay on
   EXPECT_TRUE(run.fusions);
   EXPECT_TRUE(run.programmatic_launches);
-  Results results("stepXX", "a title");
-  set_sampling_config(results, common);
-  EXPECT_TRUE(HasSubstr(results.to_json(), "\"cuda_gemv_pipelining\": false")) << results.to_json();
 }
 
 // CLI11's own errors keep CLI11's message but exit 1, the status of every

@@ -5,7 +5,8 @@
 // - RMSNorm's parts: the sum of squares of a row as a block sums it, the
 //   inverse RMS and the normalized value, the expressions of cpu::rmsnorm;
 // - SwiGLU's value, cpu::swiglu's expression;
-// - RoPE's rotation of one pair of values.
+// - RoPE's rotation of one pair of values;
+// - the ticket that finds the last block of a group to finish.
 //
 // The RMSNorm and SwiGLU kernels (kernels.cu) and the half-precision GEMV
 // that folds them into its own launch (half_linear.cu) both use these, the
@@ -92,6 +93,32 @@ __device__ __forceinline__ float swiglu_value(float gate, float up) { return gat
 // product (half_linear.cu) round alike whatever the compiler would contract.
 __device__ __forceinline__ float2 rotated_pair(float x0, float x1, float c, float s) {
   return make_float2(fmaf(x0, c, -__fmul_rn(x1, s)), fmaf(x0, s, __fmul_rn(x1, c)));
+}
+
+// The last block of a group of `blocks` that each wrote partial results
+// (the half GEMV's column slices, split-KV attention's splits): called after
+// every thread of the block has written its partials, it takes one ticket
+// from `counter` and is true, in every thread, in the block that took the
+// last one; that block then adds the others' partials, reading them from L2
+// (__ldcg, never a stale L1 line). No atomicAdd on values: the result is the
+// same bits at every run. atomicInc wraps to 0 after the last ticket, so the
+// counter is zero again for the next launch (or the next layer sharing it).
+// Called by every thread of the block (it has barriers).
+__device__ __forceinline__ bool takes_last_ticket(unsigned int* counter, unsigned int blocks) {
+  __shared__ bool is_last_block;
+  // Release: each thread's partials are visible device-wide before the
+  // ticket is taken (the fence), and every thread has fenced before thread 0
+  // takes it (the barrier).
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int last_ticket = blocks - 1;
+    const unsigned int ticket = atomicInc(counter, last_ticket);
+    __threadfence();  // acquire: the other blocks' partials are read after their tickets
+    is_last_block = ticket == last_ticket;
+  }
+  __syncthreads();
+  return is_last_block;
 }
 
 }  // namespace llm::cuda::device

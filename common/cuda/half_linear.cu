@@ -452,23 +452,9 @@ __device__ __forceinline__ void store_slice_sum(const GemvArguments& args, int s
 // in, rotates and appends each pair of outputs). Called by every thread of
 // the block (it has barriers).
 __device__ void add_slices_if_last(const GemvArguments& args, int output_block, int first_output, int outputs) {
-  __shared__ bool is_last_block;
   const int thread = static_cast<int>(threadIdx.x);
-  // Release: each thread's partials are visible device-wide before the
-  // ticket is taken (the fence), and every thread has fenced before thread 0
-  // takes it (the barrier).
-  __threadfence();
-  __syncthreads();
-  if (thread == 0) {
-    // atomicInc wraps to 0 after k_splits - 1: the last block leaves the
-    // counter at zero for the next launch (or the next layer sharing it).
-    const unsigned int last_ticket = static_cast<unsigned int>(args.k_splits - 1);
-    const unsigned int ticket = atomicInc(args.split_counters + output_block, last_ticket);
-    __threadfence();  // acquire: the other slices' partials are read after their tickets
-    is_last_block = ticket == last_ticket;
-  }
-  __syncthreads();
-  if (!is_last_block) return;
+  const auto k_splits = static_cast<unsigned int>(args.k_splits);
+  if (!device::takes_last_ticket(args.split_counters + output_block, k_splits)) return;
   // Output `output` of row r: the slices' partial sums added in slice order.
   // __ldcg: from L2, where the other blocks' stores went (never a stale L1 line).
   const auto slices_sum = [&args](int r, int output) {
@@ -1040,16 +1026,13 @@ void HalfCudaLinear::forward_fused(const float* x_dev, int rows, float* y_dev, c
 // one launch more.
 void HalfCudaLinear::forward_on_path(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                                      cudaStream_t stream) const {
-  const QkvRopeWrite& rope = fusion.rope;
   const bool gemv = rows <= gemv_max_rows_;
-  if (rope.q_out == nullptr || (gemv && gemv_kernel_ == HalfGemvKernel::CudaCores)) {
-    gemv ? forward_gemv(x_dev, rows, y_dev, fusion, stream) : forward_gemm(x_dev, rows, y_dev, fusion, stream);
-    return;
-  }
-  ProductFusion product_only = fusion;
-  product_only.rope = {};
-  gemv ? forward_gemv(x_dev, rows, y_dev, product_only, stream)
-       : forward_gemm(x_dev, rows, y_dev, product_only, stream);
+  const bool product_folds_rope = gemv && gemv_kernel_ == HalfGemvKernel::CudaCores;
+  ProductFusion product = fusion;
+  if (!product_folds_rope) product.rope = {};
+  gemv ? forward_gemv(x_dev, rows, y_dev, product, stream) : forward_gemm(x_dev, rows, y_dev, product, stream);
+  const QkvRopeWrite& rope = fusion.rope;
+  if (rope.q_out == nullptr || product_folds_rope) return;
   const int q_width = rope.n_heads * rope.head_dim, kv_dim = rope.n_kv_heads * rope.head_dim;
   const kernels::QkvRows in{y_dev, y_dev + q_width, y_dev + q_width + kv_dim, out_, out_, out_};
   kernels::rope_and_write_kv(in, rope.q_out, nullptr, nullptr, rope.views, rope.positions, rows, rope.n_heads,

@@ -139,7 +139,8 @@ class HalfCudaLinear final : public CudaLinear {
   bool pipelined_weight_loads() const { return pipelined_weight_loads_; }
 
  private:
-  // 1..gemv_max_rows_ rows: the GEMV; more: cuBLAS's path. Both fold `fusion`.
+  // 1..gemv_max_rows_ rows: the GEMV; more: cuBLAS's path. Both fold `fusion`
+  // (fusion.rope: the CUDA-core GEMV in its writes, else the RoPE kernel after).
   void forward_on_path(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                        cudaStream_t stream) const;
   void forward_gemv(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,

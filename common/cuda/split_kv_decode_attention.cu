@@ -16,8 +16,9 @@
 //      the merge, per query head:
 //        M = max_s m_s,  l = sum_s 2^(m_s - M) l_s,  out = sum_s 2^(m_s - M) o_s / l
 //      The merge runs in the last split block of each (query, KV head,
-//      head chunk) to finish, found with a ticket counter (the half GEMV's
-//      way of adding its column slices, half_linear.cu): the split kernel
+//      head chunk) to finish, found with a ticket counter
+//      (device::takes_last_ticket, with which the half GEMV adds its column
+//      slices too, half_linear.cu): the split kernel
 //      is the only launch. Without tickets (DecodeQueries::merge_tickets
 //      null: the before row) it is kernel 2 (merge kernel), grid (query
 //      heads, queries), the same arithmetic in the same order, so the same
@@ -84,6 +85,7 @@
 #include <cstdint>
 #include <string>
 
+#include "device_formulas.cuh"
 #include "programmatic_launch.cuh"
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/errors.hpp"
@@ -453,31 +455,6 @@ __device__ __forceinline__ float merged_output(int n_heads, int head_dim, int sp
   return sum > 0.0f ? value / sum : 0.0f;
 }
 
-// After every thread of a split block has written its partials: a ticket
-// per (query, KV head, head chunk) from `tickets`. True in the last of the
-// query's gridDim.x split blocks to take one, which then merges. Called by
-// every thread of the block (it has barriers).
-__device__ __forceinline__ bool takes_last_ticket(unsigned int* tickets, int query) {
-  __shared__ bool is_last_split;
-  const unsigned int last_ticket = gridDim.x - 1;
-  // Release: each thread's partials are visible device-wide before the
-  // ticket is taken (the fence), and every thread has fenced before thread 0
-  // takes it (the barrier).
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    // atomicInc wraps to 0 after last_ticket: the last block leaves the
-    // counter at zero for the next launch (the next layer's, or the next
-    // token's).
-    const std::size_t counter = static_cast<std::size_t>(query) * gridDim.y + blockIdx.y;
-    const unsigned int ticket = atomicInc(tickets + counter, last_ticket);
-    __threadfence();  // acquire: the other splits' partials are read after their tickets
-    is_last_split = ticket == last_ticket;
-  }
-  __syncthreads();
-  return is_last_split;
-}
-
 // The last split block's merge: query heads [first_head, first_head +
 // block_heads), every dim, into row batch_row of out. A call, not inlined,
 // with its inputs by value: the split kernel already uses all 128 registers
@@ -735,10 +712,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocksPerSm) split_kerne
     attend_split<Layout, KvElement::Float32>(args, view, tile);
   // Several splits: the last of a query's split blocks merges them. Uniform
   // over the grid (every block of the launch takes the branch or none
-  // does), so every thread reaches takes_last_ticket's barriers.
+  // does), so every thread reaches the ticket's barriers.
   if (gridDim.x > 1 && args.merge_tickets != nullptr) {
     const int query = static_cast<int>(blockIdx.z);
-    if (takes_last_ticket(args.merge_tickets, query)) {
+    // A ticket per (query, KV head, head chunk): device_formulas.cuh.
+    unsigned int* ticket_counter = args.merge_tickets + static_cast<std::size_t>(query) * gridDim.y + blockIdx.y;
+    if (device::takes_last_ticket(ticket_counter, gridDim.x)) {
       const BlockHeads heads = block_query_heads(args, Layout::kHeads);
       merge_block_heads(args.partial_outputs, args.partial_stats, args.out, args.shape.n_heads, args.shape.head_dim,
                         query, args.rows != nullptr ? args.rows[query] : query, heads.first_head, heads.block_heads);
