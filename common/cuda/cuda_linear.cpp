@@ -46,6 +46,22 @@ void CudaLinear::forward_fused(const float*, int rows, float*, const ProductFusi
                                      out_features(), in_features(), rows));
 }
 
+void CudaLinear::check_fusion(int rows, const ProductFusion& fusion) const {
+  const int out = out_features(), in = in_features();
+  if (!fuses(rows))
+    throw std::logic_error(fmt::format("a [{}, {}] product: a fused forward of {} rows, where it fuses {} at most", out,
+                                       in, rows, max_fused_rows()));
+  if (fusion.input_norm != nullptr && fusion.swiglu_of_gate_up)
+    throw std::logic_error(fmt::format("a [{}, {}] product: x is either a norm's input or SwiGLU's, not both", out, in));
+  const QkvRopeWrite& rope = fusion.rope;
+  if (rope.q_out != nullptr &&
+      (fusion.accumulate || rope.head_dim <= 0 || rope.head_dim % 2 != 0 ||
+       out != (rope.n_heads + 2 * rope.n_kv_heads) * rope.head_dim))
+    throw std::logic_error(fmt::format("a [{}, {}] product: RoPE folds into a QKV product of {} + 2 x {} heads of an "
+                                       "even head_dim ({}), without an add",
+                                       out, in, rope.n_heads, rope.n_kv_heads, rope.head_dim));
+}
+
 DenseCudaLinear::DenseCudaLinear(std::span<const float> weight, int out_features, int in_features,
                                  cublasHandle_t cublas)
     : out_(out_features), in_(in_features), cublas_(cublas) {

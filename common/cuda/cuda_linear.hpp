@@ -117,6 +117,11 @@ class CudaLinear {
   // forward with `fusion` folded in; only where fuses(rows).
   virtual void forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                              cudaStream_t stream) const;
+  // Throws std::logic_error (a bug in the caller, not bad input) unless
+  // fuses(rows) and `fusion` is one a product can fold: a norm or SwiGLU,
+  // not both; RoPE only into a QKV product of an even head_dim, without an
+  // add. What every forward_fused checks first.
+  void check_fusion(int rows, const ProductFusion& fusion) const;
   // The fp32 weights [out_features, in_features] in device memory when the
   // layer keeps them that way (DenseCudaLinear), else nullptr: a tied
   // classifier's weights are the embedding table (see Linear::dense_weight).

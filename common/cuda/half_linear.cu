@@ -45,57 +45,10 @@
 //   partials [k_splits, rows, out] fp32 and counters [output blocks]
 //            (HalfActivationScratch), only when the columns are split.
 //
-// Vector width: 16 bytes (8 halves) per load, the widest load a thread has;
-// fewer, wider loads keep more bytes in flight per instruction, which is what
-// a memory-bound kernel needs to reach HBM bandwidth.
+// The CUDA-core kernel itself (block shape, x in shared memory, the column
+// split, loads in flight) is cuda_core_gemv.cuh: the same kernel reads step
+// 06's int4 weights. This file gives it the half weights (HalfWeights).
 //
-// Block shape: 256 threads = 8 warps. Within a warp, 8 lanes share one weight
-// row: they read 8 x 16 = 128 contiguous bytes of it (a whole cache line) per
-// step of 64 columns, so a warp reads 4 rows per load instruction, and each
-// lane does that for 2 output rows (kOutputsPerLane): a warp owns 8 output
-// rows, a block 64. Why not 32 lanes on one row (512 bytes): x. A lane's x
-// values for its 8 columns serve both its rows, and the 4 lane groups of a
-// warp read the same x addresses from shared memory (a broadcast), so shared
-// memory delivers 128 bytes of x per warp instruction instead of 512, and the
-// 8-lane reduction at the end is 3 shuffles instead of 5. At 16 rows every
-// weight is multiplied 16 times in fp32: at an H100's 3.35 TB/s that is
-// about 27 TFMA/s, some 80% of its fp32 peak (33.5), so the instructions
-// around the FMAs must stay few, and 16 rows may run somewhat slower than 1.
-// (The tensor-core kernel, after this one, takes the multiply-adds off the
-// CUDA cores.)
-//
-// x in shared memory. All 8 warps of a block multiply the same x, so the
-// block stages a chunk of x's columns (16 KB: 4096 / kRows columns of every
-// row) in shared memory once, and every warp reads it from there. A block's
-// 64 outputs make the x traffic from L2 into the SM (4 * rows bytes per
-// column) at most half its weight traffic (64 * 2 bytes per column) at 16
-// rows. The chunk is stored swizzled so that the 8 lanes of a group read 128
-// contiguous bytes (no bank conflicts).
-//
-// Filling the GPU: 64 outputs per block give out / 64 blocks, too few for
-// out = 256 (TinyLlama's K/V projections: 4 blocks) and even out = 2048 (32)
-// on 132 SMs. So the columns are split into k_splits slices (gridDim.y),
-// chosen at construction from the shape and the SM count (about 2 blocks per
-// SM, slices of whole 64-column steps). Each slice's block writes its partial
-// sums; the last block of an output block to finish (a ticket counter) adds
-// the slices' partials in slice order and writes y. No atomicAdd on y, so
-// the result is bitwise reproducible, and the order of every output's sum
-// depends only on the shape, never on the row count: a row gives the same
-// bits alone or among 16 (the test checks it).
-//
-// Loads in flight: each lane requests kStepsPerBatch x kOutputsPerLane = 8
-// vectors (128 bytes, a "batch") before it uses any, with 2 or more blocks
-// per SM (the launch bounds cap registers at 128 for that): 64 KB per SM
-// while a batch travels. Up to 4 rows the loads are also pipelined: a lane
-// requests its next batch before it multiplies the current one, so its
-// requests do not stop while it computes (up to 128 KB per SM), and it
-// requests its first batch before it waits for the kernel before it. Little's
-// law says why that matters: an SM's share of an H100's 3.35 TB/s is ~25
-// GB/s, an H200's 4.8 TB/s ~36 GB/s, so at a loaded HBM latency of ~1.5 us
-// it must keep ~40-55 KB in flight all the time, not only between its
-// multiplies. A token's products are short (on 132 SMs a TinyLlama block
-// streams 1-4 batches), so a batch that waits for the arithmetic before it
-// is even requested costs a visible share of each product.
 #include "half_linear.hpp"
 
 #include <cublas_v2.h>
@@ -111,6 +64,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda_core_gemv.cuh"
 #include "device_formulas.cuh"
 #include "kernels.cuh"  // rope_and_write_kv: the RoPE fold's fallback past the GEMV's rows
 #include "mma_fragments.cuh"
@@ -124,45 +78,13 @@
 namespace llm::cuda {
 namespace {
 
-using device::kWarpSize;
-constexpr int kGemvWarps = 8;
-constexpr int kGemvThreads = kGemvWarps * kWarpSize;  // 256
-// Blocks per SM the launch bounds ask for (registers <= 65536 / (2 * 256) =
-// 128 per thread): two blocks let one stream weights while the other waits at
-// a barrier for its next chunk of x.
-constexpr int kGemvMinBlocksPerSm = 2;
+using namespace gemv;  // cuda_core_gemv.cuh: the CUDA-core kernel and the parts both kernels share
 constexpr int kHalvesPerVector = 8;                                   // one 16-byte load
-constexpr int kLanesPerWeightRow = 8;                                 // 8 x 16 = 128 bytes of a row per step
-constexpr int kLaneGroupsPerWarp = kWarpSize / kLanesPerWeightRow;    // 4
-constexpr int kOutputsPerLane = 2;
-constexpr int kOutputsPerBlock = kGemvWarps * kLaneGroupsPerWarp * kOutputsPerLane;  // 64
 constexpr int kStepElements = kLanesPerWeightRow * kHalvesPerVector;  // 64 columns per step
-constexpr int kStepsPerBatch = 4;                                     // steps whose loads are issued together
-constexpr int kBatchElements = kStepsPerBatch * kStepElements;        // 256 columns
-// Row buckets up to this one pipeline their weight loads (the next batch
-// requested before the current one is multiplied: 64 registers of weights
-// instead of 32). The 1-row kernel then takes 100-115 registers instead of ~70,
-// the 2- and 4-row ones 118-128, under the launch bounds' 128 without a
-// spill on sm_75 and sm_90; the 8- and 16-row kernels would spill (their
-// sums take 16 and 32 registers more), and there the 8 or 16 fmaf per weight
-// already keep a warp busy between its batches.
-constexpr int kMaxPipelinedRows = 4;
-constexpr int kStagedXFloats = 4096;                                  // 16 KB of x per chunk
-// Wanted GEMV blocks per SM when choosing the column split.
-constexpr int kWantedBlocksPerSm = 2;
 // Element-wise kernels (conversions): 256 threads, a grid-stride loop over at
 // most 65535 blocks (as kernels.cu does).
 constexpr int kElementwiseThreads = 256;
 constexpr std::size_t kMaxElementwiseBlocks = 65535;
-static_assert(kGemvThreads % kWarpSize == 0 && kWarpSize % kLanesPerWeightRow == 0);
-// A folded RMSNorm sums its squares as the RMSNorm kernel's blocks do, with
-// blocks of the same size (device_formulas.cuh): the same bits.
-static_assert(kGemvThreads == device::kNormBlockThreads);
-static_assert(kStagedXFloats % (kMaxGemvRows * kBatchElements) == 0,
-              "every row bucket's chunk must hold whole batches");
-
-constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
-constexpr int round_up(int a, int b) { return ceil_div(a, b) * b; }
 
 int elementwise_blocks(std::size_t count) {
   return static_cast<int>(
@@ -197,6 +119,40 @@ __device__ float vector_element(const uint4& vector, int index) {
   const unsigned int word = words[index / 2];
   return Traits::to_float(static_cast<std::uint16_t>(index % 2 == 0 ? word & 0xffffu : word >> 16));
 }
+
+// Half weights as the CUDA-core GEMV reads them (cuda_core_gemv.cuh's
+// WeightFormat): [out, padded_in] bit patterns of `Traits`' type, rows
+// padded_in halves apart; a vector is 8 halves, decoded to fp32 exactly.
+template <class Traits>
+struct HalfWeights {
+  struct Matrix {
+    const std::uint16_t* bits = nullptr;  // [out, padded_in]
+  };
+  using Row = const uint4*;  // the row's 16-byte vectors
+  using Vector = uint4;
+  static constexpr int kColumnsPerVector = kHalvesPerVector;
+  static constexpr int kBitsPerWeight = 16;
+  // 4 steps x 2 outputs x 16 bytes: 128 bytes per lane in flight (the
+  // kernel's comment says why that much).
+  static constexpr int kStepsPerBatch = 4;
+  static constexpr int kMaxRows = kMaxGemvRows;
+  static constexpr bool kScalePerVector = false;
+  __device__ static Row row(const Matrix& matrix, int output, int padded_in) {
+    return reinterpret_cast<const uint4*>(matrix.bits + static_cast<std::size_t>(output) * padded_in);
+  }
+  __device__ static Vector load(const Row& row, int k) { return __ldg(row + k / kHalvesPerVector); }
+  __device__ static Vector zero() { return make_uint4(0, 0, 0, 0); }
+  __device__ static void decode_word(const Vector& vector, int /*word: a vector is one*/, float (&weights)[8]) {
+#pragma unroll
+    for (int j = 0; j < kHalvesPerVector; ++j) weights[j] = vector_element<Traits>(vector, j);
+  }
+  __device__ static const std::uint16_t* address(const Matrix& matrix, int output, int k, int padded_in) {
+    return matrix.bits + static_cast<std::size_t>(output) * padded_in + k;
+  }
+};
+static_assert(WeightFormat<HalfWeights<Float16Traits>> && WeightFormat<HalfWeights<BFloat16Traits>>);
+static_assert(kStagedXFloats % (kMaxGemvRows * kBatchColumns<HalfWeights<Float16Traits>>) == 0,
+              "every row bucket's chunk must hold whole batches");
 
 // weight [out, in] fp32 -> bits [out, padded_in] of the half type, padding
 // columns zero; counts the results that are not finite.
@@ -258,420 +214,6 @@ __global__ void __launch_bounds__(device::kNormBlockThreads)
     half_row[i] = Traits::from_float(device::normalized(input_norm[i], inv_rms, x_row[i]));
 }
 
-struct GemvArguments {
-  const std::uint16_t* weight = nullptr;    // [out, padded_in] half bit patterns
-  const float* x = nullptr;                 // [rows, in]
-  float* y = nullptr;                       // [rows, out]
-  float* partial_sums = nullptr;            // [k_splits, rows, out], when k_splits > 1
-  unsigned int* split_counters = nullptr;   // [output blocks], when k_splits > 1
-  int rows = 0;                             // 1..kRows of the bucket
-  int out = 0;
-  int in = 0;
-  int padded_in = 0;
-  int steps_per_split = 0;                  // 64-column steps per slice
-  int k_splits = 1;                         // gridDim.y
-  // ProductFusion: the RMSNorm folded in (input_norm [in], or null) and the
-  // residual add (y += product).
-  const float* input_norm = nullptr;
-  float norm_eps = 0.0f;
-  // x is [rows, 2 * in] gate/up rows: the staged value is silu(gate) * up.
-  bool swiglu_input = false;
-  bool accumulate = false;
-  // Part 1's L2 prefetch of the block's first weights (on by default; off
-  // only to measure what it buys, HalfCudaLinear::set_first_weights_prefetch).
-  bool prefetch_first_weights = true;
-  // The CUDA-core kernel's next batch of weights requested before the
-  // arithmetic of the current one, in row buckets up to kMaxPipelinedRows
-  // (on by default; off only to measure what it buys,
-  // HalfCudaLinear::set_pipelined_weight_loads). The same bits either way.
-  bool pipelined_weight_loads = true;
-  // ProductFusion::rope (q_out non-null): the QKV product's outputs are
-  // rotated and appended, not written to y (CUDA-core kernel only).
-  QkvRopeWrite rope{};
-};
-
-// What a block keeps in shared memory for a folded RMSNorm.
-template <int kRows>
-struct FoldedNorm {  // in shared memory
-  float inverse_rms[kRows];             // each x row's 1 / rms
-  float warp_sums[kRows][kGemvWarps];   // stage 1's per-warp sums of squares
-};
-
-// The folded RMSNorm's first half: inverse_rms[r] for the block's x rows r <
-// rows, each row's sum of squares taken exactly as the RMSNorm kernel takes it
-// (device::thread_sum_of_squares, then device::block_reduce), but for all
-// rows at once: the loads of every row are in flight together, and the rows
-// share two barriers instead of three each. Stage 1 is the same per-warp
-// butterfly; in stage 2 warp r % 8 reduces row r's 8 warp results padded
-// with zeros to 32 lanes, as warp 0 does in block_reduce. Every block of the
-// launch computes the same values (its x rows are a few KiB from L2).
-// Ends with a barrier: inverse_rms is then visible to the whole block.
-template <int kRows>
-__device__ void rows_inverse_rms(const GemvArguments& args, FoldedNorm<kRows>& norm) {
-  const float* __restrict__ x = args.x;
-  const int rows = args.rows, in = args.in;
-  const int thread = static_cast<int>(threadIdx.x);
-  const int lane = thread % kWarpSize;
-  const int warp = thread / kWarpSize;
-  float partial[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) partial[r] = 0.0f;
-  for (int i = thread; i < in; i += kGemvThreads)
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-      if (r < rows) {
-        const float value = x[static_cast<std::size_t>(r) * in + i];
-        partial[r] += value * value;
-      }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const float warp_sum = device::warp_reduce(partial[r], device::SumOp{});
-    if (lane == 0) norm.warp_sums[r][warp] = warp_sum;
-  }
-  __syncthreads();
-  for (int r = warp; r < rows; r += kGemvWarps) {
-    const float sum = device::warp_reduce(lane < kGemvWarps ? norm.warp_sums[r][lane] : 0.0f, device::SumOp{});
-    if (lane == 0) norm.inverse_rms[r] = device::inverse_rms(sum, in, args.norm_eps);
-  }
-  __syncthreads();
-}
-
-// Part 1 of a GEMV block (programmatic_launch.cuh): asks L2 for the first
-// weights the block will read, rows [first_output, first_output + outputs)
-// (those below `out`) at columns [k_begin, k_begin + columns) (those below
-// k_end), one 128-byte line per request, one request per thread for the two
-// kernels' first batches (64 rows x 512 bytes, 128 rows x 256 bytes). The
-// weights depend on no kernel, so with a programmatic launch these bytes
-// travel from HBM while the kernel before is still finishing, and after
-// the wait the block's first loads find them in L2 instead of waiting a
-// whole HBM round trip behind the norm's sums and the staging of x. A
-// prefetch, not a load into registers: the 16-row CUDA-core kernel has no
-// registers to spare for a batch held across the staging. The CUDA-core
-// kernel's pipelined buckets (1-4 rows) do have them, and also load their
-// first batch into registers before the wait; there the prefetch asks for
-// the same lines first, and L2 serves both requests with one read.
-__device__ __forceinline__ void prefetch_first_weights_to_l2(const GemvArguments& args, int first_output,
-                                                             int outputs, int k_begin, int k_end, int columns) {
-  constexpr int kHalvesPerLine = 128 / 2;
-  const int lines_per_row = columns / kHalvesPerLine;
-  const int lines = outputs * lines_per_row;
-  for (int line = static_cast<int>(threadIdx.x); line < lines; line += static_cast<int>(blockDim.x)) {
-    const int output = first_output + line / lines_per_row;
-    const int k = k_begin + (line % lines_per_row) * kHalvesPerLine;
-    if (output < args.out && k < k_end) {
-      const std::uint16_t* first_weight = args.weight + static_cast<std::size_t>(output) * args.padded_in + k;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(first_weight));
-    }
-  }
-}
-
-// The columns block (output block, split) multiplies: [k_begin, k_end) of
-// the padded rows, whole 64-column steps of the slice (k_end a multiple of
-// 8: every 16-byte vector is wholly inside or outside), x real below x_end.
-struct SliceColumns {
-  int k_begin = 0;
-  int k_end = 0;
-  int x_end = 0;
-};
-__device__ __forceinline__ SliceColumns slice_columns(const GemvArguments& args, int split) {
-  const int first_step = split * args.steps_per_split;
-  SliceColumns slice;
-  slice.k_begin = first_step * kStepElements;
-  slice.k_end = min((first_step + args.steps_per_split) * kStepElements, args.padded_in);
-  slice.x_end = min(slice.k_end, args.in);
-  return slice;
-}
-
-// Where column c (0 .. chunk length) of a staged x row lives in shared
-// memory. Within each 64-column step, the 8 columns of lane group member
-// `sublane` (c = 8 sublane + j) are stored as two float4: j = 0..3 at
-// 4 sublane, j = 4..7 at 32 + 4 sublane. The 8 lanes of a group then read
-// 2 x 128 contiguous bytes, and the 4 groups of a warp the same addresses.
-__device__ int staged_column(int column) {
-  const int step = column / kStepElements, within = column % kStepElements;
-  const int sublane = within / kHalvesPerVector, j = within % kHalvesPerVector;
-  return step * kStepElements + (j / 4) * (kStepElements / 2) + sublane * 4 + j % 4;
-}
-
-// The value the product multiplies x[r][k] by, before it is rounded to the
-// weights' type: x itself, x normalized by the folded RMSNorm (the RMSNorm
-// kernel's output element, bit for bit), or silu(gate) * up from a [2 * in]
-// gate/up row (the SwiGLU kernel's output element, bit for bit). Zero for the
-// bucket's rows past args.rows and for columns past `x_end`.
-__device__ __forceinline__ float product_input(const GemvArguments& args, int r, int k, int x_end,
-                                               const float* inverse_rms /* [rows] shared */) {
-  if (r >= args.rows || k >= x_end) return 0.0f;
-  if (args.swiglu_input) {
-    const float* gate_up_row = args.x + static_cast<std::size_t>(r) * 2 * args.in;
-    return device::swiglu_value(gate_up_row[k], gate_up_row[args.in + k]);
-  }
-  const float value = args.x[static_cast<std::size_t>(r) * args.in + k];
-  return args.input_norm != nullptr ? device::normalized(args.input_norm[k], inverse_rms[r], value) : value;
-}
-
-// The folded RoPE and K/V append of one pair of outputs of row r of the
-// fused QKV product, (o, o + 1) with o even: what rope_and_write_kv_kernel
-// (kernels.cu) writes from y[r][o], y[r][o + 1], with the same table entries
-// and the same rotation (device::rotated_pair), so the same bits. Q and K
-// start at multiples of head_dim, so o and o + 1 are a RoPE pair.
-__device__ __forceinline__ void rotate_and_append_pair(const QkvRopeWrite& rope, int r, int o, float y0, float y1) {
-  const int q_width = rope.n_heads * rope.head_dim;
-  const int kv_dim = rope.n_kv_heads * rope.head_dim;
-  const int pos = rope.positions[r];
-  float* to;
-  float2 pair = make_float2(y0, y1);
-  if (o < q_width + kv_dim) {  // a query or key pair: rotated
-    const int half = rope.head_dim / 2;
-    const std::size_t table_index = static_cast<std::size_t>(pos) * half + (o % rope.head_dim) / 2;
-    pair = device::rotated_pair(y0, y1, rope.cos_table[table_index], rope.sin_table[table_index]);
-    to = o < q_width ? rope.q_out + static_cast<std::size_t>(r) * q_width + o
-                     : rope.views[r].key_row(pos) + (o - q_width);
-  } else {  // a value pair: appended as it is
-    to = rope.views[r].value_row(pos) + (o - q_width - kv_dim);
-  }
-  to[0] = pair.x;
-  to[1] = pair.y;
-}
-
-// One output's sum over the block's slice of columns: y itself when the
-// columns are not split (y = sum, or y += sum for the residual add, as
-// add_inplace does), else the slice's partial sum (to L2).
-__device__ __forceinline__ void store_slice_sum(const GemvArguments& args, int split, int r, int output, float sum) {
-  if (args.k_splits == 1) {
-    float& y = args.y[static_cast<std::size_t>(r) * args.out + output];
-    y = args.accumulate ? y + sum : sum;
-  } else {
-    __stcg(args.partial_sums + (static_cast<std::size_t>(split) * args.rows + r) * args.out + output, sum);
-  }
-}
-
-// Split columns (args.k_splits > 1), after every thread of the block stored
-// its partial sums: a ticket per output block; the last of the k_splits
-// blocks of outputs [first_output, first_output + outputs) to take one adds
-// every slice's partials in slice order and writes y (or, with RoPE folded
-// in, rotates and appends each pair of outputs). Called by every thread of
-// the block (it has barriers).
-__device__ void add_slices_if_last(const GemvArguments& args, int output_block, int first_output, int outputs) {
-  const int thread = static_cast<int>(threadIdx.x);
-  const auto k_splits = static_cast<unsigned int>(args.k_splits);
-  if (!device::takes_last_ticket(args.split_counters + output_block, k_splits)) return;
-  // Output `output` of row r: the slices' partial sums added in slice order.
-  // __ldcg: from L2, where the other blocks' stores went (never a stale L1 line).
-  const auto slices_sum = [&args](int r, int output) {
-    float sum = 0.0f;
-    for (int s = 0; s < args.k_splits; ++s)
-      sum += __ldcg(args.partial_sums + (static_cast<std::size_t>(s) * args.rows + r) * args.out + output);
-    return sum;
-  };
-  // A uniform branch. With RoPE folded in, each thread takes a pair of
-  // outputs (outputs and first_output are even) and rotates and appends it.
-  if (args.rope.q_out != nullptr) {
-    const int pairs = outputs / 2;
-    for (int index = thread; index < args.rows * pairs; index += static_cast<int>(blockDim.x)) {
-      const int r = index / pairs;
-      const int output = first_output + 2 * (index % pairs);
-      if (output < args.out)
-        rotate_and_append_pair(args.rope, r, output, slices_sum(r, output), slices_sum(r, output + 1));
-    }
-    return;
-  }
-  for (int index = thread; index < args.rows * outputs; index += static_cast<int>(blockDim.x)) {
-    const int r = index / outputs;
-    const int output = first_output + index % outputs;
-    if (output >= args.out) continue;
-    const float sum = slices_sum(r, output);
-    float& y = args.y[static_cast<std::size_t>(r) * args.out + output];
-    y = args.accumulate ? y + sum : sum;
-  }
-}
-
-// One batch of a lane's weights: kStepsPerBatch steps of 64 columns for
-// each of its kOutputsPerLane output rows, 16 bytes (8 halves) each:
-//   vectors [kStepsPerBatch][kOutputsPerLane] uint4, 128 bytes, 32 registers.
-struct WeightBatch {
-  uint4 vectors[kStepsPerBatch][kOutputsPerLane];
-};
-
-// Requests the lane's batch at columns [batch_k, batch_k + kBatchElements):
-// its 8 columns batch_k + 64 step + 8 sublane of each step, for each output
-// row. A vector at or past k_bound, or of an output past `out`, is zero and
-// is not loaded (x is zero there too: adding 0 * 0 changes no sum). The
-// loads are only issued here; a register is waited for where it is used.
-__device__ __forceinline__ WeightBatch load_weight_batch(const uint4* const (&weight_row)[kOutputsPerLane],
-                                                         const bool (&output_valid)[kOutputsPerLane], int batch_k,
-                                                         int k_bound, int sublane) {
-  WeightBatch batch;
-#pragma unroll
-  for (int step = 0; step < kStepsPerBatch; ++step)
-#pragma unroll
-    for (int o = 0; o < kOutputsPerLane; ++o) {
-      const int k = batch_k + step * kStepElements + sublane * kHalvesPerVector;
-      batch.vectors[step][o] =
-          output_valid[o] && k < k_bound ? __ldg(weight_row[o] + k / kHalvesPerVector) : make_uint4(0, 0, 0, 0);
-    }
-  return batch;
-}
-
-// sums[o][r] += the batch's weights of output o times x row r: per step,
-// the lane's 8 columns in increasing order with fmaf. batch_x points at the
-// batch's first column in the staged chunk (x row r at r * chunk_stride;
-// columns swizzled by staged_column).
-template <class Traits, int kRows>
-__device__ __forceinline__ void multiply_weight_batch(const WeightBatch& batch, const float* batch_x, int chunk_stride,
-                                                      int sublane, float (&sums)[kOutputsPerLane][kRows]) {
-#pragma unroll
-  for (int step = 0; step < kStepsPerBatch; ++step) {
-    float weights[kOutputsPerLane][kHalvesPerVector];
-#pragma unroll
-    for (int o = 0; o < kOutputsPerLane; ++o)
-#pragma unroll
-      for (int j = 0; j < kHalvesPerVector; ++j) weights[o][j] = vector_element<Traits>(batch.vectors[step][o], j);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float* x_step = batch_x + r * chunk_stride + step * kStepElements + sublane * 4;
-      const float4 low = *reinterpret_cast<const float4*>(x_step);
-      const float4 high = *reinterpret_cast<const float4*>(x_step + kStepElements / 2);
-      const float x_values[kHalvesPerVector] = {low.x, low.y, low.z, low.w, high.x, high.y, high.z, high.w};
-#pragma unroll
-      for (int o = 0; o < kOutputsPerLane; ++o)
-#pragma unroll
-        for (int j = 0; j < kHalvesPerVector; ++j) sums[o][r] = fmaf(weights[o][j], x_values[j], sums[o][r]);
-    }
-  }
-}
-
-// Grid (output blocks, k_splits), kGemvThreads threads. Block (b, s)
-// computes outputs [64 b, 64 b + 64) over columns [k_begin, k_end) of slice
-// s for args.rows <= kRows rows. Lane `sublane` (0..7) of lane group
-// `lane_group` (0..3) of warp w owns outputs first_output + 0, 1 and reads
-// 16 bytes at column k = batch + 64 step + 8 sublane of each: per output and
-// row, a lane sums its columns in increasing order with fmaf, then the group
-// adds its 8 lanes (xor shuffles 4, 2, 1) and the slices are added in slice
-// order: an order fixed by the shape alone.
-template <class Traits, int kRows>
-__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm) half_gemv_kernel(const GemvArguments args) {
-  constexpr int kChunkElements = kStagedXFloats / kRows;  // columns of x staged at a time
-  static_assert(kChunkElements % kBatchElements == 0);
-  // x [kRows, kChunkElements] of the current chunk, columns swizzled
-  // (staged_column); rows >= args.rows and columns past the slice are zero.
-  __shared__ __align__(16) float staged_x[kStagedXFloats];
-  __shared__ FoldedNorm<kRows> folded_norm;  // args.input_norm's 1 / rms per row
-
-  const int thread = static_cast<int>(threadIdx.x);
-  const int lane = thread % kWarpSize;
-  const int warp = thread / kWarpSize;
-  const int sublane = lane % kLanesPerWeightRow;
-  const int lane_group = lane / kLanesPerWeightRow;
-  const int output_block = static_cast<int>(blockIdx.x);
-  const int split = static_cast<int>(blockIdx.y);
-  const int first_output =
-      output_block * kOutputsPerBlock + (warp * kLaneGroupsPerWarp + lane_group) * kOutputsPerLane;
-
-  const auto [k_begin, k_end, x_end] = slice_columns(args, split);
-
-  bool output_valid[kOutputsPerLane];
-  const uint4* weight_row[kOutputsPerLane];  // 16-byte vectors of this lane's output rows
-#pragma unroll
-  for (int o = 0; o < kOutputsPerLane; ++o) {
-    const int output = first_output + o;
-    output_valid[o] = output < args.out;
-    const std::size_t row = output_valid[o] ? static_cast<std::size_t>(output) : 0;
-    weight_row[o] = reinterpret_cast<const uint4*>(args.weight + row * static_cast<std::size_t>(args.padded_in));
-  }
-
-  // Pipelined loads (uniform, as every branch on args below): `batch` is
-  // always the next batch to multiply, already requested. The first one is
-  // requested here, before the wait: the weights depend on no kernel, so
-  // with a programmatic launch they travel while the kernel before finishes,
-  // and in any case during the norm's sums and the staging of x.
-  const bool pipelined = kRows <= kMaxPipelinedRows && args.pipelined_weight_loads;
-  WeightBatch batch;
-  if (pipelined)
-    batch = load_weight_batch(weight_row, output_valid, k_begin, min(k_begin + kChunkElements, k_end), sublane);
-
-  // A uniform branch: every thread of every block takes it or none does.
-  if (args.prefetch_first_weights)
-    prefetch_first_weights_to_l2(args, output_block * kOutputsPerBlock, kOutputsPerBlock, k_begin, k_end,
-                                 kBatchElements);
-  wait_then_let_next_kernel_launch();  // x, y and the split scratch come from earlier kernels
-
-  // A uniform branch: every thread of every block takes it or none does.
-  if (args.input_norm != nullptr) rows_inverse_rms(args, folded_norm);
-
-  float sums[kOutputsPerLane][kRows];
-#pragma unroll
-  for (int o = 0; o < kOutputsPerLane; ++o)
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) sums[o][r] = 0.0f;
-
-  for (int chunk_k = k_begin; chunk_k < k_end; chunk_k += kChunkElements) {
-    const int chunk_length = min(kChunkElements, k_end - chunk_k);
-    const int staged_length = round_up(chunk_length, kBatchElements);  // whole batches, zero past the slice
-    __syncthreads();  // every warp is done with the previous chunk
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-      for (int column = thread; column < staged_length; column += kGemvThreads) {
-        // Rounded to the weights' type, as forward_gemm rounds x for cuBLAS
-        // (the header says why).
-        const float value = product_input(args, r, chunk_k + column, x_end, folded_norm.inverse_rms);
-        staged_x[r * kChunkElements + staged_column(column)] = Traits::round_trip(value);
-      }
-    __syncthreads();
-
-    // The weights of [chunk_k, chunk_end): every column of every batch in the
-    // chunk is below chunk_end or past the slice's end (then 0, as x is).
-    const int chunk_end = chunk_k + chunk_length;
-    if (pipelined) {
-      // Batch b + 1's loads go out before batch b's arithmetic: a lane keeps
-      // a batch (128 bytes) in flight while it multiplies, where the serial
-      // loop below has none. The same products in the same order, so the
-      // same bits. The last iteration's next batch lies past chunk_end: all
-      // zeros, and no load is issued for it; a later chunk requests its
-      // first batch after its staging.
-      if (chunk_k != k_begin) batch = load_weight_batch(weight_row, output_valid, chunk_k, chunk_end, sublane);
-      for (int batch_offset = 0; batch_offset < chunk_length; batch_offset += kBatchElements) {
-        const WeightBatch next_batch =
-            load_weight_batch(weight_row, output_valid, chunk_k + batch_offset + kBatchElements, chunk_end, sublane);
-        multiply_weight_batch<Traits, kRows>(batch, staged_x + batch_offset, kChunkElements, sublane, sums);
-        batch = next_batch;
-      }
-    } else {
-      // Every load of the batch first (8 x 16 bytes in flight per lane),
-      // then the arithmetic; the next batch's loads only after it.
-      for (int batch_offset = 0; batch_offset < chunk_length; batch_offset += kBatchElements)
-        multiply_weight_batch<Traits, kRows>(
-            load_weight_batch(weight_row, output_valid, chunk_k + batch_offset, chunk_end, sublane),
-            staged_x + batch_offset, kChunkElements, sublane, sums);
-    }
-  }
-
-  // The 8 lanes of a group hold partial sums of the same outputs: add them.
-#pragma unroll
-  for (int o = 0; o < kOutputsPerLane; ++o)
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-      for (int offset = kLanesPerWeightRow / 2; offset > 0; offset /= 2)
-        sums[o][r] += __shfl_xor_sync(0xffffffffu, sums[o][r], offset);
-
-  static_assert(kOutputsPerLane == 2, "a lane's two outputs are one RoPE pair (first_output is even)");
-  if (sublane == 0) {
-    if (args.rope.q_out != nullptr && args.k_splits == 1) {  // uniform
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        if (output_valid[0] && r < args.rows)
-          rotate_and_append_pair(args.rope, r, first_output, sums[0][r], sums[1][r]);
-    } else {
-#pragma unroll
-      for (int o = 0; o < kOutputsPerLane; ++o)
-#pragma unroll
-        for (int r = 0; r < kRows; ++r)
-          if (output_valid[o] && r < args.rows) store_slice_sum(args, split, r, first_output + o, sums[o][r]);
-    }
-  }
-  if (args.k_splits == 1) return;  // the whole block returns: no barrier follows
-  add_slices_if_last(args, output_block, output_block * kOutputsPerBlock, kOutputsPerBlock);
-}
 
 // --- The tensor-core GEMV (HalfGemvKernel::TensorCores) -------------------
 //
@@ -736,7 +278,7 @@ static_assert(kTensorCoreStagedXHalves % (2 * kRowsPerTile * kTensorCoreBatchEle
 
 template <class Traits, int kRowTiles>
 __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
-    half_gemv_tensor_core_kernel(const GemvArguments args) {
+    half_gemv_tensor_core_kernel(const GemvArguments args, const std::uint16_t* weight /* [out, padded_in] */) {
   constexpr bool kBf16 = std::is_same_v<Traits, BFloat16Traits>;
   constexpr int kRows = kRowTiles * kRowsPerTile;  // 8 or 16
   constexpr int kChunkElements = kTensorCoreStagedXHalves / kRows;
@@ -755,7 +297,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
   const int split = static_cast<int>(blockIdx.y);
   const int first_output = output_block * kTensorCoreOutputsPerBlock + warp * kTensorCoreOutputsPerWarp;
 
-  const auto [k_begin, k_end, x_end] = slice_columns(args, split);
+  const auto [k_begin, k_end, x_end] = slice_columns<kStepElements>(args, split);
 
   // The lane's two weight rows: outputs g and g + 8 of the warp's tile.
   bool output_valid[2];  // [row half]: row g (0) or g + 8 (1)
@@ -765,12 +307,16 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
     const int output = first_output + g + 8 * row_half;
     output_valid[row_half] = output < args.out;
     const std::size_t row = output_valid[row_half] ? static_cast<std::size_t>(output) : 0;
-    weight_row[row_half] = reinterpret_cast<const uint4*>(args.weight + row * static_cast<std::size_t>(args.padded_in));
+    weight_row[row_half] = reinterpret_cast<const uint4*>(weight + row * static_cast<std::size_t>(args.padded_in));
   }
 
-  if (args.prefetch_first_weights)  // uniform, as in half_gemv_kernel
-    prefetch_first_weights_to_l2(args, output_block * kTensorCoreOutputsPerBlock, kTensorCoreOutputsPerBlock,
-                                 k_begin, k_end, kTensorCoreBatchElements);
+  if (args.prefetch_first_weights) {  // uniform, as in cuda_core_gemv_kernel
+    const auto address = [weight, &args](int output, int k) {
+      return weight + static_cast<std::size_t>(output) * args.padded_in + k;
+    };
+    prefetch_first_weights_to_l2(args, address, /*columns_per_line=*/128 / 2, output_block * kTensorCoreOutputsPerBlock,
+                                 kTensorCoreOutputsPerBlock, k_begin, k_end, kTensorCoreBatchElements);
+  }
   wait_then_let_next_kernel_launch();  // x, y and the split scratch come from earlier kernels
 
   if (args.input_norm != nullptr) rows_inverse_rms(args, folded_norm);  // uniform, as in the CUDA-core kernel
@@ -845,33 +391,16 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
 }
 
 template <class Traits>
-void launch_tensor_core_gemv(const GemvArguments& args, cudaStream_t stream) {
+void launch_tensor_core_gemv(const GemvArguments& args, const std::uint16_t* weight, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned int>(ceil_div(args.out, kTensorCoreOutputsPerBlock)),
                   static_cast<unsigned int>(args.k_splits));
   if (args.rows <= kRowsPerTile)
-    launch_kernel(half_gemv_tensor_core_kernel<Traits, 1>, grid, kGemvThreads, 0, stream, args);
+    launch_kernel(half_gemv_tensor_core_kernel<Traits, 1>, grid, kGemvThreads, 0, stream, args, weight);
   else
-    launch_kernel(half_gemv_tensor_core_kernel<Traits, 2>, grid, kGemvThreads, 0, stream, args);
+    launch_kernel(half_gemv_tensor_core_kernel<Traits, 2>, grid, kGemvThreads, 0, stream, args, weight);
 }
 static_assert(kMaxGemvRows == 2 * kRowsPerTile, "launch_tensor_core_gemv's largest bucket is 16 rows");
 
-template <class Traits>
-void launch_gemv(const GemvArguments& args, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned int>(ceil_div(args.out, kOutputsPerBlock)),
-                  static_cast<unsigned int>(args.k_splits));
-  // The smallest bucket that holds the rows.
-  if (args.rows <= 1)
-    launch_kernel(half_gemv_kernel<Traits, 1>, grid, kGemvThreads, 0, stream, args);
-  else if (args.rows <= 2)
-    launch_kernel(half_gemv_kernel<Traits, 2>, grid, kGemvThreads, 0, stream, args);
-  else if (args.rows <= 4)
-    launch_kernel(half_gemv_kernel<Traits, 4>, grid, kGemvThreads, 0, stream, args);
-  else if (args.rows <= 8)
-    launch_kernel(half_gemv_kernel<Traits, 8>, grid, kGemvThreads, 0, stream, args);
-  else
-    launch_kernel(half_gemv_kernel<Traits, 16>, grid, kGemvThreads, 0, stream, args);
-}
-static_assert(kMaxGemvRows == 16, "launch_gemv's largest bucket is 16 rows");
 
 // Throws InputError unless the tensor-core GEMV of `type` runs here: its
 // code for this GPU must have been compiled for sm_75 or later (fp16: the
@@ -962,15 +491,11 @@ HalfCudaLinear::HalfCudaLinear(std::span<const float> weight, int out_features, 
                      " (" + why + ")");
   }
 
-  // The column split: about kWantedBlocksPerSm blocks per SM, slices of
-  // whole steps, none empty. Depends on the shape, the kernel and the GPU
-  // only, never on the row count.
-  const int output_blocks = gemv_output_blocks();
-  const int total_steps = ceil_div(padded_in_, kStepElements);
-  const int wanted_splits = ceil_div(kWantedBlocksPerSm * sm_count(), output_blocks);
-  const int splits = std::clamp(wanted_splits, 1, std::min(total_steps, 65535));  // gridDim.y <= 65535
-  gemv_steps_per_split_ = ceil_div(total_steps, splits);
-  gemv_k_splits_ = ceil_div(total_steps, gemv_steps_per_split_);
+  // The column split (cuda_core_gemv.cuh): the same for both kernels' steps
+  // of 64 columns.
+  const ColumnSplit split = choose_column_split(gemv_output_blocks(), ceil_div(padded_in_, kStepElements));
+  gemv_steps_per_split_ = split.steps_per_split;
+  gemv_k_splits_ = split.k_splits;
 }
 
 int HalfCudaLinear::gemv_output_blocks() const { return ceil_div(out_, gemv_outputs_per_block_); }
@@ -984,16 +509,20 @@ void HalfCudaLinear::reserve_rows(int rows) {
   const std::size_t counters = gemv_k_splits_ > 1 ? static_cast<std::size_t>(gemv_output_blocks()) : 0;
   const std::size_t activation_halves =
       rows > gemv_max_rows_ ? static_cast<std::size_t>(rows) * static_cast<std::size_t>(in_) : 0;
-  if (partial_floats <= scratch.partial_sums.size() && counters <= scratch.split_counters.size() &&
-      activation_halves <= scratch.activations.size())
+  scratch.grow(partial_floats, counters, activation_halves);
+}
+
+void HalfActivationScratch::grow(std::size_t partial_floats, std::size_t counters, std::size_t activation_halves) {
+  if (partial_floats <= partial_sums.size() && counters <= split_counters.size() &&
+      activation_halves <= activations.size())
     return;
   // Growing frees the old buffers: nothing queued before may still use them.
   LLM_CUDA_CHECK(cudaDeviceSynchronize());
-  scratch.partial_sums.ensure(partial_floats);
-  scratch.activations.ensure(activation_halves);
-  if (counters > scratch.split_counters.size()) {
-    scratch.split_counters.ensure(counters);
-    scratch.split_counters.zero();  // every ticket counter starts at zero
+  partial_sums.ensure(partial_floats);
+  activations.ensure(activation_halves);
+  if (counters > split_counters.size()) {
+    split_counters.ensure(counters);
+    split_counters.zero();  // every ticket counter starts at zero
     LLM_CUDA_CHECK(cudaDeviceSynchronize());
   }
 }
@@ -1004,19 +533,7 @@ void HalfCudaLinear::forward(const float* x_dev, int rows, float* y_dev, cudaStr
 
 void HalfCudaLinear::forward_fused(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                                    cudaStream_t stream) const {
-  if (!fuses(rows))
-    throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": a fused forward needs 1 row or more, not " +
-                           std::to_string(rows));
-  if (fusion.input_norm != nullptr && fusion.swiglu_of_gate_up)
-    throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": x is either a norm's input or SwiGLU's, "
-                           "not both");
-  const QkvRopeWrite& rope = fusion.rope;
-  if (rope.q_out != nullptr &&
-      (fusion.accumulate || rope.head_dim <= 0 || rope.head_dim % 2 != 0 ||
-       out_ != (rope.n_heads + 2 * rope.n_kv_heads) * rope.head_dim))
-    throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": RoPE folds into a QKV product of " +
-                           std::to_string(rope.n_heads) + " + 2 x " + std::to_string(rope.n_kv_heads) +
-                           " heads of an even head_dim (" + std::to_string(rope.head_dim) + "), without an add");
+  check_fusion(rows, fusion);
   forward_on_path(x_dev, rows, y_dev, fusion, stream);
 }
 
@@ -1048,7 +565,6 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
   args.swiglu_input = fusion.swiglu_of_gate_up;
   args.accumulate = fusion.accumulate;
   args.rope = fusion.rope;
-  args.weight = weight_.data();
   args.x = x_dev;
   args.y = y_dev;
   args.rows = rows;
@@ -1071,10 +587,14 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
     args.split_counters = scratch_->split_counters.data();
   }
   const bool tensor_cores = gemv_kernel_ == HalfGemvKernel::TensorCores;
-  if (type_ == HalfType::Float16)
-    tensor_cores ? launch_tensor_core_gemv<Float16Traits>(args, stream) : launch_gemv<Float16Traits>(args, stream);
+  const std::uint16_t* weight = weight_.data();
+  if (tensor_cores)
+    type_ == HalfType::Float16 ? launch_tensor_core_gemv<Float16Traits>(args, weight, stream)
+                               : launch_tensor_core_gemv<BFloat16Traits>(args, weight, stream);
+  else if (type_ == HalfType::Float16)
+    launch_cuda_core_gemv<HalfWeights<Float16Traits>, Float16Traits>(args, {weight}, stream);
   else
-    tensor_cores ? launch_tensor_core_gemv<BFloat16Traits>(args, stream) : launch_gemv<BFloat16Traits>(args, stream);
+    launch_cuda_core_gemv<HalfWeights<BFloat16Traits>, BFloat16Traits>(args, {weight}, stream);
 }
 
 // More rows than the GEMV takes (prefill, batches, verify passes): x is

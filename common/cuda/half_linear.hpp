@@ -50,6 +50,12 @@ struct HalfActivationScratch {
   // ... and one ticket counter per block of outputs [output_blocks], zero
   // between launches (the last block of each output block wraps it to 0).
   DeviceBuffer<unsigned int> split_counters;
+
+  // Grows each buffer to hold at least the given count (never shrinks).
+  // Outside any forward and any stream capture: before it frees a buffer it
+  // waits for the device (work queued before may still use it), and it
+  // zeroes new counters synchronously.
+  void grow(std::size_t partial_floats, std::size_t counters, std::size_t activation_halves);
 };
 
 // y [rows, out] = x [rows, in] . W^T with W [out, in] rounded once to `type`
