@@ -241,6 +241,32 @@ QuantizedMatrix pack(const QuantFormat& format, int out_features, int in_feature
   return matrix;
 }
 
+QuantizedMatrix stack_rows(std::span<const QuantizedMatrix* const> matrices) {
+  if (matrices.empty()) throw llm::InputError("stack_rows: no matrices");
+  const QuantizedMatrix& first = *matrices.front();
+  QuantizedMatrix stacked;
+  stacked.format = first.format;
+  stacked.in_features = first.in_features;
+  stacked.group_columns = first.group_columns;
+  stacked.groups_per_row = first.groups_per_row;
+  stacked.padded_in = first.padded_in;
+  stacked.input_scales = first.input_scales;
+  for (const QuantizedMatrix* matrix : matrices) {
+    if (matrix->format != first.format || matrix->in_features != first.in_features ||
+        matrix->input_scales != first.input_scales)
+      throw llm::InputError(fmt::format("stack_rows: a {} [{}, {}] matrix{} cannot go under a {} [{}, {}] one{}",
+                                        matrix->format.name(), matrix->out_features, matrix->in_features,
+                                        matrix->input_scales.empty() ? "" : " with input scales",
+                                        first.format.name(), first.out_features, first.in_features,
+                                        first.input_scales.empty() ? "" : " with input scales"));
+    stacked.out_features += matrix->out_features;
+    stacked.packed.insert(stacked.packed.end(), matrix->packed.begin(), matrix->packed.end());
+    stacked.scales.insert(stacked.scales.end(), matrix->scales.begin(), matrix->scales.end());
+    stacked.zeros.insert(stacked.zeros.end(), matrix->zeros.begin(), matrix->zeros.end());
+  }
+  return stacked;
+}
+
 std::vector<int> unpack_codes(const QuantizedMatrix& matrix) {
   std::vector<int> codes(static_cast<std::size_t>(matrix.out_features) * matrix.in_features);
   for (int row = 0; row < matrix.out_features; ++row)

@@ -141,6 +141,15 @@ std::vector<int> unpack_codes(const QuantizedMatrix& matrix);
 // product with it is what every kernel must reproduce.
 std::vector<float> dequantize(const QuantizedMatrix& matrix);
 
+// The matrices' rows one after another: [sum of out_features, in_features],
+// the same codes, scales and zero points, so a product with the result is
+// the products with each, side by side. How a model that runs the Q, K and V
+// projections (or gate and up) as one product keeps them quantized. Throws
+// llm::InputError for no matrices, or matrices of different formats, input
+// widths or input scales (AWQ's s, which the stacked product divides x by
+// once).
+QuantizedMatrix stack_rows(std::span<const QuantizedMatrix* const> matrices);
+
 // Throws llm::InputError unless `format` can quantize a [out, in] layer
 // (in_features >= one group; a group size the format accepts).
 void check_layer_fits(const QuantFormat& format, int out_features, int in_features);

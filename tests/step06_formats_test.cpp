@@ -412,6 +412,50 @@ TEST(QuantFormatBytes, BytesPerWeightFollowTheLayout) {
 }
 
 
+// stack_rows: the rows of Q, K and V (or gate and up) one after another,
+// as the CUDA model's fused products ask for them. Every scheme, a width
+// whose last group is short (100 columns in groups of 32): the stacked
+// matrix dequantizes to the parts' rows in order and stores their bytes.
+TEST(QuantFormatStacking, StackedRowsAreThePartsRowsInOrder) {
+  const int in = 100;
+  for (const QuantFormat& format : every_scheme(32)) {
+    SCOPED_TRACE(format.name());
+    std::vector<QuantizedMatrix> parts;
+    std::uint64_t seed = 70;
+    for (const int out : {5, 1, 3})
+      parts.push_back(quantize_rtn(
+          {llm::testing::random_vector(static_cast<std::size_t>(out) * in, seed++), out, in}, format));
+    const std::vector<const QuantizedMatrix*> pointers = {&parts[0], &parts[1], &parts[2]};
+    const QuantizedMatrix stacked = stack_rows(pointers);
+    EXPECT_EQ(stacked.out_features, 9);
+    EXPECT_EQ(stacked.in_features, in);
+    EXPECT_EQ(stacked.bytes(), parts[0].bytes() + parts[1].bytes() + parts[2].bytes());
+    std::vector<float> expected;
+    for (const QuantizedMatrix& part : parts) {
+      const std::vector<float> rows = dequantize(part);
+      expected.insert(expected.end(), rows.begin(), rows.end());
+    }
+    EXPECT_EQ(dequantize(stacked), expected);
+  }
+}
+
+TEST(QuantFormatStacking, DifferentFormatsWidthsOrInputScalesThrow) {
+  const auto layer = [](int out, int in, const char* format) {
+    return quantize_rtn({llm::testing::random_vector(static_cast<std::size_t>(out) * in, 80), out, in},
+                        QuantFormat::parse(format));
+  };
+  const QuantizedMatrix g64 = layer(4, 128, "int4-g64");
+  const QuantizedMatrix g32 = layer(4, 128, "int4-g32");
+  const QuantizedMatrix wider = layer(4, 192, "int4-g64");
+  QuantizedMatrix scaled = layer(4, 128, "int4-g64");
+  scaled.input_scales.assign(128, 2.0f);
+  EXPECT_THROW(stack_rows(std::vector<const QuantizedMatrix*>{}), llm::InputError);
+  for (const QuantizedMatrix* other : {&g32, &wider, static_cast<const QuantizedMatrix*>(&scaled)}) {
+    const std::vector<const QuantizedMatrix*> pair = {&g64, other};
+    EXPECT_THROW(stack_rows(pair), llm::InputError);
+  }
+}
+
 // --- What the CUDA kernels read (cuda_weight_layout.hpp), checked here
 // because every build has it and the GPU tests need a GPU.
 
