@@ -51,6 +51,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -69,7 +71,9 @@
 #include "llm/cuda/device_buffer.hpp"
 #include "llm/errors.hpp"
 #include "llm/splitmix64.hpp"
+#include "half_linear.hpp"  // HalfActivationScratch: the int4 decode GEMV's split scratch
 #include "step06_quantization/cuda_weight_layout.hpp"
+#include "step06_quantization/int4_decode_gemv.cuh"
 #include "step06_quantization/quantized_layers.hpp"
 
 namespace step06 {
@@ -1637,6 +1641,25 @@ struct KernelActivation<Fp16Bits> {
   using type = __half;
 };
 
+// y [rows, out] = x [rows, in] . W~^T on the int4 decode GEMV, both device
+// memory, queued on `stream`: Int4DecodeGemv::kMaxRows rows per launch.
+void int4_gemv_matmul(const Int4DecodeGemv& gemv, const float* x, int rows, float* y,
+                      llm::cuda::HalfActivationScratch& scratch, cudaStream_t stream) {
+  for (int row0 = 0; row0 < rows; row0 += Int4DecodeGemv::kMaxRows) {
+    const int launch_rows = std::min(Int4DecodeGemv::kMaxRows, rows - row0);
+    gemv.forward(x + static_cast<std::size_t>(row0) * gemv.in_features(), launch_rows,
+                 y + static_cast<std::size_t>(row0) * gemv.out_features(), {}, scratch, stream);
+  }
+}
+
+// The int4 decode GEMV's refusals: not an int4 scheme, or fp16 activations.
+void check_int4_gemv_request(const QuantizedMatrix& matrix, bool fp16_activations) {
+  if (!Int4DecodeGemv::supports(matrix.format))
+    input_error(text("the int4 decode GEMV reads int4 groups, not ", matrix.format.name()));
+  if (fp16_activations)
+    input_error("the int4 decode GEMV takes fp32 activations (it rounds them to fp16 as it stages them)");
+}
+
 // Runs a kernel once on host data; y is poisoned with NaN first (0xFF
 // bytes are a NaN in fp16 and fp32) so an output the kernel skips fails
 // every check.
@@ -1644,6 +1667,24 @@ template <class Host>
 std::vector<Host> run_once(const QuantizedMatrix& matrix, std::span<const Host> x_host, int rows,
                            CudaQuantizedKernel kernel) {
   using Act = typename KernelActivation<Host>::type;
+  if (kernel == CudaQuantizedKernel::Int4DecodeGemv) {
+    check_matrix(matrix);
+    check_int4_gemv_request(matrix, std::is_same_v<Host, Fp16Bits>);
+    require_device();
+    if constexpr (std::is_same_v<Host, float>) {
+      const Int4DecodeGemv gemv(matrix);
+      llm::cuda::HalfActivationScratch scratch;
+      gemv.reserve(scratch, rows);
+      const DeviceBuffer<float> x{x_host};
+      DeviceBuffer<float> y{static_cast<std::size_t>(rows) * matrix.out_features};
+      LLM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
+      int4_gemv_matmul(gemv, x.data(), rows, y.data(), scratch, nullptr);
+      LLM_CUDA_CHECK(cudaDeviceSynchronize());  // faults inside the kernel surface here
+      std::vector<float> y_host(y.size());
+      y.download(span_of(y_host));
+      return y_host;
+    }
+  }
   const DeviceQuantizedMatrix w(matrix);
   SplitKWorkspace workspace;
   workspace.ensure(w.partial_floats(), w.counters());
@@ -1659,27 +1700,90 @@ std::vector<Host> run_once(const QuantizedMatrix& matrix, std::span<const Host> 
 }
 
 // The model's Linear hook with quantized weights (fp32 activations in and
-// out), on the persistent kernel.
+// out, rounded to fp16 by the kernels). Int4 layers with the decode GEMV
+// run products of 1..4 rows on it, folding what the model gives them
+// (ProductFusion); every other product runs the persistent kernel, which
+// folds nothing.
 class CudaQuantizedLinear final : public llm::cuda::CudaLinear {
  public:
-  CudaQuantizedLinear(const QuantizedMatrix& matrix, std::shared_ptr<SplitKWorkspace> workspace)
-      : weights_(matrix), workspace_(std::move(workspace)) {
+  CudaQuantizedLinear(const QuantizedMatrix& matrix, std::shared_ptr<SplitKWorkspace> workspace,
+                      std::shared_ptr<llm::cuda::HalfActivationScratch> gemv_scratch,
+                      const CudaQuantizedModelOptions& options)
+      : weights_(matrix), workspace_(std::move(workspace)), gemv_scratch_(std::move(gemv_scratch)) {
     workspace_->ensure(weights_.partial_floats(), weights_.counters());
+    if (options.int4_decode_gemv && Int4DecodeGemv::supports(matrix.format)) {
+      gemv_ = std::make_unique<Int4DecodeGemv>(matrix);
+      gemv_->set_first_weights_prefetch(options.gemv_prefetch);
+      gemv_->set_pipelined_weight_loads(options.gemv_pipelining);
+    }
   }
   void forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const override {
     if (rows <= 0) return;
-    quantized_matmul(weights_, x_dev, rows, y_dev, *workspace_, CudaQuantizedKernel::PersistentPipelined, stream);
+    if (fuses(rows))
+      gemv_->forward(x_dev, rows, y_dev, {}, *gemv_scratch_, stream);
+    else
+      quantized_matmul(weights_, x_dev, rows, y_dev, *workspace_, CudaQuantizedKernel::PersistentPipelined, stream);
+  }
+  void reserve_rows(int rows) override {
+    if (gemv_ != nullptr) gemv_->reserve(*gemv_scratch_, rows);
+  }
+  int max_fused_rows() const override { return gemv_ != nullptr ? Int4DecodeGemv::kMaxRows : 0; }
+  void forward_fused(const float* x_dev, int rows, float* y_dev, const llm::cuda::ProductFusion& fusion,
+                     cudaStream_t stream) const override {
+    check_fusion(rows, fusion);
+    gemv_->forward(x_dev, rows, y_dev, fusion, *gemv_scratch_, stream);
   }
   int in_features() const override { return weights_.in_features(); }
   int out_features() const override { return weights_.out_features(); }
+  // What a decode token reads: the codes once (the GEMV's copy or the
+  // persistent kernel's, never both), the same bytes either way.
   std::size_t weight_bytes() const override { return weights_.bytes(); }
   // dense_weight(): nullptr (the default). A quantized tied classifier has no
   // fp32 rows to lend, so the model keeps its own copy of the embedding.
 
  private:
+  // The persistent kernel's tile-major copy (prefill, batches, and every
+  // product of int8 and NF4) and, for int4 with the GEMV, a row-major copy
+  // as QuantizedMatrix stores it: twice the device memory of an int4 layer.
+  // One layout for both kernels is what a production kernel (Marlin's) has;
+  // here each kernel keeps the layout that makes it short to read.
   DeviceQuantizedMatrix weights_;
+  std::unique_ptr<Int4DecodeGemv> gemv_;  // null: no GEMV (not int4, or switched off)
   std::shared_ptr<SplitKWorkspace> workspace_;
+  std::shared_ptr<llm::cuda::HalfActivationScratch> gemv_scratch_;
 };
+
+// The quantized matrix of the model's product at `site` of [out_features,
+// in_features]: the site's own, or for a fused product (CudaFusions'
+// qkv_product and gate_up_product: the model asks for the Query site with
+// the Q, K and V rows stacked, the Gate site with gate and up) the sites'
+// matrices stacked by rows. Null: the site is not quantized (fp32).
+std::optional<QuantizedMatrix> quantized_matrix_for(const QuantizedLayers& layers, const llm::LinearSite& site,
+                                                    int out_features, int in_features) {
+  const auto find = [&layers](int layer, llm::LinearRole role) -> const QuantizedMatrix* {
+    const auto found = layers.matrices.find(llm::LinearSite{layer, role});
+    return found == layers.matrices.end() ? nullptr : &found->second;
+  };
+  const QuantizedMatrix* own = find(site.layer, site.role);
+  if (own == nullptr) return std::nullopt;
+  std::vector<const QuantizedMatrix*> parts = {own};
+  if (own->out_features != out_features) {
+    using llm::LinearRole;
+    if (site.role == LinearRole::Query)
+      parts = {own, find(site.layer, LinearRole::Key), find(site.layer, LinearRole::Value)};
+    if (site.role == LinearRole::Gate) parts = {own, find(site.layer, LinearRole::Up)};
+  }
+  int stacked_rows = 0;
+  for (const QuantizedMatrix* part : parts) {
+    if (part == nullptr)
+      input_error(text(site.name(), ": a fused product of quantized and fp32 matrices (quantize every site it stacks)"));
+    stacked_rows += part->out_features;
+  }
+  if (stacked_rows != out_features || own->in_features != in_features)
+    input_error(text(site.name(), ": the quantized matrix is [", stacked_rows, ", ", own->in_features,
+                     "], the model's is [", out_features, ", ", in_features, "]"));
+  return parts.size() == 1 ? *own : stack_rows(std::span<const QuantizedMatrix* const>(parts.data(), parts.size()));
+}
 
 }  // namespace
 
@@ -1791,29 +1895,51 @@ CudaMatmulTiming time_cuda_quantized_matmul(const QuantizedMatrix& matrix, int r
   timing.quantized_ms = median_ms(CudaQuantizedKernel::PersistentPipelined);
   timing.one_shot_ms = median_ms(CudaQuantizedKernel::OneShotSplitK);
   timing.cublas_fp16_ms = time_cublas_fp16(weight, x, rows, in, out, kWarmupRuns, repeats);
+  if (Int4DecodeGemv::supports(matrix.format) && rows <= Int4DecodeGemv::kMaxRows) {
+    // The decode GEMV reads x as the model hands it over, fp32 (the same
+    // fp16 values), and writes y in fp32.
+    const Int4DecodeGemv gemv(matrix);
+    llm::cuda::HalfActivationScratch scratch;
+    gemv.reserve(scratch, rows);
+    const DeviceBuffer<float> x_float{span_of(halves_to_floats(span_of(x_host)))};
+    DeviceBuffer<float> y_float{static_cast<std::size_t>(rows) * out};
+    LLM_CUDA_CHECK(cudaMemset(y_float.data(), 0xFF, y_float.bytes()));
+    const auto run = [&] { gemv.forward(x_float.data(), rows, y_float.data(), {}, scratch, nullptr); };
+    run();
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> y_host(y_float.size());
+    y_float.download(span_of(y_host));
+    timing.int4_gemv_check = llm::compare(span_of(y_host), span_of(reference), llm::tolerance_for(llm::DType::F16));
+    timing.int4_gemv_ms = llm::cuda::time_cuda(run, kWarmupRuns, repeats, /*flush_l2=*/true).median_ms;
+  }
   return timing;
 }
 
-std::unique_ptr<llm::Model> make_cuda_quantized_model(const llm::ModelWeights& weights,
-                                                      const QuantizedLayers& layers) {
+std::unique_ptr<llm::Model> make_cuda_quantized_model(const llm::ModelWeights& weights, const QuantizedLayers& layers,
+                                                      const CudaQuantizedModelOptions& options) {
   require_device();
   auto workspace = std::make_shared<SplitKWorkspace>();
-  llm::cuda::CudaModelOptions options;
+  auto gemv_scratch = std::make_shared<llm::cuda::HalfActivationScratch>();
+  llm::cuda::CudaModelOptions model_options;
+  model_options.graphs = options.graphs;
+  model_options.programmatic_launches = options.programmatic_launches;
+  if (options.fusions) {
+    model_options.fusions = llm::cuda::CudaFusions::all();
+    model_options.fusions.norm_in_product = options.fold_norms;
+    model_options.fusions.merge_in_split_kernel = options.fold_merge;
+    model_options.fusions.rope_in_qkv_product = options.fold_rope;
+  }
   // Called only while the model is built: `layers` need not outlive it (every
   // quantized layer uploads its own device copy).
-  options.linear_factory = [&layers, workspace](const std::vector<float>& weight, int out_features, int in_features,
-                                                const llm::LinearSite& site,
-                                                cublasHandle_t cublas) -> std::unique_ptr<llm::cuda::CudaLinear> {
-    const auto found = layers.matrices.find(site);
-    if (found == layers.matrices.end())
-      return std::make_unique<llm::cuda::DenseCudaLinear>(weight, out_features, in_features, cublas);
-    const QuantizedMatrix& matrix = found->second;
-    if (matrix.out_features != out_features || matrix.in_features != in_features)
-      input_error(text(site.name(), ": the quantized matrix is [", matrix.out_features, ", ", matrix.in_features,
-                       "], the model's is [", out_features, ", ", in_features, "]"));
-    return std::make_unique<CudaQuantizedLinear>(matrix, workspace);
+  model_options.linear_factory = [&layers, &options, workspace, gemv_scratch](
+                                     const std::vector<float>& weight, int out_features, int in_features,
+                                     const llm::LinearSite& site,
+                                     cublasHandle_t cublas) -> std::unique_ptr<llm::cuda::CudaLinear> {
+    const std::optional<QuantizedMatrix> matrix = quantized_matrix_for(layers, site, out_features, in_features);
+    if (!matrix) return std::make_unique<llm::cuda::DenseCudaLinear>(weight, out_features, in_features, cublas);
+    return std::make_unique<CudaQuantizedLinear>(*matrix, workspace, gemv_scratch, options);
   };
-  return std::make_unique<llm::cuda::CudaModel>(weights, std::move(options));
+  return std::make_unique<llm::cuda::CudaModel>(weights, std::move(model_options));
 }
 
 }  // namespace step06

@@ -20,7 +20,8 @@ std::vector<float> cuda_quantized_matmul_fp16(const QuantizedMatrix&, std::span<
 
 CudaMatmulTiming time_cuda_quantized_matmul(const QuantizedMatrix&, int, int, std::uint64_t) { no_cuda(); }
 
-std::unique_ptr<llm::Model> make_cuda_quantized_model(const llm::ModelWeights&, const QuantizedLayers&) {
+std::unique_ptr<llm::Model> make_cuda_quantized_model(const llm::ModelWeights&, const QuantizedLayers&,
+                                                      const CudaQuantizedModelOptions&) {
   no_cuda();
 }
 

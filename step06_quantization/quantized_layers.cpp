@@ -134,8 +134,9 @@ llm::LinearFactory quantized_linear_factory(const QuantizedLayers& layers) {
 }
 
 std::unique_ptr<llm::Model> make_quantized_model_on(const std::string& device, const llm::ModelWeights& weights,
-                                                    const QuantizedLayers& layers) {
-  if (device == "cuda") return make_cuda_quantized_model(weights, layers);
+                                                    const QuantizedLayers& layers,
+                                                    const CudaQuantizedModelOptions& cuda) {
+  if (device == "cuda") return make_cuda_quantized_model(weights, layers, cuda);
   if (device != "cpu") throw llm::InputError(fmt::format("unknown device '{}'", device));
   llm::CpuModelOptions options;
   options.linear_factory = quantized_linear_factory(layers);

@@ -11,6 +11,7 @@
 #include "llm/linear.hpp"
 #include "llm/model.hpp"
 #include "llm/weights.hpp"
+#include "step06_quantization/cuda_quantized_kernels.hpp"  // CudaQuantizedModelOptions
 #include "step06_quantization/linear_input_recorder.hpp"
 #include "step06_quantization/quant_algorithms.hpp"
 
@@ -65,8 +66,10 @@ QuantizedLayers quantize_layers(const llm::ModelWeights& weights, const ModelQua
 llm::LinearFactory quantized_linear_factory(const QuantizedLayers& layers);
 
 // The model on `device` ("cpu" or "cuda") with the quantized layers, the
-// unchanged forward of common/. CUDA: DeviceError when not built or no GPU.
+// unchanged forward of common/; `cuda` says how the CUDA model runs (the CPU
+// model ignores it). CUDA: DeviceError when not built or no GPU.
 std::unique_ptr<llm::Model> make_quantized_model_on(const std::string& device, const llm::ModelWeights& weights,
-                                                    const QuantizedLayers& layers);
+                                                    const QuantizedLayers& layers,
+                                                    const CudaQuantizedModelOptions& cuda = {});
 
 }  // namespace step06

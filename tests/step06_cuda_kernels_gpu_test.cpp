@@ -1,6 +1,7 @@
 // Step 06's CUDA kernels (W8A16 / W4A16) against the CPU, each check for
-// both kernels (the one-shot split-K kernel and the persistent pipelined
-// one): for every scheme, 1..17 tokens (17 = two launches of 16 and 1),
+// both tensor-core kernels (the one-shot split-K kernel and the persistent
+// pipelined one) and, on the int4 schemes, the int4 decode GEMV: for every
+// scheme, 1..17 tokens (17 = two launches of 16 and 1),
 // awkward shapes (1, 3 and 100 output rows, fewer than one row block, whose
 // K range the persistent kernel spreads over up to 64 blocks; 33, 100, 172,
 // 257 and 4096 input columns where the group fits; 1000 rows, a partial last
@@ -13,8 +14,9 @@
 // x, the persistent kernel's results bitwise equal from call to call, the
 // errors at the API edge, the timing entry point (both kernels and
 // cuBLAS), and a whole model: the CUDA model with int8 / int4 RTN layers
-// against the CPU model built from the same dequantized weights, and the
-// model table's fp16 row.
+// against the CPU model built from the same dequantized weights (with the
+// decode GEMV and the fused launches, and each without), the folds changing
+// no bit of its logits, and the model table's fp16 row.
 //
 // The kernels poison their outputs with NaN before a launch, and
 // llm::compare counts non-finite values as failures: an output the kernel
@@ -52,7 +54,11 @@
 namespace step06 {
 // How GoogleTest prints a test's kernel parameter.
 void PrintTo(CudaQuantizedKernel kernel, std::ostream* out) {
-  *out << (kernel == CudaQuantizedKernel::OneShotSplitK ? "OneShotSplitK" : "PersistentPipelined");
+  switch (kernel) {
+    case CudaQuantizedKernel::OneShotSplitK: *out << "OneShotSplitK"; return;
+    case CudaQuantizedKernel::PersistentPipelined: *out << "PersistentPipelined"; return;
+    case CudaQuantizedKernel::Int4DecodeGemv: *out << "Int4DecodeGemv"; return;
+  }
 }
 }  // namespace step06
 
@@ -69,8 +75,17 @@ const std::vector<CudaQuantizedKernel>& both_kernels() {
 }
 
 std::string kernel_name(CudaQuantizedKernel kernel) {
-  return kernel == CudaQuantizedKernel::OneShotSplitK ? "one_shot" : "persistent";
+  switch (kernel) {
+    case CudaQuantizedKernel::OneShotSplitK: return "one_shot";
+    case CudaQuantizedKernel::PersistentPipelined: return "persistent";
+    case CudaQuantizedKernel::Int4DecodeGemv: return "int4_gemv";
+  }
+  return "unknown";
 }
+
+// The int4 decode GEMV takes fp32 activations only (it rounds them to fp16
+// itself): its checks skip the fp16 path.
+bool has_fp16_path(CudaQuantizedKernel kernel) { return kernel != CudaQuantizedKernel::Int4DecodeGemv; }
 
 // "int4-g64" -> "int4_g64": test names take no '-'.
 std::string test_name(std::string name) {
@@ -166,8 +181,9 @@ void expect_both_paths_match(const QuantizedMatrix& matrix, const std::vector<in
         reference_product(weight, matrix.out_features, matrix.in_features, x, rows);
     EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul(matrix, x, rows, kernel), reference))
         << "fp32 path";
-    EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul_fp16(matrix, x, rows, kernel), reference))
-        << "fp16 path";
+    if (has_fp16_path(kernel))
+      EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul_fp16(matrix, x, rows, kernel), reference))
+          << "fp16 path";
     if (::testing::Test::HasFailure()) return;  // one failing case says enough
   }
 }
@@ -235,6 +251,7 @@ TEST_P(CudaQuantizedKernels, NanInXGivesNanOnlyInItsRow) {
   x[static_cast<std::size_t>(in) + 1234] = NAN;  // token 1
   const std::vector<float> weight = step06::dequantize(matrix);
   for (const bool fp16 : {false, true}) {
+    if (fp16 && !has_fp16_path(kernel())) continue;
     SCOPED_TRACE(fp16 ? "fp16 path" : "fp32 path");
     const std::vector<float> y = fp16 ? step06::cuda_quantized_matmul_fp16(matrix, x, rows, kernel())
                                       : step06::cuda_quantized_matmul(matrix, x, rows, kernel());
@@ -252,11 +269,18 @@ TEST_P(CudaQuantizedKernels, NanInXGivesNanOnlyInItsRow) {
   }
 }
 
+std::string scheme_and_kernel(const ::testing::TestParamInfo<std::tuple<std::string, CudaQuantizedKernel>>& info) {
+  return test_name(std::get<0>(info.param)) + "_" + kernel_name(std::get<1>(info.param));
+}
 INSTANTIATE_TEST_SUITE_P(AllSchemes, CudaQuantizedKernels,
                          ::testing::Combine(::testing::ValuesIn(scheme_names()), ::testing::ValuesIn(both_kernels())),
-                         [](const ::testing::TestParamInfo<std::tuple<std::string, CudaQuantizedKernel>>& info) {
-                           return test_name(std::get<0>(info.param)) + "_" + kernel_name(std::get<1>(info.param));
-                         });
+                         scheme_and_kernel);
+// The int4 decode GEMV on the int4 schemes: groups of 32 (a vector is one
+// group), 64 and 128, asymmetric and symmetric. 1..17 rows run 4 at a time.
+INSTANTIATE_TEST_SUITE_P(Int4DecodeGemv, CudaQuantizedKernels,
+                         ::testing::Combine(::testing::Values("int4-g32", "int4-g64", "int4-g128", "int4sym-g64"),
+                                            ::testing::Values(CudaQuantizedKernel::Int4DecodeGemv)),
+                         scheme_and_kernel);
 
 // Llama-2-7B's FFN shapes and a square 11008 x 11008, each quantized once
 // and run through both kernels. On an H100 (132 SMs), int4-g128: the
@@ -288,6 +312,11 @@ TEST(CudaQuantizedKernelsLargeShapes, BothKernelsMatchTheDequantizedProduct) {
           EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul_fp16(matrix, x, rows, kernel), reference));
           if (rows == 16)
             EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul(matrix, x, rows, kernel), reference));
+        }
+        if (rows == 1 && matrix.format.bits() == 4) {
+          SCOPED_TRACE(::testing::Message() << name << " [" << shape.out << ", " << shape.in << "], int4_gemv");
+          EXPECT_TRUE(close_to_reference(
+              step06::cuda_quantized_matmul(matrix, x, rows, CudaQuantizedKernel::Int4DecodeGemv), reference));
         }
       }
     }
@@ -339,6 +368,8 @@ TEST(CudaQuantizedKernelsInputScales, ProductDividesXByTheInputScales) {
       for (int i = 0; i < in; ++i)  // 2^u for u in [-1, 1]: scales in [0.5, 2]
         matrix.input_scales[static_cast<std::size_t>(i)] = std::exp2(uniform[static_cast<std::size_t>(i)]);
       for (const CudaQuantizedKernel kernel : both_kernels()) expect_both_paths_match(matrix, one_to(17), 23, kernel);
+      if (matrix.format.bits() == 4)
+        expect_both_paths_match(matrix, one_to(5), 23, CudaQuantizedKernel::Int4DecodeGemv);
     }
   }
 }
@@ -357,6 +388,14 @@ TEST(CudaQuantizedKernelsErrors, BadRowsAndSizesAreInputErrors) {
   QuantizedMatrix truncated = matrix;
   truncated.packed.pop_back();  // a code byte short: caught before anything is uploaded
   EXPECT_THROW(step06::cuda_quantized_matmul(truncated, x, 2), llm::InputError);
+  // The int4 decode GEMV: int4 schemes and fp32 activations only.
+  constexpr CudaQuantizedKernel kGemv = CudaQuantizedKernel::Int4DecodeGemv;
+  EXPECT_THROW(step06::cuda_quantized_matmul(truncated, x, 2, kGemv), llm::InputError);
+  EXPECT_THROW(step06::cuda_quantized_matmul_fp16(matrix, x, 2, kGemv), llm::InputError);
+  for (const char* format : {"int8", "nf4"})
+    EXPECT_THROW(step06::cuda_quantized_matmul(random_quantized(QuantFormat::parse(format), 8, 128, 1), x, 2, kGemv),
+                 llm::InputError)
+        << format;
 }
 
 // What a NaN-poisoned output would look like to the check: never a pass.
@@ -367,18 +406,30 @@ TEST(CudaQuantizedKernelsErrors, NonFiniteOutputsNeverPass) {
   EXPECT_TRUE(close_to_reference({1.0f, 2.0f, 3.0f}, reference));
 }
 
-TEST(CudaQuantizedKernelsTiming, TimesBothKernelsAndCublasAndChecksBothKernels) {
+// Both tensor-core kernels and cuBLAS at every row count; the int4 decode
+// GEMV at 1..4 rows of an int4 format, and not at 16 rows or for int8.
+TEST(CudaQuantizedKernelsTiming, TimesEveryKernelAndCublasAndChecksEachKernel) {
   LLM_REQUIRE_CUDA_DEVICE();
-  const QuantizedMatrix matrix = random_quantized(QuantFormat::parse("int4-g128"), 512, 1024, 9);
-  for (int rows : {1, 16}) {
-    const step06::CudaMatmulTiming timing = step06::time_cuda_quantized_matmul(matrix, rows, 3, 42);
-    EXPECT_TRUE(timing.check.ok) << timing.check.summary();
-    EXPECT_EQ(timing.check.count, static_cast<std::size_t>(rows) * 512);
-    EXPECT_TRUE(timing.one_shot_check.ok) << timing.one_shot_check.summary();
-    EXPECT_EQ(timing.one_shot_check.count, static_cast<std::size_t>(rows) * 512);
-    EXPECT_GT(timing.quantized_ms, 0.0);
-    EXPECT_GT(timing.one_shot_ms, 0.0);
-    EXPECT_GT(timing.cublas_fp16_ms, 0.0);
+  for (const char* format : {"int4-g128", "int8"}) {
+    const QuantizedMatrix matrix = random_quantized(QuantFormat::parse(format), 512, 1024, 9);
+    for (int rows : {1, 4, 16}) {
+      SCOPED_TRACE(::testing::Message() << format << ", " << rows << " rows");
+      const step06::CudaMatmulTiming timing = step06::time_cuda_quantized_matmul(matrix, rows, 3, 42);
+      EXPECT_TRUE(timing.check.ok) << timing.check.summary();
+      EXPECT_EQ(timing.check.count, static_cast<std::size_t>(rows) * 512);
+      EXPECT_TRUE(timing.one_shot_check.ok) << timing.one_shot_check.summary();
+      EXPECT_EQ(timing.one_shot_check.count, static_cast<std::size_t>(rows) * 512);
+      EXPECT_GT(timing.quantized_ms, 0.0);
+      EXPECT_GT(timing.one_shot_ms, 0.0);
+      EXPECT_GT(timing.cublas_fp16_ms, 0.0);
+      if (matrix.format.bits() == 4 && rows <= 4) {
+        EXPECT_TRUE(timing.int4_gemv_check.ok) << timing.int4_gemv_check.summary();
+        EXPECT_EQ(timing.int4_gemv_check.count, static_cast<std::size_t>(rows) * 512);
+        EXPECT_GT(timing.int4_gemv_ms, 0.0);
+      } else {
+        EXPECT_EQ(timing.int4_gemv_ms, 0.0);
+      }
+    }
   }
 }
 
@@ -391,7 +442,18 @@ step06::QuantizedLayers quantize_every_site(const llm::ModelWeights& weights, co
   return step06::quantize_layers(weights, quantization, nullptr);
 }
 
-class CudaQuantizedModel : public ::testing::TestWithParam<std::string> {};
+// How a model test builds its CUDA model: the defaults (the int4 decode
+// GEMV and every fusion), without the fusions, or with the persistent
+// kernel at decode too.
+step06::CudaQuantizedModelOptions model_setup(const std::string& name) {
+  step06::CudaQuantizedModelOptions options;
+  if (name == "unfused") options.fusions = false;
+  if (name == "persistent_kernel") options.int4_decode_gemv = false;
+  return options;
+}
+
+// (format, setup).
+class CudaQuantizedModel : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 // A 20-token prefill (more than 16 rows: two launches per product) with the
 // logits of every row, then 5 decode steps of given tokens. The
@@ -399,9 +461,10 @@ class CudaQuantizedModel : public ::testing::TestWithParam<std::string> {};
 // the fp16 tolerance for a whole model's logits.
 TEST_P(CudaQuantizedModel, TinyPresetLogitsMatchTheCpuModelWithDequantizedWeights) {
   LLM_REQUIRE_CUDA_DEVICE();
+  const auto& [format, setup] = GetParam();
   const llm::ModelWeights weights = llm::random_weights(llm::find_preset("tiny").config, 42);
-  const step06::QuantizedLayers layers = quantize_every_site(weights, QuantFormat::parse(GetParam()));
-  const auto gpu = step06::make_cuda_quantized_model(weights, layers);
+  const step06::QuantizedLayers layers = quantize_every_site(weights, QuantFormat::parse(format));
+  const auto gpu = step06::make_cuda_quantized_model(weights, layers, model_setup(setup));
   const auto cpu = step06::testing::cpu_model_with_dequantized(weights, layers);
   const int vocab = weights.config.vocab_size;
   auto gpu_cache = gpu->make_cache(1, 32);
@@ -425,8 +488,63 @@ TEST_P(CudaQuantizedModel, TinyPresetLogitsMatchTheCpuModelWithDequantizedWeight
                         "decode step " + std::to_string(i));
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, CudaQuantizedModel, ::testing::Values("int8", "int4-g64"),
-                         [](const ::testing::TestParamInfo<std::string>& info) { return test_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(Formats, CudaQuantizedModel,
+                         ::testing::Combine(::testing::Values("int8", "int4-g64", "int4sym-g32"),
+                                            ::testing::Values("defaults", "unfused", "persistent_kernel")),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, std::string>>& info) {
+                           return test_name(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+                         });
+
+// The int4 decode GEMV folds the norms, SwiGLU, the residual adds and RoPE
+// + the K/V append into its launches with the bits of the kernels it
+// replaces (the same formulas in the same order), and its two load switches
+// move no sum: decode logits with each of them off are the defaults' to the
+// bit. The prefill (20 rows: the persistent kernel, nothing folded) is the
+// same in all of them.
+TEST(CudaQuantizedModelFolds, FoldsAndLoadSwitchesChangeNoBitOfTheDecodeLogits) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  const llm::ModelWeights weights = llm::random_weights(llm::find_preset("tiny").config, 42);
+  const int vocab = weights.config.vocab_size;
+  const std::vector<int> prompt = llm::testing::random_tokens(20, vocab, 3);
+  const std::vector<int> next = llm::testing::random_tokens(5, vocab, 4);
+  // [5 decode steps, vocab]: each step's logits, after the same prefill.
+  const auto decode_logits = [&](llm::Model& model) {
+    auto cache = model.make_cache(1, 32);
+    static_cast<void>(model.forward(llm::TokenBatch::prefill(prompt, 0, 0), *cache));
+    std::vector<float> logits;
+    for (int i = 0; i < 5; ++i) {
+      const std::span<const float> step =
+          model.forward(llm::TokenBatch::single(next[static_cast<std::size_t>(i)], 20 + i, 0), *cache);
+      logits.insert(logits.end(), step.begin(), step.end());
+    }
+    return logits;
+  };
+  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const std::string format : {"int4-g64", "int4sym-g32"}) {
+    SCOPED_TRACE(format);
+    const step06::QuantizedLayers layers = quantize_every_site(weights, QuantFormat::parse(format));
+    const std::vector<float> folded = decode_logits(*step06::make_cuda_quantized_model(weights, layers));
+    ASSERT_EQ(folded.size(), static_cast<std::size_t>(5) * vocab);
+    for (const float logit : folded) ASSERT_TRUE(std::isfinite(logit));
+    step06::CudaQuantizedModelOptions kernels_between;
+    kernels_between.fold_norms = false;
+    kernels_between.fold_rope = false;
+    EXPECT_TRUE(same_bits(decode_logits(*step06::make_cuda_quantized_model(weights, layers, kernels_between)), folded))
+        << "the norms, adds, SwiGLU and RoPE as kernels of their own";
+    step06::CudaQuantizedModelOptions serial_loads;
+    serial_loads.gemv_prefetch = false;
+    serial_loads.gemv_pipelining = false;
+    EXPECT_TRUE(same_bits(decode_logits(*step06::make_cuda_quantized_model(weights, layers, serial_loads)), folded))
+        << "no L2 prefetch, no pipelined loads";
+    step06::CudaQuantizedModelOptions eager;
+    eager.graphs = false;
+    eager.programmatic_launches = false;
+    EXPECT_TRUE(same_bits(decode_logits(*step06::make_cuda_quantized_model(weights, layers, eager)), folded))
+        << "no graphs, no programmatic launches";
+  }
+}
 
 // The model table on the GPU: the fp16 row right after fp32, half its weight
 // bytes, its logits within the fp16 tolerance of the CPU's fp32 model; every
