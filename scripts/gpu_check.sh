@@ -451,6 +451,11 @@ if want presets && ((full)); then
   # quantized model's decode on TinyLlama's dims (random weights: speed only).
   run_step presets tinyllama-1.1b step06_quantization --device cuda --full --preset tinyllama-1.1b --no-quality \
     --steps 128
+  # The int4 rows' before row: decode on the persistent tensor-core kernel,
+  # which folds nothing (part 1 of the run above times the two kernels side
+  # by side, product by product).
+  run_step presets tinyllama-1.1b_persistent_kernel step06_quantization --device cuda --preset tinyllama-1.1b \
+    --no-quality --steps 128 --formats int4-g64 --no-int4-gemv
   # Continuous batching where decode is memory-bound (a forward of 16 rows
   # costs about what one row costs): TinyLlama's dims in fp16, a shorter trace.
   run_step presets tinyllama-1.1b_fp16 step07_batching --device cuda --full --preset tinyllama-1.1b --dtype fp16 \
@@ -569,6 +574,10 @@ no_timing='-*Timing*:*Timer*'
 # the awkward-shapes test's 500 launches per format stay in --full.
 step06_persistent_short="*CudaQuantizedKernels.NanInX*persistent:*CudaQuantizedKernels.ManyBlocks*persistent"
 step06_persistent_short+=":*CudaQuantizedKernels.ManyRowBlocksOfOneStep*persistent"
+# Its int4 decode GEMV the same way, and the quantized model's folds (the
+# GEMV's norm, SwiGLU, add and RoPE writes, graphs).
+step06_int4_gemv_short="*CudaQuantizedKernels.NanInX*int4_gemv:*CudaQuantizedKernels.ManyBlocks*int4_gemv"
+step06_int4_gemv_short+=":*CudaQuantizedKernels.ManyRowBlocksOfOneStep*int4_gemv:CudaQuantizedModelFolds.*"
 if want memcheck; then
   if ((full)); then
     for name in "${gpu_tests[@]}"; do sanitize memcheck "$name" --gtest_filter="$no_timing"; done
@@ -581,7 +590,7 @@ if want memcheck; then
     sanitize memcheck common_cuda_model_gpu_test --gtest_filter="*Fusions*:*Graphs*:CudaModel.*$no_timing"
     # Step 06's persistent W4A16 / W8A16 kernel (segments of staged x, the
     # ring of loads, the hand-over between blocks) on its small shapes.
-    sanitize memcheck step06_cuda_kernels_gpu_test --gtest_filter="$step06_persistent_short"
+    sanitize memcheck step06_cuda_kernels_gpu_test --gtest_filter="$step06_persistent_short:$step06_int4_gemv_short"
   fi
 fi
 if want racecheck; then
@@ -602,8 +611,8 @@ if want racecheck; then
     sanitize racecheck step02_flash_attention_gpu_test --gtest_filter="$flash2_short"
     sanitize synccheck step02_flash_attention_gpu_test --gtest_filter="$flash2_short"
   fi
-  sanitize racecheck step06_cuda_kernels_gpu_test --gtest_filter="$step06_persistent_short"
-  sanitize synccheck step06_cuda_kernels_gpu_test --gtest_filter="$step06_persistent_short"
+  sanitize racecheck step06_cuda_kernels_gpu_test --gtest_filter="$step06_persistent_short:$step06_int4_gemv_short"
+  sanitize synccheck step06_cuda_kernels_gpu_test --gtest_filter="$step06_persistent_short:$step06_int4_gemv_short"
 fi
 if want racecheck && ((full)); then
   for name in step02_flash_attention_gpu_test step03_gqa_gpu_test; do

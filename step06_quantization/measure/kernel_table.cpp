@@ -152,6 +152,8 @@ void run_cuda_shape(const KernelShape& shape, const std::vector<float>& weight, 
       cell.check = timing.check;
       cell.one_shot_ms = timing.one_shot_ms;  // the kernel before the persistent one, same run
       cell.one_shot_check = timing.one_shot_check;
+      cell.int4_gemv_ms = timing.int4_gemv_ms;  // the decode kernel (int4, 1..4 rows), same run
+      cell.int4_gemv_check = timing.int4_gemv_check;
       cells.push_back(cell);
     }
     cublas_rows_added = true;

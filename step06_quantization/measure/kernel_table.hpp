@@ -59,6 +59,10 @@ struct KernelCell {
   // same x, timed in the same call (0 and unchecked in every other cell).
   double one_shot_ms = 0.0;
   llm::CompareResult one_shot_check;
+  // CUDA int4 cells of 1..4 rows: the int4 decode GEMV on the same x (fp32
+  // in and out), timed in the same call; 0 and unchecked elsewhere.
+  double int4_gemv_ms = 0.0;
+  llm::CompareResult int4_gemv_check;
 };
 
 struct KernelTable {

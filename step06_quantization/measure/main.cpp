@@ -75,6 +75,7 @@ struct Step06Options {
   int heldout_sequences = 0;                // --heldout-sequences (quality; 0: by run size)
   std::string llama_bench;                  // --compare-llama-bench BIN: llama.cpp's llama-bench beside the CPU rows
   std::vector<std::string> llama_ggufs;     // --llama-gguf FILE[,FILE...]: GGUFs of this model for llama-bench
+  bool no_int4_gemv = false;                // --no-int4-gemv: int4 rows decode on the persistent kernel
 };
 
 std::optional<int> parse_options(int argc, char** argv, Step06Options& options) {
@@ -112,6 +113,9 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
         app.add_option("--compare-llama-bench", options.llama_bench,
                        "path to llama.cpp's llama-bench binary: time it on the --llama-gguf files beside this "
                        "model's CPU decode rows (one thread each)");
+        app.add_flag("--no-int4-gemv", options.no_int4_gemv,
+                     "CUDA int4 rows decode on the persistent tensor-core kernel instead of the int4 decode GEMV, "
+                     "which also folds the norms, SwiGLU, residual adds and RoPE into its launches (the before row)");
         app.add_option("--llama-gguf", options.llama_ggufs,
                        "GGUF files of this same checkpoint for --compare-llama-bench, any llama.cpp type (F32, Q8_0, "
                        "Q4_0 are paired with fp32, int8, 4-bit rows), comma-separated")
@@ -121,11 +125,9 @@ std::optional<int> parse_options(int argc, char** argv, Step06Options& options) 
       {{{"--temperature", "--top-p"},
         "its decode is greedy, and its calibration and held-out text is sampled at temperature 1 without top-p"},
        // The fp16 row runs on CUDA whatever --dtype says: it is a baseline, as fp32 is.
-       {{"--dtype", "--gemv", "--max-gemv-rows", "--no-graphs", "--no-fusions", "--no-norm-folding",
-         "--no-merge-folding", "--no-rope-folding", "--no-pdl", "--no-gemv-prefetch",
-         "--no-gemv-pipelining"},
-        "its weight formats are its own variants, measured against fp32 and, on CUDA, the fp16 model, all with "
-        "graphs on and fusions off; steps 01 and 04 take them"}});
+       {{"--dtype"},
+        "its weight formats are its own variants, measured against fp32 and, on CUDA, the fp16 model; the other "
+        "CUDA switches apply to every CUDA row"}});
 }
 
 const RunSizeSettings& run_size_settings(const llm::CommonOptions& common) {
@@ -231,6 +233,8 @@ Plan plan_from(const Step06Options& options, const llm::LoadedModel& loaded, con
   plan.this_model.calibration_length = std::min(context, options.common.quick ? 64 : 128);
   plan.this_model.heldout_length = std::min(context, options.common.quick ? 64 : 256);
   plan.this_model.seed = options.common.seed;
+  plan.this_model.cuda = llm::cuda_run_options(options.common);
+  plan.this_model.int4_decode_gemv = !options.no_int4_gemv;
 
   // The small preset: the dims of stories15M, larger than the caches, where
   // decode is memory-bound. Speed only, on fewer positions (its tokens are the slowest of the run).
@@ -267,6 +271,7 @@ llm::Results make_results(const Step06Options& options, const llm::LoadedModel& 
   results.set_config("quick", options.common.quick);
   results.set_config("full", options.common.full);
   results.set_config("llama_kernel_shapes", options.common.full && !options.no_llama);
+  results.set_config("int4_decode_gemv", plan.this_model.int4_decode_gemv);
   return results;
 }
 

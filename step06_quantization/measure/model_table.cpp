@@ -79,14 +79,32 @@ double weight_bytes_per_token(const llm::ModelWeights& weights, const QuantizedL
   return bytes;
 }
 
-// How the unquantized rows (fp32, fp16) run on CUDA: graphs on and fusions
-// off, as make_cuda_quantized_model builds every quantized row (with
-// CudaModelOptions' defaults: its layers are one quantized product per
-// Linear site, none fused), so that two rows of a GPU differ only in their
-// weights' format. make_model_on's own defaults would fuse launches for the
-// unquantized rows alone. The CPU model ignores these options.
-llm::cuda::CudaRunOptions unquantized_run_options(llm::cuda::WeightDtype dtype) {
-  return llm::cuda::CudaRunOptions{dtype, /*graphs=*/true, /*fusions=*/false};
+// How the unquantized rows (fp32, fp16) run on CUDA: the table's options
+// with the row's weights. Every row of a GPU runs the same switches, so two
+// rows differ only in their weights' format and in what their products can
+// fold (the fp16 products and the int4 decode GEMV fold the norms and adds
+// into their launches; fp32's cuBLAS and the int8 and NF4 kernels cannot,
+// and the model runs those as kernels of their own).
+llm::cuda::CudaRunOptions unquantized_run_options(const ModelTableOptions& options, llm::cuda::WeightDtype dtype) {
+  llm::cuda::CudaRunOptions run = options.cuda;
+  run.dtype = dtype;
+  return run;
+}
+
+// The same switches for the quantized rows.
+CudaQuantizedModelOptions quantized_run_options(const ModelTableOptions& options) {
+  const llm::cuda::CudaRunOptions& run = options.cuda;
+  CudaQuantizedModelOptions quantized;
+  quantized.graphs = run.graphs;
+  quantized.fusions = run.fusions;
+  quantized.fold_norms = run.fold_norms;
+  quantized.fold_merge = run.fold_merge;
+  quantized.fold_rope = run.fold_rope;
+  quantized.programmatic_launches = run.programmatic_launches;
+  quantized.int4_decode_gemv = options.int4_decode_gemv;
+  quantized.gemv_prefetch = run.gemv_prefetch;
+  quantized.gemv_pipelining = run.gemv_pipelining;
+  return quantized;
 }
 
 // Logits at every position of `sequence` ([length, vocab]), one all-rows forward.
@@ -262,8 +280,8 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       row.model = model_name;
       row.variant = variant;
       std::unique_ptr<llm::Model> model =
-          layers ? make_quantized_model_on(device, weights, *layers)
-                 : llm::make_model_on(device, weights, unquantized_run_options(variant.dense_dtype));
+          layers ? make_quantized_model_on(device, weights, *layers, quantized_run_options(options))
+                 : llm::make_model_on(device, weights, unquantized_run_options(options, variant.dense_dtype));
       row.weight_bytes = weight_bytes_per_token(weights, layers, variant.dense_dtype);
       row.kv_bytes_per_position = kv_bytes_per_position(config, variant.int8_kv);
       const DecodeTiming decode =

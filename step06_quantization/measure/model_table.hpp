@@ -74,6 +74,14 @@ struct ModelTableOptions {
   int calibration_sequences = 16, calibration_length = 128;
   int heldout_sequences = 8, heldout_length = 256;
   std::uint64_t seed = 42;
+  // How every CUDA row runs (graphs, fusions, their folds, PDL, the GEMV's
+  // loads: the step's command line); each row sets its own weights (`dtype`
+  // is not read). The fp32 and fp16 rows run it as it is, the quantized
+  // rows through CudaQuantizedModelOptions' same switches.
+  llm::cuda::CudaRunOptions cuda;
+  // Int4 rows decode on the int4 decode GEMV (false: on the persistent
+  // kernel, the before row; --no-int4-gemv).
+  bool int4_decode_gemv = true;
 };
 
 std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::ModelWeights& weights,

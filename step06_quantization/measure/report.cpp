@@ -56,21 +56,27 @@ void add_kernel_rows(llm::Results& results, const KernelTable& table, double cud
     row.extra["baseline_ms"] = cell.baseline_ms;
     row.extra["fraction_of_bandwidth"] =
         fraction_of_bandwidth(cell.device, cell.gb_per_s, table.cpu_read_gbps, cuda_copy_gbps);
+    // Another kernel timed on the same x in the same run, beside the row's:
+    // its time, speedup, GB/s, share of the bandwidth and check, under
+    // `prefix`; the row is ok only if its check is too.
+    const auto add_kernel_beside = [&](const std::string& prefix, double ms, const llm::CompareResult& check) {
+      const double gb_per_s = cell.weight_bytes / (ms * 1e-3) / 1e9;
+      row.extra[prefix + "_ms"] = ms;
+      row.extra[prefix + "_speedup"] = cell.baseline_ms / ms;
+      row.extra[prefix + "_gb_per_s"] = gb_per_s;
+      row.extra[prefix + "_fraction_of_bandwidth"] =
+          fraction_of_bandwidth(cell.device, gb_per_s, table.cpu_read_gbps, cuda_copy_gbps);
+      row.extra[prefix + "_max_rel_err"] = check.max_rel_err;
+      row.extra[prefix + "_ok"] = check.ok;
+      row.ok = row.ok && check.ok;
+    };
+    // CUDA quantized cells: the row is the persistent kernel; beside it the
+    // one-shot kernel it replaced and, for int4 at 1..4 rows, the decode GEMV.
     if (cell.one_shot_ms > 0) {
-      // CUDA quantized cells: the row is the persistent kernel; the one-shot
-      // kernel it replaced, timed on the same x in the same run, beside it.
-      // The row is ok only if both kernels' checks are.
-      const double one_shot_gb_per_s = cell.weight_bytes / (cell.one_shot_ms * 1e-3) / 1e9;
       row.extra["kernel"] = std::string("persistent");
-      row.extra["one_shot_ms"] = cell.one_shot_ms;
-      row.extra["one_shot_speedup"] = cell.baseline_ms / cell.one_shot_ms;
-      row.extra["one_shot_gb_per_s"] = one_shot_gb_per_s;
-      row.extra["one_shot_fraction_of_bandwidth"] =
-          fraction_of_bandwidth(cell.device, one_shot_gb_per_s, table.cpu_read_gbps, cuda_copy_gbps);
-      row.extra["one_shot_max_rel_err"] = cell.one_shot_check.max_rel_err;
-      row.extra["one_shot_ok"] = cell.one_shot_check.ok;
-      row.ok = row.ok && cell.one_shot_check.ok;
+      add_kernel_beside("one_shot", cell.one_shot_ms, cell.one_shot_check);
     }
+    if (cell.int4_gemv_ms > 0) add_kernel_beside("int4_gemv", cell.int4_gemv_ms, cell.int4_gemv_check);
     results.add_row(row);
   }
   if (!skipped.rows.empty()) results.add_table(skipped);
@@ -136,6 +142,17 @@ void print_kernel_table(const KernelTable& table, double cuda_copy_gbps) {
         one_shot_ok = one_shot_ok && cell->one_shot_check.ok;
       }
       fmt::print("{}  {}\n", one_shot, one_shot_ok ? "ok" : "FAIL");
+    }
+    // CUDA int4 formats: the int4 decode GEMV's times (1..4 rows; "-" past them).
+    if (first.int4_gemv_ms > 0) {
+      std::string int4_gemv = fmt::format("{:<5} {:<10} {:<17} {:>12} {:<12} {:>6}", "", "", "", "", " int4 GEMV", "");
+      bool int4_gemv_ok = true;
+      for (const KernelCell* cell : cells) {
+        int4_gemv += cell->int4_gemv_ms > 0 ? batch_columns(*cell, cell->int4_gemv_ms)
+                                            : fmt::format(" | {:>3} {:>9} {:>7} {:>5} {:>6}", "", "-", "-", "-", "-");
+        int4_gemv_ok = int4_gemv_ok && (cell->int4_gemv_ms == 0 || cell->int4_gemv_check.ok);
+      }
+      fmt::print("{}  {}\n", int4_gemv, int4_gemv_ok ? "ok" : "FAIL");
     }
   }
 }
@@ -203,7 +220,7 @@ void print_speed_table(const std::vector<ModelRow>& rows, double cpu_read_gbps, 
                fmt::format("{}/{}", row.greedy_matching_prefix, row.greedy_tokens_compared), row.ok ? "ok" : "FAIL");
   }
   fmt::print("   vs fp16 : GPU rows only: the same weights in fp16, the baseline real GPU inference quantizes "
-             "from (every CUDA row: graphs on, fusions off)\n");
+             "from (every CUDA row runs the same graphs and fusions: the JSON's cuda_* settings)\n");
   fmt::print("   greedy= : greedy tokens equal to fp32's before the first difference / tokens generated\n");
   fmt::print("   %bw over 100%: the weights were read from a cache, not DRAM (a model smaller than the last-level "
              "cache stays there from token to token)\n");
@@ -312,6 +329,25 @@ void cuda_kernel_targets(const KernelTable* kernels, std::vector<Target>& target
              worst_int8 ? int8_detail : "no CUDA int8 kernel rows on llama2-7b shapes");
 }
 
+// CUDA, the loaded model (TinyLlama-1.1B's dims in the GPU check): the
+// fastest int4 model decodes >= 2.5x the fp16 model's tokens/s, both with
+// the run's graphs and fusions (int8 KV rows left out: the fp16 model's
+// cache is fp32).
+void cuda_decode_targets(const std::vector<ModelRow>* this_model, std::vector<Target>& targets) {
+  std::optional<ModelRow> best_int4;
+  if (this_model != nullptr)
+    for (const ModelRow& row : *this_model)
+      if (row.device == "cuda" && row.skipped.empty() && !row.variant.int8_kv && row.variant.weights &&
+          is_int4(row.variant.weights->name()) && (!best_int4 || row.speedup_vs_fp16 > best_int4->speedup_vs_fp16))
+        best_int4 = row;
+  add_target(targets, "cuda decode of this model: W4A16 >= 2.5x the fp16 model's tokens/s",
+             best_int4 ? std::optional(best_int4->speedup_vs_fp16 >= 2.5) : std::nullopt,
+             best_int4 ? fmt::format("{}, {}: {:.2f}x ({:.3f} ms/token, {:.0f} GB/s of weights)", best_int4->model,
+                                     best_int4->variant.name(), best_int4->speedup_vs_fp16,
+                                     best_int4->decode_ms_per_token, best_int4->gb_per_s)
+                       : "no CUDA int4 model row (no GPU, or no 4-bit format)");
+}
+
 // Trained model: GPTQ and AWQ each below RTN's KL at the same 4-bit format;
 // int8 per channel top-1 >= 99%.
 void quality_targets(const std::vector<ModelRow>* quality, bool trained, std::vector<Target>& targets) {
@@ -349,6 +385,7 @@ void report_targets(llm::Results& results, const TargetInputs& inputs) {
   std::vector<Target> targets;
   cpu_decode_targets(inputs.small_speed, targets);
   cuda_kernel_targets(inputs.kernels, targets);
+  cuda_decode_targets(inputs.quality, targets);
   quality_targets(inputs.quality, inputs.trained_weights, targets);
   llm::JsonTable table{"targets", {}};
   fmt::print("\ntargets (measured here; a miss is reported, not failed):\n");
