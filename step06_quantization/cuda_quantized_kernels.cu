@@ -2,11 +2,13 @@
 // 1..16 rows (more rows: 16 at a time), int8 per channel, int4 asymmetric and
 // symmetric groups and NF4, fp16 or fp32 activations, fp32 accumulation.
 //
-// Two kernels, CudaQuantizedKernel picks one (the persistent one by default:
-// the model's path); they share every device piece below (x staging, group
-// parameters, dequantization, MMAs, output). In both a block is 256 threads
-// = 8 warps, each warp one 16-row m16n8k16 MMA tile, so a block covers 128
-// output rows (a "row block") and its 8 warps share one staged copy of x.
+// Two tensor-core kernels, CudaQuantizedKernel picks one (the persistent
+// one by default: the model's path, except for int4 products of 1..4 rows,
+// which run the CUDA-core decode GEMV of int4_decode_gemv.cu); they share
+// every device piece below (x staging, group parameters, dequantization,
+// MMAs, output). In both a block is 256 threads = 8 warps, each warp one
+// 16-row m16n8k16 MMA tile, so a block covers 128 output rows (a "row
+// block") and its 8 warps share one staged copy of x.
 //
 // One-shot split-K (the first version, kept to time against): grid (split,
 // row block), gridDim.x = splits (slice-fastest). A block computes its 128
@@ -1735,9 +1737,10 @@ class CudaQuantizedLinear final : public llm::cuda::CudaLinear {
   }
   int in_features() const override { return weights_.in_features(); }
   int out_features() const override { return weights_.out_features(); }
-  // What a decode token reads: the codes once (the GEMV's copy or the
-  // persistent kernel's, never both), the same bytes either way.
-  std::size_t weight_bytes() const override { return weights_.bytes(); }
+  // What a decode token's product reads: the GEMV's copy (QuantizedMatrix's
+  // bytes: fp32 group scales) where it runs, else the persistent kernel's
+  // (fp16 scales, padded tiles); never both.
+  std::size_t weight_bytes() const override { return gemv_ != nullptr ? gemv_->weight_bytes() : weights_.bytes(); }
   // dense_weight(): nullptr (the default). A quantized tied classifier has no
   // fp32 rows to lend, so the model keeps its own copy of the embedding.
 

@@ -2,18 +2,20 @@
 // decode product that launches it (Int4DecodeGemv); the header says why.
 //
 // What a lane does per 16-byte vector (32 codes of one group, 8 per 32-bit
-// word): for each word, 8 codes to fp32 and 8 fmaf per x row, then one
-// fmaf by the group's scale. Decoding is two integer instructions and one
-// add per code: a code q (0..15) OR-ed into the mantissa of 2^23 is the
-// float 2^23 + q, exactly, and subtracting 2^23 + zero leaves q - zero,
-// exactly (both are integers below 2^24). No int-to-float conversion, whose
-// throughput is a quarter of the adds'. At one row that is about four
-// instructions per weight; an H100's 3.35 TB/s of int4 codes is some 6.7e12
-// weights a second, about 50 per SM and cycle at 1.98 GHz, against 128
-// instructions an SM can issue per cycle: the arithmetic takes a large
-// share of the issue slots, which the fp16 kernel (8 times the bytes per
-// weight) never comes near. Halving it is what tensor cores (the
-// persistent kernel) or fp16x2 arithmetic would buy; GPU profiles decide
+// word): for each word, 8 codes to fp32 and 8 fmaf per x row, then one fmaf
+// by the group's scale. Decoding is two integer instructions and one add per
+// code: a code q (0..15) OR-ed into the mantissa of 2^23 is the float
+// 2^23 + q, exactly, and subtracting 2^23 + zero leaves q - zero, exactly
+// (both are integers below 2^24). No int-to-float conversion, whose
+// throughput is a quarter of the fp32 adds' or less.
+//
+// At one row that is about four instructions per weight. An H100's 3.35
+// TB/s of int4 codes is 6.7e12 weights a second, about 25 per SM and cycle
+// (132 SMs at 1.98 GHz): some 100 of the 128 instructions an SM issues per
+// cycle, half of them on its 64 integer lanes a cycle. The arithmetic then
+// takes most of the issue slots, which the fp16 kernel (4 times the bytes
+// per weight) never comes near. Tensor cores (the persistent kernel) or
+// fp16x2 arithmetic would take much of it off; a profile on a GPU decides
 // whether it is what limits this kernel.
 //
 // The scale multiplies each vector's sums once: sums += scale * sum(q - zero)

@@ -4,13 +4,14 @@
 // beside the persistent tensor-core one (cuda_quantized_kernels.cu): at one
 // row a product is a few microseconds of bytes, and the persistent kernel's
 // fixed costs (its ring to fill, x and the group scales staged per segment,
-// the flags between blocks that share a row block) were of that size too;
-// docs/06_quantization.md measures both. This one is the fp16 model's decode
-// kernel with another weight format, so it also folds what that one folds
-// (the RMSNorm or SwiGLU before the product, the residual add, the QKV
-// product's RoPE and K/V append) and starts its weight loads before the
-// kernel before it ends: the W4A16 model's decode then runs the same
-// launches as the fp16 model's, and their difference is the weights' bytes.
+// the flags between blocks that share a row block) were of that size too
+// (docs/06_quantization.md, sections 6.5 and 9.4). This one is the fp16
+// model's decode kernel with another weight format, so it also folds what
+// that one folds (the RMSNorm or SwiGLU before the product, the residual
+// add, the QKV product's RoPE and K/V append) and starts its weight loads
+// before the kernel before it ends: the W4A16 model's decode then runs the
+// same launches as the fp16 model's, and their difference is the weights'
+// bytes.
 //
 // The weights as QuantizedMatrix stores them, uploaded unchanged:
 //   codes   [out, padded_in / 2] bytes, row-major; byte j of a row holds

@@ -4,7 +4,7 @@
 // for two formats: HalfCudaLinear's fp16 / bf16 weights (HalfWeights,
 // half_linear.cu) and step 06's int4 weights with a scale (and zero point)
 // per group of columns (Int4GroupWeights, step06_quantization/
-// int4_gemv.cu). What a format gives the kernel (the WeightFormat concept
+// int4_decode_gemv.cu). What a format gives the kernel (the WeightFormat concept
 // below): how one 16-byte load of a row is addressed and what weights it
 // holds. Everything else is shared: the block shape, x staged in shared
 // memory (rounded to a half type: the "A16"), the column split and the
@@ -63,7 +63,8 @@
 // bits alone or among 16 (the test checks it).
 //
 // Loads in flight: each lane requests kStepsPerBatch x kOutputsPerLane = 8
-// vectors (128 bytes, a "batch") before it uses any, with 2 or more blocks
+// vectors (128 bytes, a "batch"; int4: 2 steps, 64 bytes, as each vector
+// also brings its group's scale and zero point) before it uses any, with 2 or more blocks
 // per SM (the launch bounds cap registers at 128 for that): 64 KB per SM
 // while a batch travels. Up to 4 rows the loads are also pipelined: a lane
 // requests its next batch before it multiplies the current one, so its
@@ -100,16 +101,16 @@ constexpr int kGemvThreads = kGemvWarps * kWarpSize;  // 256
 // a barrier for its next chunk of x.
 constexpr int kGemvMinBlocksPerSm = 2;
 constexpr int kLanesPerWeightRow = 8;                               // 8 x 16 = 128 bytes of a row per step
-constexpr int kLaneGroupsPerWarp = kWarpSize / kLanesPerWeightRow;    // 4
+constexpr int kLaneGroupsPerWarp = kWarpSize / kLanesPerWeightRow;  // 4
 constexpr int kOutputsPerLane = 2;
 constexpr int kOutputsPerBlock = kGemvWarps * kLaneGroupsPerWarp * kOutputsPerLane;  // 64
 // Row buckets up to this one pipeline their weight loads (the next batch
-// requested before the current one is multiplied: 64 registers of weights
-// instead of 32). With half weights the 1-row kernel then takes 100-115 registers instead of ~70,
-// the 2- and 4-row ones 118-128, under the launch bounds' 128 without a
-// spill on sm_75 and sm_90; the 8- and 16-row kernels would spill (their
-// sums take 16 and 32 registers more), and there the 8 or 16 fmaf per weight
-// already keep a warp busy between its batches.
+// requested before the current one is multiplied: 64 registers of half
+// weights instead of 32). With half weights the 1-row kernel then takes
+// 100-115 registers instead of ~70, the 2- and 4-row ones 118-128, under the
+// launch bounds' 128 without a spill on sm_75 and sm_90; the 8- and 16-row
+// kernels would spill (their sums take 16 and 32 registers more), and there
+// the 8 or 16 fmaf per weight already keep a warp busy between its batches.
 constexpr int kMaxPipelinedRows = 4;
 constexpr int kStagedXFloats = 4096;                                  // 16 KB of x per chunk
 // x is staged in float4 runs of kLanesPerWeightRow * 4 floats: each lane's 4
@@ -142,6 +143,8 @@ constexpr int round_up(int a, int b) { return ceil_div(a, b) * b; }
 //   zero()                  a vector that adds nothing
 //   decode_word(vector, word, w)  w[0..7]: the weights of columns
 //                           8 word .. 8 word + 7 of the vector
+//   scale(vector)           with kScalePerVector: what the vector's sums
+//                           are multiplied by
 //   address(matrix, output, k, padded_in)  where column k of a row is
 //                           stored (for the L2 prefetch)
 template <class Format>
@@ -162,7 +165,8 @@ constexpr int kStepColumns = kLanesPerWeightRow * Format::kColumnsPerVector;
 template <class Format>
 constexpr int kBatchColumns = Format::kStepsPerBatch * kStepColumns<Format>;
 
-
+// The kernels' arguments besides the weights (GEMV kernels of both kinds:
+// the tensor-core one in half_linear.cu takes them too).
 struct GemvArguments {
   const float* x = nullptr;                 // [rows, in]
   float* y = nullptr;                       // [rows, out]
