@@ -1669,33 +1669,29 @@ template <class Host>
 std::vector<Host> run_once(const QuantizedMatrix& matrix, std::span<const Host> x_host, int rows,
                            CudaQuantizedKernel kernel) {
   using Act = typename KernelActivation<Host>::type;
-  if (kernel == CudaQuantizedKernel::Int4DecodeGemv) {
-    check_matrix(matrix);
-    check_int4_gemv_request(matrix, std::is_same_v<Host, Fp16Bits>);
-    require_device();
-    if constexpr (std::is_same_v<Host, float>) {
-      const Int4DecodeGemv gemv(matrix);
-      llm::cuda::HalfActivationScratch scratch;
-      gemv.reserve(scratch, rows);
-      const DeviceBuffer<float> x{x_host};
-      DeviceBuffer<float> y{static_cast<std::size_t>(rows) * matrix.out_features};
-      LLM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
-      int4_gemv_matmul(gemv, x.data(), rows, y.data(), scratch, nullptr);
-      LLM_CUDA_CHECK(cudaDeviceSynchronize());  // faults inside the kernel surface here
-      std::vector<float> y_host(y.size());
-      y.download(span_of(y_host));
-      return y_host;
-    }
-  }
-  const DeviceQuantizedMatrix w(matrix);
-  SplitKWorkspace workspace;
-  workspace.ensure(w.partial_floats(), w.counters());
+  check_matrix(matrix);  // InputErrors before any device work
+  const bool int4_gemv = kernel == CudaQuantizedKernel::Int4DecodeGemv;
+  if (int4_gemv) check_int4_gemv_request(matrix, std::is_same_v<Host, Fp16Bits>);
+  require_device();
   const DeviceBuffer<Host> x{x_host};
   DeviceBuffer<Host> y{static_cast<std::size_t>(rows) * matrix.out_features};
   LLM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
-  quantized_matmul(w, reinterpret_cast<const Act*>(x.data()), rows, reinterpret_cast<Act*>(y.data()), workspace,
-                   kernel, nullptr);
-  LLM_CUDA_CHECK(cudaDeviceSynchronize());  // faults inside the kernel surface here
+  if (int4_gemv) {
+    if constexpr (std::is_same_v<Host, float>) {  // fp16 activations were refused above
+      const Int4DecodeGemv gemv(matrix);
+      llm::cuda::HalfActivationScratch scratch;
+      gemv.reserve(scratch, rows);
+      int4_gemv_matmul(gemv, x.data(), rows, y.data(), scratch, nullptr);
+      LLM_CUDA_CHECK(cudaDeviceSynchronize());  // faults inside the kernel surface here (before the scratch goes)
+    }
+  } else {
+    const DeviceQuantizedMatrix w(matrix);
+    SplitKWorkspace workspace;
+    workspace.ensure(w.partial_floats(), w.counters());
+    quantized_matmul(w, reinterpret_cast<const Act*>(x.data()), rows, reinterpret_cast<Act*>(y.data()), workspace,
+                     kernel, nullptr);
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());  // faults inside the kernel surface here
+  }
   std::vector<Host> y_host(y.size());
   y.download(span_of(y_host));
   return y_host;
@@ -1715,8 +1711,8 @@ class CudaQuantizedLinear final : public llm::cuda::CudaLinear {
     workspace_->ensure(weights_.partial_floats(), weights_.counters());
     if (options.int4_decode_gemv && Int4DecodeGemv::supports(matrix.format)) {
       gemv_ = std::make_unique<Int4DecodeGemv>(matrix);
-      gemv_->set_first_weights_prefetch(options.gemv_prefetch);
-      gemv_->set_pipelined_weight_loads(options.gemv_pipelining);
+      gemv_->set_first_weights_prefetch(options.run.gemv_prefetch);
+      gemv_->set_pipelined_weight_loads(options.run.gemv_pipelining);
     }
   }
   void forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const override {
@@ -1901,18 +1897,16 @@ CudaMatmulTiming time_cuda_quantized_matmul(const QuantizedMatrix& matrix, int r
   if (Int4DecodeGemv::supports(matrix.format) && rows <= Int4DecodeGemv::kMaxRows) {
     // The decode GEMV reads x as the model hands it over, fp32 (the same
     // fp16 values), and writes y in fp32.
+    const std::vector<float> x_float = halves_to_floats(span_of(x_host));
+    timing.int4_gemv_check =
+        llm::compare(span_of(run_once<float>(matrix, span_of(x_float), rows, CudaQuantizedKernel::Int4DecodeGemv)),
+                     span_of(reference), llm::tolerance_for(llm::DType::F16));
     const Int4DecodeGemv gemv(matrix);
     llm::cuda::HalfActivationScratch scratch;
     gemv.reserve(scratch, rows);
-    const DeviceBuffer<float> x_float{span_of(halves_to_floats(span_of(x_host)))};
-    DeviceBuffer<float> y_float{static_cast<std::size_t>(rows) * out};
-    LLM_CUDA_CHECK(cudaMemset(y_float.data(), 0xFF, y_float.bytes()));
-    const auto run = [&] { gemv.forward(x_float.data(), rows, y_float.data(), {}, scratch, nullptr); };
-    run();
-    LLM_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> y_host(y_float.size());
-    y_float.download(span_of(y_host));
-    timing.int4_gemv_check = llm::compare(span_of(y_host), span_of(reference), llm::tolerance_for(llm::DType::F16));
+    const DeviceBuffer<float> x_dev{span_of(x_float)};
+    DeviceBuffer<float> y_dev{static_cast<std::size_t>(rows) * out};
+    const auto run = [&] { gemv.forward(x_dev.data(), rows, y_dev.data(), {}, scratch, nullptr); };
     timing.int4_gemv_ms = llm::cuda::time_cuda(run, kWarmupRuns, repeats, /*flush_l2=*/true).median_ms;
   }
   return timing;
@@ -1923,15 +1917,7 @@ std::unique_ptr<llm::Model> make_cuda_quantized_model(const llm::ModelWeights& w
   require_device();
   auto workspace = std::make_shared<SplitKWorkspace>();
   auto gemv_scratch = std::make_shared<llm::cuda::HalfActivationScratch>();
-  llm::cuda::CudaModelOptions model_options;
-  model_options.graphs = options.graphs;
-  model_options.programmatic_launches = options.programmatic_launches;
-  if (options.fusions) {
-    model_options.fusions = llm::cuda::CudaFusions::all();
-    model_options.fusions.norm_in_product = options.fold_norms;
-    model_options.fusions.merge_in_split_kernel = options.fold_merge;
-    model_options.fusions.rope_in_qkv_product = options.fold_rope;
-  }
+  llm::cuda::CudaModelOptions model_options = llm::cuda::cuda_model_options(options.run);
   // Called only while the model is built: `layers` need not outlive it (every
   // quantized layer uploads its own device copy).
   model_options.linear_factory = [&layers, &options, workspace, gemv_scratch](

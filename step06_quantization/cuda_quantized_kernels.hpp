@@ -17,6 +17,7 @@
 #include <span>
 #include <vector>
 
+#include "llm/cuda/cuda_runtime_api.hpp"  // CudaRunOptions (no CUDA types)
 #include "llm/harness/compare.hpp"
 #include "llm/model.hpp"
 #include "llm/weights.hpp"
@@ -72,29 +73,22 @@ struct CudaMatmulTiming {
 CudaMatmulTiming time_cuda_quantized_matmul(const QuantizedMatrix& matrix, int rows, int repeats,
                                             std::uint64_t seed);
 
-// How the quantized CUDA model runs: the CUDA model's own switches
-// (llm::cuda::CudaRunOptions has the same names; this header stays free of
-// CUDA types) and the int4 decode GEMV.
+// How the quantized CUDA model runs.
 struct CudaQuantizedModelOptions {
-  bool graphs = true;  // decode forwards replay a CUDA graph
-  // The model's fused launches (cuda_model.hpp's CudaFusions): the Q/K/V
-  // and the gate/up products as one quantized matrix each (the sites'
-  // matrices stacked by rows: the same codes), residual add + RMSNorm, RoPE
-  // + K/V append; and, where every product of a forward fuses its rows
-  // (the int4 decode GEMV's 1..4), the norms, SwiGLU, residual adds and
-  // RoPE folded into the products ...
-  bool fusions = true;
-  bool fold_norms = true;  // ... that one unless this is false ...
-  bool fold_merge = true;  // ... split-KV's merge in its last block unless this is false ...
-  bool fold_rope = true;   // ... and RoPE + the K/V append into the QKV product unless this is false
-  bool programmatic_launches = true;
+  // The CUDA model's own switches, as steps 01 and 04 take them: graphs,
+  // the fusions and their folds, programmatic launches, the GEMV's two load
+  // switches. With the fusions on, the Q/K/V and the gate/up products are
+  // one quantized matrix each (the sites' matrices stacked by rows: the same
+  // codes), and where every product of a forward fuses its rows (the int4
+  // decode GEMV's 1..4) the norms, SwiGLU, residual adds and RoPE fold into
+  // the products. dtype, gemv and max_gemv_rows are not read: the sites
+  // this step leaves unquantized stay fp32.
+  llm::cuda::CudaRunOptions run;
   // Int4 layers run products of 1..4 rows on the int4 decode GEMV
   // (CudaQuantizedKernel::Int4DecodeGemv), which folds the fusions above;
   // false: the persistent kernel at every row count, which folds nothing
-  // (the before row). The GEMV's two load switches, as for the fp16 model:
+  // (the before row).
   bool int4_decode_gemv = true;
-  bool gemv_prefetch = true;
-  bool gemv_pipelining = true;
 };
 
 // CudaModel with the quantized layers behind its Linear hook (fp32

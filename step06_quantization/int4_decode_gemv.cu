@@ -171,10 +171,10 @@ std::size_t Int4DecodeGemv::weight_bytes() const {
 }
 
 void Int4DecodeGemv::reserve(llm::cuda::HalfActivationScratch& scratch, int rows) const {
-  if (rows <= 0 || k_splits_ == 1) return;
-  const auto gemv_rows = static_cast<std::size_t>(std::min(rows, kMaxRows));
-  scratch.grow(static_cast<std::size_t>(k_splits_) * gemv_rows * static_cast<std::size_t>(out_),
-               static_cast<std::size_t>(ceil_div(out_, kOutputsPerBlock)), 0);
+  if (rows <= 0) return;
+  const SplitScratchSize split =
+      split_scratch_size(k_splits_, std::min(rows, kMaxRows), out_, ceil_div(out_, kOutputsPerBlock));
+  scratch.grow(split.partial_floats, split.counters, 0);
 }
 
 void Int4DecodeGemv::forward(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
@@ -182,34 +182,12 @@ void Int4DecodeGemv::forward(const float* x_dev, int rows, float* y_dev, const P
   if (rows < 1 || rows > kMaxRows)
     throw std::logic_error("the int4 decode GEMV takes 1.." + std::to_string(kMaxRows) + " rows, not " +
                            std::to_string(rows));
-  GemvArguments args;
-  args.x = x_dev;
-  args.y = y_dev;
-  args.rows = rows;
-  args.out = out_;
-  args.in = in_;
-  args.padded_in = padded_in_;
-  args.steps_per_split = steps_per_split_;
-  args.k_splits = k_splits_;
-  args.input_norm = fusion.input_norm;
-  args.norm_eps = fusion.norm_eps;
-  args.swiglu_input = fusion.swiglu_of_gate_up;
-  args.accumulate = fusion.accumulate;
-  args.rope = fusion.rope;
+  GemvArguments args = layer_gemv_arguments(
+      x_dev, rows, y_dev, out_, in_, padded_in_, steps_per_split_, k_splits_, ceil_div(out_, kOutputsPerBlock), fusion,
+      scratch, "the int4 decode GEMV [" + std::to_string(out_) + ", " + std::to_string(in_) + "]", "reserve");
   args.inverse_input_scales = inverse_input_scales_.empty() ? nullptr : inverse_input_scales_.data();
   args.prefetch_first_weights = prefetch_first_weights_;
   args.pipelined_weight_loads = pipelined_weight_loads_;
-  if (k_splits_ > 1) {
-    const std::size_t partial_floats =
-        static_cast<std::size_t>(k_splits_) * static_cast<std::size_t>(rows) * static_cast<std::size_t>(out_);
-    if (scratch.partial_sums.size() < partial_floats ||
-        scratch.split_counters.size() < static_cast<std::size_t>(ceil_div(out_, kOutputsPerBlock)))
-      throw std::logic_error("the int4 decode GEMV [" + std::to_string(out_) + ", " + std::to_string(in_) +
-                             "]: a forward of " + std::to_string(rows) +
-                             " rows needs scratch that reserve() grows; call it first, outside any stream capture");
-    args.partial_sums = scratch.partial_sums.data();
-    args.split_counters = scratch.split_counters.data();
-  }
   if (zero_points_)
     launch_cuda_core_gemv<Int4GroupWeights<true>, RoundToFp16>(
         args, {codes_.data(), scales_.data(), zeros_.data(), groups_per_row_, group_columns_}, stream);

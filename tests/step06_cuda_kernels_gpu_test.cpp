@@ -188,6 +188,11 @@ void expect_both_paths_match(const QuantizedMatrix& matrix, const std::vector<in
   }
 }
 
+// a and b hold the same floats, bit for bit.
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
 // 1 .. max_rows tokens.
 std::vector<int> one_to(int max_rows) {
   std::vector<int> batches(static_cast<std::size_t>(max_rows));
@@ -341,9 +346,6 @@ TEST(CudaQuantizedKernelsPersistent, ResultsAreBitwiseReproducible) {
                                           << " rows");
         const std::vector<float> x =
             rounded_to_fp16(llm::testing::random_vector(static_cast<std::size_t>(rows) * shape.in, 41 + rows));
-        const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-          return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-        };
         const std::vector<float> first = step06::cuda_quantized_matmul(matrix, x, rows);
         EXPECT_TRUE(same_bits(first, step06::cuda_quantized_matmul(matrix, x, rows))) << "fp32 path";
         const std::vector<float> first_fp16 = step06::cuda_quantized_matmul_fp16(matrix, x, rows);
@@ -447,7 +449,7 @@ step06::QuantizedLayers quantize_every_site(const llm::ModelWeights& weights, co
 // kernel at decode too.
 step06::CudaQuantizedModelOptions model_setup(const std::string& name) {
   step06::CudaQuantizedModelOptions options;
-  if (name == "unfused") options.fusions = false;
+  if (name == "unfused") options.run.fusions = false;
   if (name == "persistent_kernel") options.int4_decode_gemv = false;
   return options;
 }
@@ -519,9 +521,6 @@ TEST(CudaQuantizedModelFolds, FoldsAndLoadSwitchesChangeNoBitOfTheDecodeLogits) 
     }
     return logits;
   };
-  const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
   for (const std::string format : {"int4-g64", "int4sym-g32"}) {
     SCOPED_TRACE(format);
     const step06::QuantizedLayers layers = quantize_every_site(weights, QuantFormat::parse(format));
@@ -529,18 +528,18 @@ TEST(CudaQuantizedModelFolds, FoldsAndLoadSwitchesChangeNoBitOfTheDecodeLogits) 
     ASSERT_EQ(folded.size(), static_cast<std::size_t>(5) * vocab);
     for (const float logit : folded) ASSERT_TRUE(std::isfinite(logit));
     step06::CudaQuantizedModelOptions kernels_between;
-    kernels_between.fold_norms = false;
-    kernels_between.fold_rope = false;
+    kernels_between.run.fold_norms = false;
+    kernels_between.run.fold_rope = false;
     EXPECT_TRUE(same_bits(decode_logits(*step06::make_cuda_quantized_model(weights, layers, kernels_between)), folded))
         << "the norms, adds, SwiGLU and RoPE as kernels of their own";
     step06::CudaQuantizedModelOptions serial_loads;
-    serial_loads.gemv_prefetch = false;
-    serial_loads.gemv_pipelining = false;
+    serial_loads.run.gemv_prefetch = false;
+    serial_loads.run.gemv_pipelining = false;
     EXPECT_TRUE(same_bits(decode_logits(*step06::make_cuda_quantized_model(weights, layers, serial_loads)), folded))
         << "no L2 prefetch, no pipelined loads";
     step06::CudaQuantizedModelOptions eager;
-    eager.graphs = false;
-    eager.programmatic_launches = false;
+    eager.run.graphs = false;
+    eager.run.programmatic_launches = false;
     EXPECT_TRUE(same_bits(decode_logits(*step06::make_cuda_quantized_model(weights, layers, eager)), folded))
         << "no graphs, no programmatic launches";
   }

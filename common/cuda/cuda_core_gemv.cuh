@@ -84,9 +84,12 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
-#include "cuda_linear.hpp"  // QkvRopeWrite
+#include "cuda_linear.hpp"  // ProductFusion, QkvRopeWrite
 #include "device_formulas.cuh"
+#include "half_linear.hpp"  // HalfActivationScratch: the split scratch every layer shares
 #include "programmatic_launch.cuh"
 #include "llm/cuda/cuda_runtime_api.hpp"  // kMaxGemvRows, sm_count
 #include "llm/kv_cache.hpp"
@@ -676,6 +679,55 @@ inline ColumnSplit choose_column_split(int output_blocks, int total_steps) {
   split.steps_per_split = ceil_div(total_steps, splits);
   split.k_splits = ceil_div(total_steps, split.steps_per_split);
   return split;
+}
+
+// The split scratch (HalfActivationScratch) a launch of `rows` rows needs:
+// the slices' partial sums [k_splits, rows, out] and one ticket counter per
+// output block; nothing when the columns are not split.
+struct SplitScratchSize {
+  std::size_t partial_floats = 0;
+  std::size_t counters = 0;
+};
+inline SplitScratchSize split_scratch_size(int k_splits, int rows, int out, int output_blocks) {
+  if (k_splits <= 1) return {};
+  return {static_cast<std::size_t>(k_splits) * static_cast<std::size_t>(rows) * static_cast<std::size_t>(out),
+          static_cast<std::size_t>(output_blocks)};
+}
+
+// The arguments of one launch of a layer, the ones every layer sets alike:
+// x, y and the rows; the shape and the column split; what `fusion` folds in;
+// the shared split scratch, which must hold the launch (std::logic_error
+// naming `layer` and the call that grows it, `grow_call`, otherwise: a
+// forward never allocates, it may be captured into a CUDA graph). The
+// caller adds its load switches (and input scales).
+inline GemvArguments layer_gemv_arguments(const float* x, int rows, float* y, int out, int in, int padded_in,
+                                          int steps_per_split, int k_splits, int output_blocks,
+                                          const ProductFusion& fusion, HalfActivationScratch& scratch,
+                                          const std::string& layer, const char* grow_call) {
+  GemvArguments args;
+  args.x = x;
+  args.y = y;
+  args.rows = rows;
+  args.out = out;
+  args.in = in;
+  args.padded_in = padded_in;
+  args.steps_per_split = steps_per_split;
+  args.k_splits = k_splits;
+  args.input_norm = fusion.input_norm;
+  args.norm_eps = fusion.norm_eps;
+  args.swiglu_input = fusion.swiglu_of_gate_up;
+  args.accumulate = fusion.accumulate;
+  args.rope = fusion.rope;
+  if (k_splits > 1) {
+    const SplitScratchSize needed = split_scratch_size(k_splits, rows, out, output_blocks);
+    if (scratch.partial_sums.size() < needed.partial_floats || scratch.split_counters.size() < needed.counters)
+      throw std::logic_error(layer + ": a forward of " + std::to_string(rows) + " rows needs scratch that " +
+                             grow_call + "(" + std::to_string(rows) +
+                             ") grows; call it first, outside any stream capture");
+    args.partial_sums = scratch.partial_sums.data();
+    args.split_counters = scratch.split_counters.data();
+  }
+  return args;
 }
 
 }  // namespace llm::cuda::gemv

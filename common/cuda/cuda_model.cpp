@@ -556,9 +556,7 @@ CudaLinearFactory cuda_linear_factory(WeightDtype dtype, HalfGemvKernel gemv, in
   throw InputError("unknown weight dtype");
 }
 
-std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRunOptions& run) {
-  const DeviceStatus status = device_status();
-  if (!status.usable) throw DeviceError("cannot run the CUDA model: " + status.reason);
+CudaModelOptions cuda_model_options(const CudaRunOptions& run) {
   CudaModelOptions options;
   options.linear_factory =
       cuda_linear_factory(run.dtype, run.gemv, run.max_gemv_rows,
@@ -569,7 +567,13 @@ std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRu
   if (!run.fold_norms) options.fusions.norm_in_product = false;
   if (!run.fold_merge) options.fusions.merge_in_split_kernel = false;
   if (!run.fold_rope) options.fusions.rope_in_qkv_product = false;
-  return std::make_unique<CudaModel>(weights, options);
+  return options;
+}
+
+std::unique_ptr<Model> make_cuda_model(const ModelWeights& weights, const CudaRunOptions& run) {
+  const DeviceStatus status = device_status();
+  if (!status.usable) throw DeviceError("cannot run the CUDA model: " + status.reason);
+  return std::make_unique<CudaModel>(weights, cuda_model_options(run));
 }
 
 }  // namespace llm::cuda

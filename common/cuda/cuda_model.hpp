@@ -86,10 +86,10 @@ struct CudaFusions {
 struct CudaModelOptions {
   CudaLinearFactory linear_factory = dense_cuda_linear_factory();
   CudaAttentionKernels attention;
-  // Off by default: a step that hands in its own linear factory (step 06)
-  // keys its layers by role and gets the seven products it expects. The
-  // command-line model (make_cuda_model) turns them all on (--no-fusions:
-  // off).
+  // Off by default: one product per Linear site. The command-line model
+  // (cuda_model_options) turns them all on (--no-fusions: off), and so does
+  // step 06's quantized model, which stacks the sites' quantized matrices
+  // for the fused products.
   CudaFusions fusions;
   // Replay CUDA graphs for decode forwards (false: every kernel launched from
   // the host, the before row). Graphs are only used where the decode kernel
@@ -110,6 +110,12 @@ struct CudaModelOptions {
 // they are made (fp32 has no GEMV, and ignores all three).
 CudaLinearFactory cuda_linear_factory(WeightDtype dtype, HalfGemvKernel gemv = HalfGemvKernel::CudaCores,
                                       int max_gemv_rows = kMaxGemvRows, HalfGemvLoads loads = {});
+
+// The model a command line asks for (make_cuda_model): the products of
+// run.dtype through cuda_linear_factory, graphs, programmatic launches, and
+// every fusion unless run.fusions is false, less the folds switched off. A
+// step with its own products (step 06) replaces linear_factory.
+CudaModelOptions cuda_model_options(const CudaRunOptions& run);
 
 class CudaModel final : public Model {
  public:

@@ -503,13 +503,11 @@ int HalfCudaLinear::gemv_output_blocks() const { return ceil_div(out_, gemv_outp
 void HalfCudaLinear::reserve_rows(int rows) {
   if (rows <= 0) return;
   HalfActivationScratch& scratch = *scratch_;
-  const auto gemv_rows = static_cast<std::size_t>(std::min(rows, gemv_max_rows_));
-  const std::size_t partial_floats =
-      gemv_k_splits_ > 1 ? static_cast<std::size_t>(gemv_k_splits_) * gemv_rows * static_cast<std::size_t>(out_) : 0;
-  const std::size_t counters = gemv_k_splits_ > 1 ? static_cast<std::size_t>(gemv_output_blocks()) : 0;
+  const SplitScratchSize split =
+      split_scratch_size(gemv_k_splits_, std::min(rows, gemv_max_rows_), out_, gemv_output_blocks());
   const std::size_t activation_halves =
       rows > gemv_max_rows_ ? static_cast<std::size_t>(rows) * static_cast<std::size_t>(in_) : 0;
-  scratch.grow(partial_floats, counters, activation_halves);
+  scratch.grow(split.partial_floats, split.counters, activation_halves);
 }
 
 void HalfActivationScratch::grow(std::size_t partial_floats, std::size_t counters, std::size_t activation_halves) {
@@ -559,33 +557,11 @@ void HalfCudaLinear::forward_on_path(const float* x_dev, int rows, float* y_dev,
 
 void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                                   cudaStream_t stream) const {
-  GemvArguments args;
-  args.input_norm = fusion.input_norm;
-  args.norm_eps = fusion.norm_eps;
-  args.swiglu_input = fusion.swiglu_of_gate_up;
-  args.accumulate = fusion.accumulate;
-  args.rope = fusion.rope;
-  args.x = x_dev;
-  args.y = y_dev;
-  args.rows = rows;
-  args.out = out_;
-  args.in = in_;
-  args.padded_in = padded_in_;
-  args.steps_per_split = gemv_steps_per_split_;
-  args.k_splits = gemv_k_splits_;
+  GemvArguments args = layer_gemv_arguments(x_dev, rows, y_dev, out_, in_, padded_in_, gemv_steps_per_split_,
+                                            gemv_k_splits_, gemv_output_blocks(), fusion, *scratch_,
+                                            "HalfCudaLinear " + shape_text(out_, in_), "reserve_rows");
   args.prefetch_first_weights = prefetch_first_weights_;
   args.pipelined_weight_loads = pipelined_weight_loads_;
-  if (gemv_k_splits_ > 1) {
-    const std::size_t partial_floats =
-        static_cast<std::size_t>(gemv_k_splits_) * static_cast<std::size_t>(rows) * static_cast<std::size_t>(out_);
-    const auto counters = static_cast<std::size_t>(gemv_output_blocks());
-    if (scratch_->partial_sums.size() < partial_floats || scratch_->split_counters.size() < counters)
-      throw std::logic_error("HalfCudaLinear " + shape_text(out_, in_) + ": a forward of " + std::to_string(rows) +
-                             " rows needs scratch that reserve_rows(" + std::to_string(rows) +
-                             ") grows; call it first, outside any stream capture");
-    args.partial_sums = scratch_->partial_sums.data();
-    args.split_counters = scratch_->split_counters.data();
-  }
   const bool tensor_cores = gemv_kernel_ == HalfGemvKernel::TensorCores;
   const std::uint16_t* weight = weight_.data();
   if (tensor_cores)

@@ -91,22 +91,6 @@ llm::cuda::CudaRunOptions unquantized_run_options(const ModelTableOptions& optio
   return run;
 }
 
-// The same switches for the quantized rows.
-CudaQuantizedModelOptions quantized_run_options(const ModelTableOptions& options) {
-  const llm::cuda::CudaRunOptions& run = options.cuda;
-  CudaQuantizedModelOptions quantized;
-  quantized.graphs = run.graphs;
-  quantized.fusions = run.fusions;
-  quantized.fold_norms = run.fold_norms;
-  quantized.fold_merge = run.fold_merge;
-  quantized.fold_rope = run.fold_rope;
-  quantized.programmatic_launches = run.programmatic_launches;
-  quantized.int4_decode_gemv = options.int4_decode_gemv;
-  quantized.gemv_prefetch = run.gemv_prefetch;
-  quantized.gemv_pipelining = run.gemv_pipelining;
-  return quantized;
-}
-
 // Logits at every position of `sequence` ([length, vocab]), one all-rows forward.
 std::vector<float> logits_over(llm::Model& model, bool int8_kv, const std::vector<int>& sequence) {
   auto cache = make_cache(model, int8_kv, static_cast<int>(sequence.size()));
@@ -280,7 +264,7 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       row.model = model_name;
       row.variant = variant;
       std::unique_ptr<llm::Model> model =
-          layers ? make_quantized_model_on(device, weights, *layers, quantized_run_options(options))
+          layers ? make_quantized_model_on(device, weights, *layers, {options.cuda, options.int4_decode_gemv})
                  : llm::make_model_on(device, weights, unquantized_run_options(options, variant.dense_dtype));
       row.weight_bytes = weight_bytes_per_token(weights, layers, variant.dense_dtype);
       row.kv_bytes_per_position = kv_bytes_per_position(config, variant.int8_kv);

@@ -77,7 +77,7 @@ struct ModelTableOptions {
   // How every CUDA row runs (graphs, fusions, their folds, PDL, the GEMV's
   // loads: the step's command line); each row sets its own weights (`dtype`
   // is not read). The fp32 and fp16 rows run it as it is, the quantized
-  // rows through CudaQuantizedModelOptions' same switches.
+  // rows through CudaQuantizedModelOptions::run.
   llm::cuda::CudaRunOptions cuda;
   // Int4 rows decode on the int4 decode GEMV (false: on the persistent
   // kernel, the before row; --no-int4-gemv).

@@ -132,28 +132,25 @@ void print_kernel_table(const KernelTable& table, double cuda_copy_gbps) {
       all_ok = all_ok && cell->check.ok;
     }
     fmt::print("{}  {}\n", line, all_ok ? "ok" : "FAIL");
+    // Another kernel timed on the same x, on a line of its own under the
+    // row's: each batch's columns where it ran ("-" where it did not).
+    const auto print_kernel_beside = [&](const char* label, double KernelCell::*ms,
+                                         llm::CompareResult KernelCell::*check) {
+      std::string beside = fmt::format("{:<5} {:<10} {:<17} {:>12} {:<12} {:>6}", "", "", "", "", label, "");
+      bool beside_ok = true;
+      for (const KernelCell* cell : cells) {
+        beside += cell->*ms > 0 ? batch_columns(*cell, cell->*ms)
+                                : fmt::format(" | {:>3} {:>9} {:>7} {:>5} {:>6}", "", "-", "-", "-", "-");
+        beside_ok = beside_ok && (cell->*ms == 0 || (cell->*check).ok);
+      }
+      fmt::print("{}  {}\n", beside, beside_ok ? "ok" : "FAIL");
+    };
     // CUDA quantized formats: the line above is the persistent kernel; the
-    // one-shot split-K kernel's times on the same x follow on a line of their own.
-    if (first.one_shot_ms > 0) {
-      std::string one_shot = fmt::format("{:<5} {:<10} {:<17} {:>12} {:<12} {:>6}", "", "", "", "", " one-shot", "");
-      bool one_shot_ok = true;
-      for (const KernelCell* cell : cells) {
-        one_shot += batch_columns(*cell, cell->one_shot_ms);
-        one_shot_ok = one_shot_ok && cell->one_shot_check.ok;
-      }
-      fmt::print("{}  {}\n", one_shot, one_shot_ok ? "ok" : "FAIL");
-    }
-    // CUDA int4 formats: the int4 decode GEMV's times (1..4 rows; "-" past them).
-    if (first.int4_gemv_ms > 0) {
-      std::string int4_gemv = fmt::format("{:<5} {:<10} {:<17} {:>12} {:<12} {:>6}", "", "", "", "", " int4 GEMV", "");
-      bool int4_gemv_ok = true;
-      for (const KernelCell* cell : cells) {
-        int4_gemv += cell->int4_gemv_ms > 0 ? batch_columns(*cell, cell->int4_gemv_ms)
-                                            : fmt::format(" | {:>3} {:>9} {:>7} {:>5} {:>6}", "", "-", "-", "-", "-");
-        int4_gemv_ok = int4_gemv_ok && (cell->int4_gemv_ms == 0 || cell->int4_gemv_check.ok);
-      }
-      fmt::print("{}  {}\n", int4_gemv, int4_gemv_ok ? "ok" : "FAIL");
-    }
+    // one-shot split-K kernel's times follow, then for int4 the decode
+    // GEMV's (1..4 rows).
+    if (first.one_shot_ms > 0) print_kernel_beside(" one-shot", &KernelCell::one_shot_ms, &KernelCell::one_shot_check);
+    if (first.int4_gemv_ms > 0)
+      print_kernel_beside(" int4 GEMV", &KernelCell::int4_gemv_ms, &KernelCell::int4_gemv_check);
   }
 }
 
