@@ -39,6 +39,16 @@ function(llm_add_step name)
   # variants.hpp never collide when one step links another's library.
   target_include_directories(${lib} PUBLIC ${PROJECT_SOURCE_DIR})
   target_link_libraries(${lib} PUBLIC llm_common ${STEP_LINK})
+  # The library's measurement code (its measure/ sources: the parts that run
+  # and print the step's tables) is the sanitizer tier's to check, not to
+  # time: -O0 there, as the suites' own code, so that it compiles in less
+  # time. Every other build keeps the build's level: some of it holds what
+  # a part times (step 06's CPU bandwidth probe).
+  if(LLM_UNOPTIMIZED_TEST_SUITES)
+    set(measurement_sources ${STEP_SOURCES} ${STEP_NO_CUDA_SOURCES})
+    list(FILTER measurement_sources INCLUDE REGEX "^measure/")
+    set_source_files_properties(${measurement_sources} PROPERTIES COMPILE_OPTIONS -O0)
+  endif()
   llm_enable_warnings(${lib})  # cmake/Warnings.cmake
   if(LLM_WITH_CUDA AND STEP_CUDA_SOURCES)
     target_sources(${lib} PRIVATE ${STEP_CUDA_SOURCES})
