@@ -184,7 +184,7 @@ void Int4DecodeGemv::forward(const float* x_dev, int rows, float* y_dev, const P
                            std::to_string(rows));
   GemvArguments args = layer_gemv_arguments(
       x_dev, rows, y_dev, out_, in_, padded_in_, steps_per_split_, k_splits_, ceil_div(out_, kOutputsPerBlock), fusion,
-      scratch, "the int4 decode GEMV [" + std::to_string(out_) + ", " + std::to_string(in_) + "]", "reserve");
+      scratch, "the int4 decode GEMV", "reserve");
   args.inverse_input_scales = inverse_input_scales_.empty() ? nullptr : inverse_input_scales_.data();
   args.prefetch_first_weights = prefetch_first_weights_;
   args.pipelined_weight_loads = pipelined_weight_loads_;

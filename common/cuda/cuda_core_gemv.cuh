@@ -697,13 +697,13 @@ inline SplitScratchSize split_scratch_size(int k_splits, int rows, int out, int 
 // The arguments of one launch of a layer, the ones every layer sets alike:
 // x, y and the rows; the shape and the column split; what `fusion` folds in;
 // the shared split scratch, which must hold the launch (std::logic_error
-// naming `layer` and the call that grows it, `grow_call`, otherwise: a
-// forward never allocates, it may be captured into a CUDA graph). The
-// caller adds its load switches (and input scales).
+// naming the layer, "`layer` [out, in]", and the call that grows it,
+// `grow_call`, otherwise: a forward never allocates, it may be captured into
+// a CUDA graph). The caller adds its load switches (and input scales).
 inline GemvArguments layer_gemv_arguments(const float* x, int rows, float* y, int out, int in, int padded_in,
                                           int steps_per_split, int k_splits, int output_blocks,
                                           const ProductFusion& fusion, HalfActivationScratch& scratch,
-                                          const std::string& layer, const char* grow_call) {
+                                          const char* layer, const char* grow_call) {
   GemvArguments args;
   args.x = x;
   args.y = y;
@@ -721,9 +721,9 @@ inline GemvArguments layer_gemv_arguments(const float* x, int rows, float* y, in
   if (k_splits > 1) {
     const SplitScratchSize needed = split_scratch_size(k_splits, rows, out, output_blocks);
     if (scratch.partial_sums.size() < needed.partial_floats || scratch.split_counters.size() < needed.counters)
-      throw std::logic_error(layer + ": a forward of " + std::to_string(rows) + " rows needs scratch that " +
-                             grow_call + "(" + std::to_string(rows) +
-                             ") grows; call it first, outside any stream capture");
+      throw std::logic_error(std::string(layer) + " [" + std::to_string(out) + ", " + std::to_string(in) +
+                             "]: a forward of " + std::to_string(rows) + " rows needs scratch that " + grow_call +
+                             "(" + std::to_string(rows) + ") grows; call it first, outside any stream capture");
     args.partial_sums = scratch.partial_sums.data();
     args.split_counters = scratch.split_counters.data();
   }

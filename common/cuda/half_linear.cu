@@ -559,7 +559,7 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
                                   cudaStream_t stream) const {
   GemvArguments args = layer_gemv_arguments(x_dev, rows, y_dev, out_, in_, padded_in_, gemv_steps_per_split_,
                                             gemv_k_splits_, gemv_output_blocks(), fusion, *scratch_,
-                                            "HalfCudaLinear " + shape_text(out_, in_), "reserve_rows");
+                                            "HalfCudaLinear", "reserve_rows");
   args.prefetch_first_weights = prefetch_first_weights_;
   args.pipelined_weight_loads = pipelined_weight_loads_;
   const bool tensor_cores = gemv_kernel_ == HalfGemvKernel::TensorCores;
