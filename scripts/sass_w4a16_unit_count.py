@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Instructions per unit of work in step 06's W4A16 / W8A16 kernels, read from their SASS.
 
-Both kernels (step06_quantization/cuda_quantized_kernels.cu) multiply one
+Both kernels (step06_quantization/quantized_mma_one_shot.cu and
+quantized_mma_persistent.cu) multiply one
 "step" of a warp's 16-row tile at a time: 64 bytes of each row's codes, 8
 tensor-core instructions (HMMA) per n-tile of 8 tokens for the 4-bit
 schemes, 4 for int8. A profile counts what a whole launch executed; this
@@ -24,7 +25,7 @@ Code for sm_75 is skipped: there each m16n8k16 product is two HMMA.1688
 Input: the SASS of the step 06 library or executable, as either disassembler
 prints it (for sm_90 code, on a machine with the CUDA toolkit):
     cuobjdump -sass build/bin/step06_quantization > step06.sass
-    nvdisasm -c cuda_quantized_kernels.cubin > step06.sass
+    nvdisasm -c quantized_mma_persistent.cubin > step06.sass
     scripts/sass_w4a16_unit_count.py step06.sass [--json counts.json]
     cuobjdump -sass build/bin/step06_quantization | scripts/sass_w4a16_unit_count.py -
 """

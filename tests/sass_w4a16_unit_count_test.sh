@@ -24,8 +24,10 @@ function_header() {  # function_header ARCHITECTURE NAME: a function's first lin
   echo "	code for $1"
   echo "		Function : $2"
 }
-mangled="_ZN6step0658_GLOBAL__N__e84d74ed_25_cuda_quantized_kernels_cu_c11d2e22"
-one_shot_int8="${mangled}22one_shot_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewEPKT0_ibPS5_NS0_10SplitKViewE"
+# Each kernel in an unnamed namespace of its own file, inside step06::quantized_mma.
+one_shot_file="_ZN6step0613quantized_mma63_GLOBAL__N__049e6b67_25_quantized_mma_one_shot_cu_5c9f39ad_4374"
+persistent_file="_ZN6step0613quantized_mma60_GLOBAL__N__af4b0157_27_quantized_mma_persistent_cu_ef429048"
+one_shot_int8="${one_shot_file}22one_shot_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewEPKT0_ibPS6_NS0_10SplitKViewE"
 {
   function_header sm_90 "$one_shot_int8"
   emit "LDG.E.128 R40, [R2.64]"
@@ -38,7 +40,7 @@ one_shot_int8="${mangled}22one_shot_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1
   function_header sm_75 "$one_shot_int8"
   for i in $(seq 1 64); do emit "HMMA.1688.F32 R8, R12, R16, R8"; done
   emit "EXIT"
-  function_header sm_90 "${mangled}24persistent_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewENS0_14PersistentPlanEPKT0_iNS0_8XStagingEPS6_NS0_10SplitKViewE"
+  function_header sm_90 "${persistent_file}24persistent_matmul_kernelILNS_11QuantSchemeE0E6__halfLi1EEEvNS0_16DeviceMatrixViewENS0_14PersistentPlanEPKT0_iNS0_8XStagingEPS7_NS0_10SplitKViewE"
   emit "LDG.E.128 R40, [R2.64]"
   for unit in $(seq 0 3); do
     for i in 1 2 3 4; do emit "HMMA.16816.F32 R8, R12, R16, R8"; done
