@@ -72,7 +72,7 @@ struct PersistentPlan {
   // a block's range is walked in segments of this many units.
   int segment_units = 0;
   int x_window_steps = 0;  // steps of x one segment stages: min(segment_units, total_steps)
-  int x_stride_words = 0;  // words of one staged x row: x_window_steps * words per step + 8 (see SchemeTraits)
+  int x_stride_words = 0;  // words of one staged x row: x_window_steps * words per step + 8 (SchemeTraits)
   std::size_t shared_bytes[2] = {0, 0};  // dynamic shared memory at up to 8 and up to 16 tokens
 };
 
@@ -80,7 +80,7 @@ struct PersistentPlan {
 //   one-shot:   partials [k_splits, 16, rows_padded] fp32;
 //               counters [m_blocks]: blocks of each row block done so far.
 //   persistent: partials [grid, 8 warps, kPartialValues, 32 lanes] fp32: the
-//               one piece each block may hand over (see the kernel);
+//               one piece each block may hand over (persistent_matmul_kernel);
 //               counters [m_tiles]: warps that handed over a piece of the tile.
 // Both kernels leave every counter at 0 at the end of a launch.
 struct SplitKView {
@@ -92,7 +92,7 @@ struct SplitKView {
 struct XStaging {
   bool vector_x = false;  // in_features % 4 == 0 and x aligned to 4 activations: 4-wide loads
   // fp16 x as is (no input scales), in_features % 8 == 0 and x aligned to 16
-  // bytes: the persistent kernel copies it with cp.async (see stage_segment_x).
+  // bytes: the persistent kernel copies it with cp.async (stage_segment_x).
   bool async_x = false;
 };
 

@@ -12,11 +12,11 @@
 // registers: a unit's loads are requested kRingUnits units before its math,
 // so kRingUnits - 1 units are always in flight. x and the group scales of a
 // segment of units are staged into shared memory once (for the shapes of
-// section 9, one segment per block) while the ring's first loads travel. A
-// row block whose K range two or more blocks share (only at the two ends of
-// a block's range) is added up by the block that owns its last step, from
-// the others' partial sums, after a per-warp flag: one release and one
-// acquire, no ticket round trip, and always the same order.
+// chapter 06's section 9, one segment per block) while the ring's first
+// loads travel. A row block whose K range two or more blocks share (only at
+// the two ends of a block's range) is added up by the block that owns its
+// last step, from the others' partial sums, after a per-warp flag: one
+// release and one acquire, no ticket round trip, and always the same order.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
