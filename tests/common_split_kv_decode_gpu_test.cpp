@@ -15,7 +15,9 @@
 //
 // Rows of the caches no query may read (past a sequence's length, spare
 // blocks) hold NaN, and output rows no query writes hold a sentinel: a kernel
-// that reads or writes out of its range fails the comparison.
+// that reads or writes out of its range fails the comparison. The workspace
+// of the splits' partial results holds NaN before every launch and graph
+// replay: a merge that reads a partial before its split wrote it fails too.
 //
 // Every test skips with the reason where no GPU can be present (always in a
 // CPU-only build) and fails where one is present but unusable
@@ -103,6 +105,17 @@ constexpr float kOutputSentinel = 12345.0f;  // output rows no query writes must
 
 // Who merges the splits' partial results (DecodeQueries::merge_tickets).
 enum class Merge { InLastSplitBlock, MergeKernel };
+
+// Fills the workspace of the splits' partial results (stats and outputs)
+// with NaN bits, queued on `stream` before a launch. A merge that ran before
+// every split had written its partials then reads NaN and fails the
+// comparisons. Without it, it would mostly read the previous call's
+// partials, the same as this call's: a buffer freed and allocated again
+// (run()) usually gets the same address back, and a graph replays over the
+// same workspace.
+void poison_workspace(cuda::DeviceBuffer<float>& workspace, cudaStream_t stream) {
+  LLM_CUDA_CHECK(cudaMemsetAsync(workspace.data(), 0xFF, workspace.size() * sizeof(float), stream));
+}
 
 // One decode batch with its caches in host and device memory: query i sees
 // keys 0..lengths[i]-1 of its own sequence and reads and writes batch row
@@ -271,6 +284,7 @@ class DecodeProblem {
     const std::size_t workspace_floats =
         cuda::kernels::split_kv_decode_workspace_floats(shape_, n_queries(), batch.max_length);
     cuda::DeviceBuffer<float> workspace(std::max<std::size_t>(1, workspace_floats));
+    poison_workspace(workspace, nullptr);  // a new allocation: most likely the previous call's partials
     cuda::kernels::split_kv_decode_attention(shape_, d_q_.data(), batch, d_out_.data(), workspace.data(), nullptr);
     return download_output();
   }
@@ -543,6 +557,7 @@ TEST(SplitKvDecodeGraph, ReplayWithNewLengthsMatchesEagerCall) {
 
     // The captured lengths first: the graph computes them.
     problem.reset_output();
+    poison_workspace(workspace, stream);  // every replay writes its partials over the same workspace
     LLM_CUDA_CHECK(cudaGraphLaunch(replay, stream));
     LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
     const std::vector<float> captured = problem.download_output();
@@ -551,6 +566,7 @@ TEST(SplitKvDecodeGraph, ReplayWithNewLengthsMatchesEagerCall) {
     // New lengths in device memory only; the same graph.
     problem.set_lengths(replayed_lengths);
     problem.reset_output();
+    poison_workspace(workspace, stream);
     LLM_CUDA_CHECK(cudaGraphLaunch(replay, stream));
     LLM_CUDA_CHECK(cudaStreamSynchronize(stream));
     const std::vector<float> replayed = problem.download_output();

@@ -112,7 +112,8 @@ constexpr int kMinBlocksPerSm = 4;
 // A split covers at least 64 keys: one tile at head_dim <= 64 (TinyLlama's
 // 64), 2 at 128, 4 at 256. Each split costs a fixed amount beyond its keys:
 // loading the query heads, the first tile's memory latency, writing
-// head_dim + 2 floats per query head that the merge kernel reads back (at
+// head_dim + 2 floats per query head that the merge reads back (the last
+// split block by default, the merge kernel with the merge folding off; at
 // head_dim 64 and a group of 8: 8 x 66 floats against 64 x 2 x 64 floats of
 // K/V, ~6%). Shorter splits give more blocks at batch 1 (a model with 4 KV
 // heads gets 4 blocks per 64 keys) but twice the partials; longer ones leave
@@ -433,23 +434,46 @@ __device__ __forceinline__ void copy_tile(const CachedHead<kElement>& cached, Sh
   }
 }
 
+// Who wrote the partials a merge reads, which decides how it loads them:
+//   ThisLaunch     other blocks of the same split kernel (the last split
+//                  block's merge): through L2 (__ldcg), as L1 is not kept
+//                  coherent across SMs within a launch and could serve a
+//                  stale line of them;
+//   EarlierKernel  the split kernel before it (the merge kernel): through
+//                  the read-only path (__ldg), the load the compiler made of
+//                  the merge kernel's own plain loads through const
+//                  __restrict__ pointers before the last block merged too.
+//                  L1 then serves the stats that every warp of a head, and
+//                  both loops below, read again, instead of L2 each time.
+// The same values either way: only the load instruction differs.
+enum class PartialsWrittenBy { ThisLaunch, EarlierKernel };
+
+template <PartialsWrittenBy kWriter>
+__device__ __forceinline__ float load_partial(const float* address) {
+  if constexpr (kWriter == PartialsWrittenBy::ThisLaunch)
+    return __ldcg(address);
+  else
+    return __ldg(address);
+}
+
 // The merge of one output element: (query, head, dim) from the partials of
 // its `splits` splits, in split order. Every split is read, the empty ones
-// included (weight 2^(-inf - M) = 0), so the merge needs no lengths. The
-// loads go to L2 (__ldcg): in the split kernel's last block the partials
-// were written by other blocks of the same launch, whose lines this SM's L1
-// must not serve; for the merge kernel it changes no value.
+// included (weight 2^(-inf - M) = 0), so the merge needs no lengths. Both
+// mergers call it, so both evaluate the same expression in the same order:
+// the same bits (kWriter changes the loads, not the arithmetic).
+template <PartialsWrittenBy kWriter>
 __device__ __forceinline__ float merged_output(int n_heads, int head_dim, int splits, int query, int head, int dim,
                                                const float* partial_outputs, const float* partial_stats) {
   const std::size_t first_slot = (static_cast<std::size_t>(query) * n_heads + head) * splits;
   float global_max = -INFINITY;
-  for (int s = 0; s < splits; ++s) global_max = fmaxf(global_max, __ldcg(partial_stats + (first_slot + s) * 2));
+  for (int s = 0; s < splits; ++s)
+    global_max = fmaxf(global_max, load_partial<kWriter>(partial_stats + (first_slot + s) * 2));
   float sum = 0.0f, value = 0.0f;
   if (global_max != -INFINITY) {  // else no split saw a key (a length of 0, which callers never pass)
     for (int s = 0; s < splits; ++s) {
-      const float weight = exp2f(__ldcg(partial_stats + (first_slot + s) * 2) - global_max);
-      sum += weight * __ldcg(partial_stats + (first_slot + s) * 2 + 1);
-      value += weight * __ldcg(partial_outputs + (first_slot + s) * head_dim + dim);
+      const float weight = exp2f(load_partial<kWriter>(partial_stats + (first_slot + s) * 2) - global_max);
+      sum += weight * load_partial<kWriter>(partial_stats + (first_slot + s) * 2 + 1);
+      value += weight * load_partial<kWriter>(partial_outputs + (first_slot + s) * head_dim + dim);
     }
   }
   return sum > 0.0f ? value / sum : 0.0f;
@@ -468,7 +492,8 @@ __device__ __noinline__ void merge_block_heads(const float* partial_outputs, con
        index += static_cast<int>(blockDim.x)) {
     const int head = first_head + index / head_dim, dim = index % head_dim;
     out[(static_cast<std::size_t>(batch_row) * n_heads + head) * head_dim + dim] =
-        merged_output(n_heads, head_dim, splits, query, head, dim, partial_outputs, partial_stats);
+        merged_output<PartialsWrittenBy::ThisLaunch>(n_heads, head_dim, splits, query, head, dim, partial_outputs,
+                                                     partial_stats);
   }
 }
 
@@ -702,8 +727,10 @@ __device__ __forceinline__ void attend_split(const SplitKernelArgs& args, const 
 template <class Layout>
 __global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocksPerSm) split_kernel(SplitKernelArgs args) {
   __shared__ SharedTile<Layout> tile;
-  // Its queries come from the QKV product, its newest keys from the RoPE
-  // kernel, just before it: nothing to do ahead of them.
+  // Its queries and newest keys are written by the kernels before it: the
+  // RoPE kernel (rope_and_write_kv; unfused, rope and write_kv_rows) or,
+  // with the RoPE folded in (CudaFusions::rope_in_qkv_product), the QKV
+  // product's last writes. Nothing to do ahead of them.
   wait_then_let_next_kernel_launch();
   const KvView view = args.views[blockIdx.z];  // a register copy: its fields are read for every tile
   if (view.element == KvElement::Int8)
@@ -737,7 +764,8 @@ __global__ void merge_kernel(AttentionShape shape, const int* __restrict__ rows,
   if (dim >= head_dim) return;  // no barrier follows
   const int batch_row = rows != nullptr ? rows[query] : query;
   out[(static_cast<std::size_t>(batch_row) * shape.n_heads + head) * head_dim + dim] =
-      merged_output(shape.n_heads, head_dim, splits, query, head, dim, partial_outputs, partial_stats);
+      merged_output<PartialsWrittenBy::EarlierKernel>(shape.n_heads, head_dim, splits, query, head, dim,
+                                                      partial_outputs, partial_stats);
 }
 
 // --- Host side.

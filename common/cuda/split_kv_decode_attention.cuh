@@ -35,10 +35,10 @@ namespace llm::cuda::kernels {
 // q, out     [batch rows, n_heads, head_dim] device memory, not overlapping
 // workspace  split_kv_decode_workspace_floats(shape, n_queries, max_length)
 //            floats of device memory (may be null when that is 0)
-// With several splits, the last split block of each (query, KV head) to
-// finish merges the splits' partial results when queries.merge_tickets is
-// given (one launch), else a second kernel does (the before row); the same
-// bits either way.
+// With several splits, the last split block of each (query, KV head, head
+// chunk) to finish merges the splits' partial results when
+// queries.merge_tickets is given (one launch), else a second kernel does
+// (the before row); the same bits either way.
 // Throws InputError for a shape it cannot take (head_dim outside
 // 1..kMaxHeadDim, n_heads not a multiple of n_kv_heads, more than 65535
 // queries or (KV head, head chunk) pairs) and for host copies of the
@@ -58,7 +58,7 @@ std::size_t split_kv_decode_merge_tickets(const AttentionShape& shape, int n_que
 std::size_t split_kv_decode_workspace_floats(const AttentionShape& shape, int n_queries, int max_length);
 
 // How the keys are split for a batch whose longest query sees max_length
-// keys: `splits` thread blocks per (query, KV head), each over
+// keys: `splits` thread blocks per (query, KV head, head chunk), each over
 // `keys_per_split` consecutive keys, splits * keys_per_split >= max_length.
 // Piecewise constant: max_length is rounded up to a power of two (at least
 // 64) first, so every max_length of one bucket gets the same split.
