@@ -62,8 +62,11 @@ std::string text(const Pieces&... pieces) {
   return out.str();
 }
 
+// What the API's InputErrors start with.
+constexpr const char* kApiName = "step06 CUDA quantized matmul";
+
 [[noreturn]] void input_error(const std::string& what) {
-  throw llm::InputError("step06 CUDA quantized matmul: " + what);
+  throw llm::InputError(std::string(kApiName) + ": " + what);
 }
 
 // fp16 values on the host are their bits: std::vector<__half> does not
@@ -101,31 +104,13 @@ void require_device() {
 
 // Checks that a QuantizedMatrix is internally consistent (it comes from the
 // user's side of the API, possibly built by hand): a wrong size here would be
-// an out-of-bounds read on the GPU, where nothing checks.
+// an out-of-bounds read on the GPU, where nothing checks. Then the tensor-core
+// kernels' own limits.
 void check_matrix(const QuantizedMatrix& q) {
   const QuantFormat& f = q.format;
-  if (q.out_features <= 0 || q.in_features <= 0) input_error("the matrix has no weights");
+  check_gpu_quantized_matrix(q, kApiName);  // int4_decode_gemv.cuh: sizes and scales
   if (q.format.int8_activations())
     input_error(text(q.format.name(), ": int8 activations are CPU kernels only (the GPU kernels are W8A16 / W4A16)"));
-  if (q.group_columns != f.group_columns(q.in_features) ||
-      q.groups_per_row != ceil_div(q.in_features, q.group_columns) ||
-      q.padded_in != q.groups_per_row * q.group_columns)
-    input_error(text(f.name(), ": group layout (", q.group_columns, " columns per group, ", q.groups_per_row,
-                     " groups, ", q.padded_in, " padded columns) does not fit ", q.in_features, " input columns"));
-  if (f.bits() == 4 && q.group_columns % 32 != 0)
-    input_error(text(f.name(), ": 4-bit groups must be whole multiples of 32 columns"));
-  const auto out = static_cast<std::size_t>(q.out_features);
-  const std::size_t n_groups = out * q.groups_per_row;
-  if (q.packed.size() != out * q.bytes_per_row() || q.scales.size() != n_groups ||
-      q.zeros.size() != (f.has_zero_points() ? n_groups : 0) ||
-      (!q.input_scales.empty() && q.input_scales.size() != static_cast<std::size_t>(q.in_features)))
-    input_error(text(f.name(), " [", q.out_features, ", ", q.in_features, "]: ", q.packed.size(), " code bytes, ",
-                     q.scales.size(), " scales, ", q.zeros.size(), " zero points, ", q.input_scales.size(),
-                     " input scales do not fit"));
-  for (float s : q.scales)
-    if (!std::isfinite(s) || s < 0.0f) input_error(text(f.name(), ": a group scale is ", s));
-  for (float s : q.input_scales)
-    if (!std::isfinite(s) || s == 0.0f) input_error(text(f.name(), ": an input scale is ", s));
   if (ceil_div(ceil_div(q.out_features, kTileRows), kWarps) > kMaxGridY)
     input_error(text(q.out_features, " output rows: more than the grid holds (",
                      static_cast<long long>(kMaxGridY) * kBlockRows, ")"));

@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "cuda_linear.hpp"  // ProductFusion
 #include "half_linear.hpp"  // HalfActivationScratch: the column split's partial sums and tickets
@@ -37,15 +38,23 @@ namespace step06 {
 
 class Int4DecodeGemv {
  public:
-  // Row buckets 1, 2 and 4: x staged for 4 rows fills the 16 KB chunk with
-  // one batch of 512 columns (cuda_core_gemv.cuh), and decode needs 1 (a
-  // verify pass of speculative decoding or a batch of a few sequences, a few).
+  // Row buckets 1, 2 and 4: what decode needs (1 row; a few for a verify
+  // pass of speculative decoding or a batch of a few sequences), all of them
+  // pipelined (cuda_core_gemv.cuh: kMaxPipelinedRows is 4). The chunk of x is
+  // not the limit: its 16 KB (kStagedXFloats) hold 4096 / rows columns, two
+  // 512-column batches at 4 rows, one at 8; only 16 rows (half a batch)
+  // would fail the kernel's static_assert on whole batches. An 8-row bucket
+  // would run unpipelined, its 16 registers of sums beside vectors of 6
+  // registers each (Int4GroupWeights, int4_decode_gemv.cu, where 4 steps a
+  // batch already make the 2- and 4-row kernels spill); it is not built:
+  // products of more rows go to the tensor-core kernels.
   static constexpr int kMaxRows = 4;
   // Int4 asymmetric or symmetric groups (not int8, not NF4).
   static bool supports(const QuantFormat& format);
 
-  // Uploads `matrix` (checked by the caller: sizes that fit, finite scales).
-  // Throws llm::InputError for a format supports() refuses.
+  // Uploads `matrix`. Throws llm::InputError for a format supports()
+  // refuses, or a matrix check_gpu_quantized_matrix refuses (its loads
+  // would leave the buffers).
   explicit Int4DecodeGemv(const QuantizedMatrix& matrix);
 
   // Grows `scratch` for products of up to `rows` rows (capped at kMaxRows):
@@ -89,5 +98,16 @@ class Int4DecodeGemv {
   bool prefetch_first_weights_ = true;
   bool pipelined_weight_loads_ = true;
 };
+
+// Throws llm::InputError, its message starting with `product`, unless
+// `matrix` is consistent, as the GPU kernels read it without bounds checks:
+// positive sizes; the format's groups (4-bit: whole 32-column vectors) with
+// padded_in = groups_per_row * group_columns >= in_features; code bytes,
+// scales and zero points of out_features rows of those; input scales none
+// or in_features; scales finite and >= 0, input scales finite and not 0.
+// Declared here, in the header that both the int4 decode GEMV and the
+// tensor-core kernels' host side (cuda_quantized_kernels.cu, which adds
+// its kernels' own limits) include.
+void check_gpu_quantized_matrix(const QuantizedMatrix& matrix, const std::string& product);
 
 }  // namespace step06

@@ -50,6 +50,9 @@
 #include "step06_quantization/quantized_layers.hpp"
 #include "step06_dequantized_model.hpp"
 #include "test_support.hpp"
+#if defined(LLM_WITH_CUDA)
+#include "step06_quantization/int4_decode_gemv.cuh"  // Int4DecodeGemv: its constructor's checks
+#endif
 
 namespace step06 {
 // How GoogleTest prints a test's kernel parameter.
@@ -297,6 +300,17 @@ INSTANTIATE_TEST_SUITE_P(Int4DecodeGemv, CudaQuantizedKernels,
 // 11 each, most row blocks split between 3 or 4 blocks; 11008 x 11008 has
 // 28 units per block, more than one segment's tables hold, so its blocks
 // stage x and the scales twice.
+// The int4 decode GEMV (int4-g128) runs at 1, 2 and 16 rows: its 1-, 2- and
+// 4-row kernels (16 rows are four launches of 4), which stage x in chunks of
+// 4096, 2048 and 1024 columns. A slice longer than a chunk takes the loops
+// from one chunk to the next (a later chunk's first batch is loaded after
+// its staging), and a slice that is not whole 512-column batches ends its
+// last chunk on a partial batch. On 132 SMs (H100 SXM, H200) the slices are,
+// for 11008 x 4096: 2 of 2048 columns; 4096 x 11008: 4 of 2304 and one of
+// 1792; 11008 x 11008: 5632 and 5376. Chunks per slice, shape by shape:
+//   4 rows: 2;  3 (1024 + 1024 + 256) and 2 (1024 + 768);  6 (the last 512 or 256)
+//   2 rows: 1;  2 (2048 + 256) and 1;  3 (2048 + 2048 + 1536 or 1280)
+//   1 row:  1;  1;  2 (4096 + 1536 or 1280)
 TEST(CudaQuantizedKernelsLargeShapes, BothKernelsMatchTheDequantizedProduct) {
   LLM_REQUIRE_CUDA_DEVICE();
   struct Shape {
@@ -307,19 +321,26 @@ TEST(CudaQuantizedKernelsLargeShapes, BothKernelsMatchTheDequantizedProduct) {
     for (const std::string& name : {std::string("int4-g128"), std::string("int8")}) {
       const QuantizedMatrix matrix = step06::quantize_rtn({layer, shape.out, shape.in}, QuantFormat::parse(name));
       const std::vector<float> weight = step06::dequantize(matrix);
-      for (int rows : {1, 16}) {
+      const bool runs_int4_gemv = matrix.format.bits() == 4;
+      for (int rows : {1, 2, 16}) {
+        // 2 rows for the int4 decode GEMV's 2-row kernel only: the tensor-core
+        // kernels and int8 pay no third reference.
+        const bool runs_tensor_core_kernels = rows != 2;
+        if (!runs_tensor_core_kernels && !runs_int4_gemv) continue;
         const std::vector<float> x =
             rounded_to_fp16(llm::testing::random_vector(static_cast<std::size_t>(rows) * shape.in, 5 + rows));
         const std::vector<float> reference = reference_product(weight, shape.out, shape.in, x, rows);
-        for (const CudaQuantizedKernel kernel : both_kernels()) {
+        if (runs_tensor_core_kernels)
+          for (const CudaQuantizedKernel kernel : both_kernels()) {
+            SCOPED_TRACE(::testing::Message() << name << " [" << shape.out << ", " << shape.in << "], " << rows
+                                              << " rows, " << kernel_name(kernel));
+            EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul_fp16(matrix, x, rows, kernel), reference));
+            if (rows == 16)
+              EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul(matrix, x, rows, kernel), reference));
+          }
+        if (runs_int4_gemv) {
           SCOPED_TRACE(::testing::Message() << name << " [" << shape.out << ", " << shape.in << "], " << rows
-                                            << " rows, " << kernel_name(kernel));
-          EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul_fp16(matrix, x, rows, kernel), reference));
-          if (rows == 16)
-            EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul(matrix, x, rows, kernel), reference));
-        }
-        if (rows == 1 && matrix.format.bits() == 4) {
-          SCOPED_TRACE(::testing::Message() << name << " [" << shape.out << ", " << shape.in << "], int4_gemv");
+                                            << " rows, int4_gemv");
           EXPECT_TRUE(close_to_reference(
               step06::cuda_quantized_matmul(matrix, x, rows, CudaQuantizedKernel::Int4DecodeGemv), reference));
         }
@@ -376,6 +397,34 @@ TEST(CudaQuantizedKernelsInputScales, ProductDividesXByTheInputScales) {
   }
 }
 
+#if defined(LLM_WITH_CUDA)
+// One wrong size each in the int4-g64 [8, 128] matrix of the errors tests
+// (groups of 64 columns, 2 a row: 512 code bytes, 16 scales, 16 zero
+// points), and what check_gpu_quantized_matrix's refusal then says was given
+// and expected.
+struct BadSize {
+  const char* what;
+  void (*spoil)(QuantizedMatrix&);
+  const char* given;
+  const char* expected;
+};
+const std::vector<BadSize>& bad_sizes() {
+  static const char* const kExpectedBuffers = "expected 512, 16, 16 and 0 or 128";
+  static const std::vector<BadSize> sizes = {
+      {"a code byte short", [](QuantizedMatrix& m) { m.packed.pop_back(); }, "has 511 code bytes", kExpectedBuffers},
+      {"a scale short", [](QuantizedMatrix& m) { m.scales.pop_back(); }, " 15 scales", kExpectedBuffers},
+      {"no zero points", [](QuantizedMatrix& m) { m.zeros.clear(); }, " 0 zero points", kExpectedBuffers},
+      {"127 input scales", [](QuantizedMatrix& m) { m.input_scales.assign(127, 1.0f); }, " 127 input scales",
+       kExpectedBuffers},
+      {"padded_in 144", [](QuantizedMatrix& m) { m.padded_in = 144; }, "padded to 144 columns",
+       "expected groups of 64 columns, 2 a row, padded to 128"},
+      {"in_features 129", [](QuantizedMatrix& m) { m.in_features = 129; }, "[8, 129] has groups of 64 columns, 2 a row",
+       "expected groups of 64 columns, 3 a row, padded to 192"},
+  };
+  return sizes;
+}
+#endif
+
 TEST(CudaQuantizedKernelsErrors, BadRowsAndSizesAreInputErrors) {
   LLM_REQUIRE_CUDA_DEVICE();
   const QuantizedMatrix matrix = random_quantized(QuantFormat::parse("int4-g64"), 8, 128, 1);
@@ -398,7 +447,39 @@ TEST(CudaQuantizedKernelsErrors, BadRowsAndSizesAreInputErrors) {
     EXPECT_THROW(step06::cuda_quantized_matmul(random_quantized(QuantFormat::parse(format), 8, 128, 1), x, 2, kGemv),
                  llm::InputError)
         << format;
+#if defined(LLM_WITH_CUDA)
+  // Int4DecodeGemv built directly, without cuda_quantized_matmul's checks
+  // before it: one wrong size each, refused before anything is uploaded.
+  EXPECT_NO_THROW(static_cast<void>(step06::Int4DecodeGemv(matrix)));
+  for (const BadSize& bad_size : bad_sizes()) {
+    QuantizedMatrix spoiled = matrix;
+    bad_size.spoil(spoiled);
+    EXPECT_THROW(static_cast<void>(step06::Int4DecodeGemv(spoiled)), llm::InputError) << bad_size.what;
+  }
+#endif
 }
+
+#if defined(LLM_WITH_CUDA)
+// The check the int4 decode GEMV's constructor and the tensor-core kernels'
+// host side run before any device work: host code, so it runs without a GPU.
+TEST(CudaQuantizedKernelsErrors, InconsistentSizesSayWhatWasGivenAndExpected) {
+  const QuantizedMatrix matrix = random_quantized(QuantFormat::parse("int4-g64"), 8, 128, 1);
+  EXPECT_NO_THROW(step06::check_gpu_quantized_matrix(matrix, "the product"));
+  for (const BadSize& bad_size : bad_sizes()) {
+    SCOPED_TRACE(bad_size.what);
+    QuantizedMatrix spoiled = matrix;
+    bad_size.spoil(spoiled);
+    try {
+      step06::check_gpu_quantized_matrix(spoiled, "the product");
+      ADD_FAILURE() << "no InputError";
+    } catch (const llm::InputError& error) {
+      EXPECT_TRUE(llm::testing::HasSubstr(error.what(), "the product: "));
+      EXPECT_TRUE(llm::testing::HasSubstr(error.what(), bad_size.given));
+      EXPECT_TRUE(llm::testing::HasSubstr(error.what(), bad_size.expected));
+    }
+  }
+}
+#endif
 
 // What a NaN-poisoned output would look like to the check: never a pass.
 TEST(CudaQuantizedKernelsErrors, NonFiniteOutputsNeverPass) {
