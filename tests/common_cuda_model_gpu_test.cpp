@@ -19,6 +19,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "llm/checkpoint.hpp"
@@ -40,6 +41,7 @@
 
 #include "llm/cuda/cuda_check.hpp"
 #include "llm/cuda/cuda_timer.hpp"
+#include "cublas_beta_probe.hpp"
 #include "cuda_model.hpp"  // common/cuda: CudaModel, graphs_captured
 #include "kernels.cuh"     // common/cuda: write_kv_rows
 #include "llm/cuda/device_buffer.hpp"
@@ -937,7 +939,10 @@ void run_every_forward_path(const ModelConfig& config, Forward&& forward) {
 // kernel that rounds x, the add into cuBLAS's beta = 1). Both compute the
 // norm and SwiGLU with the kernels' own formulas and order of additions, and
 // cuBLAS's epilogue rounds y + product once, as the add kernel does; so,
-// with cuBLAS running the same kernel for beta 0 and 1, the model must give
+// with cuBLAS computing the same product for beta 0 and 1 (asked of it first
+// at the model's shapes and each forward's rows, cublas_beta_probe.hpp; from
+// a forward where it answers no, the two models' caches may differ in their
+// last bits, and only the CPU check stands), the model must give
 // the same bits with and without the fold, on every path a forward takes: a
 // short run, a long prefill (cuBLAS's path), decode steps replayed from
 // graphs, and a batch of three sequences. With fewer products fused
@@ -978,12 +983,24 @@ TEST(CudaFusions, NormInProductGivesTheUnfoldedBits) {
         const auto unfolded_cache = unfolded.make_cache(kForwardPathSequences, config.seq_len);
         const auto folded_cache = folded.make_cache(kForwardPathSequences, config.seq_len);
         const auto cpu_cache = cpu.make_cache(kForwardPathSequences, config.seq_len);
+        // The products the fold adds onto: wo [dim, dim] and w2 [dim, hidden].
+        const std::pair<int, int> adding_products[] = {{config.dim, config.dim}, {config.dim, config.hidden_dim}};
+        const cuda::HalfType half_type =
+            dtype == cuda::WeightDtype::BFloat16 ? cuda::HalfType::BFloat16 : cuda::HalfType::Float16;
+        bool same_bits_expected = true;
         const auto expect_same = [&](const TokenBatch& batch, LogitsFor which, const std::string& what) {
           const std::vector<float> want = run(unfolded, batch, *unfolded_cache, which);
           const std::vector<float> got = run(folded, batch, *folded_cache, which);
-          EXPECT_TRUE(want.size() == got.size() &&
-                      std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
-              << what << ": the folded model's logits are not the unfolded model's bits";
+          if (same_bits_expected && !llm::testing::cublas_adds_onto_its_plain_products(
+                                        half_type, products.max_gemv_rows, adding_products, batch.size())) {
+            same_bits_expected = false;
+            std::cout << "[ info     ] " << what << ": cuBLAS computes another product for beta 1 than for beta 0 at "
+                      << batch.size() << " rows; from here on the folded model is checked against the CPU only\n";
+          }
+          if (same_bits_expected)
+            EXPECT_TRUE(want.size() == got.size() &&
+                        std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
+                << what << ": the folded model's logits are not the unfolded model's bits";
           const CompareResult check = compare(got, run(cpu, batch, *cpu_cache, which),
                                               model_logits_tolerance(compare_dtype(dtype)));
           EXPECT_TRUE(check.ok) << what << " vs the CPU: max_abs " << check.max_abs_err << ", "

@@ -63,7 +63,8 @@ struct CudaFusions {
   // model falls back to the kernels above. Each GEMV block recomputes its
   // rows' sum of squares (a few KiB from L2) rather than wait for a kernel
   // of its own. The results are the same bits (on cuBLAS's path, where
-  // cuBLAS runs the same kernel for beta 0 and 1; a test checks it).
+  // cuBLAS computes the same product for beta 0 and 1; a test asks it, then
+  // checks).
   bool norm_in_product = false;
   // Split-KV decode attention merges its splits' partial results in the
   // last split block to finish (DecodeQueries::merge_tickets) instead of a

@@ -587,9 +587,9 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
 // rounds x (round_product_input_kernel), and the residual add after it into
 // cuBLAS's epilogue, y = 1 * (x . W^T) + beta * y with beta = 1. The
 // epilogue rounds that sum once, as the add kernel rounds y + product, so
-// where cuBLAS runs the same kernel for both betas the bits are those of the
-// plain product and the add kernel (a test checks them: cuBLAS chooses its
-// kernel, we do not).
+// where cuBLAS computes the same product for both betas the bits are those
+// of the plain product and the add kernel (cuBLAS chooses its kernel, we do
+// not: the tests ask it first, tests/cublas_beta_probe.hpp).
 void HalfCudaLinear::forward_gemm(const float* x_dev, int rows, float* y_dev, const ProductFusion& fusion,
                                   cudaStream_t stream) const {
   const std::size_t count = static_cast<std::size_t>(rows) * static_cast<std::size_t>(in_);
