@@ -25,9 +25,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -546,6 +548,300 @@ TEST_P(HalfGemvFusions, FoldedNormSwigluAndAddGiveTheBitsOfTheKernels) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, HalfGemvFusions, ::testing::ValuesIn(half_cases()), case_name);
+
+class HalfGemvRopeFold : public ::testing::TestWithParam<HalfCase> {};
+
+#if defined(LLM_WITH_CUDA)
+// The fused QKV product of the RoPE fold's test: 6 query heads and 2 KV heads
+// (GQA) of 16 values, so out = (6 + 2 x 2) x 16 = 160, not a multiple of 64:
+// two whole blocks of 64 CUDA-core outputs and a partial one.
+constexpr int kRopeHeads = 6;
+constexpr int kRopeKvHeads = 2;
+constexpr int kRopeHeadDim = 16;
+constexpr int kRopeQWidth = kRopeHeads * kRopeHeadDim;   // 96: Q's columns of a product row
+constexpr int kRopeKvDim = kRopeKvHeads * kRopeHeadDim;  // 32: K's columns, then V's
+constexpr int kRopeOut = kRopeQWidth + 2 * kRopeKvDim;   // 160
+constexpr int kRopeRows = 21;       // the buffers' rows, and a forward past the GEMV's 16 (cuBLAS's path)
+constexpr int kRopePositions = 48;  // rows of the RoPE tables, and positions of each sequence in the caches
+constexpr int kRopeSequences = 2;
+
+// Product row r appends to sequence rope_sequence(r) at position
+// rope_position(r): positions distinct over all rows (17 is prime to 48), out
+// of order, position 0 among them (row 11), every one inside the tables.
+int rope_sequence(int r) { return r % 3 == 1 ? 1 : 0; }
+int rope_position(int r) { return (17 * r + 5) % kRopePositions; }
+
+// Where a cache's rows live: blocks of block_size positions in one pool (K's
+// and V's alike), each sequence's blocks listed in its block table.
+struct RopeCacheLayout {
+  std::string name;
+  int block_size = 0;
+  int pool_blocks = 0;
+  std::vector<std::int32_t> block_tables;  // [kRopeSequences, blocks_per_sequence()] physical blocks
+  int blocks_per_sequence() const { return kRopePositions / block_size; }
+  int pool_rows() const { return pool_blocks * block_size; }
+  // The pool row of (sequence, position), as KvView::row_index finds it.
+  int pool_row(int sequence, int position) const {
+    return block_tables[static_cast<std::size_t>(sequence * blocks_per_sequence() + position / block_size)] *
+               block_size +
+           position % block_size;
+  }
+};
+// A contiguous cache (one block of every position per sequence, as the
+// model's own cache) and a paged one: blocks of 8 positions, out of order in a
+// pool of 14, where blocks 6 and 10 belong to no sequence.
+std::vector<RopeCacheLayout> rope_cache_layouts() {
+  static_assert(kRopePositions % 8 == 0);
+  return {{"contiguous fp32 cache", kRopePositions, kRopeSequences, {0, 1}},
+          {"paged fp32 cache", 8, 14, {9, 2, 13, 4, 7, 0, /* sequence 1: */ 5, 11, 1, 12, 3, 8}}};
+}
+
+// What one side of the comparison writes, every float NaN (poison) before
+// each forward: the product y [kRopeRows, kRopeOut], the rotated queries q
+// [kRopeRows, kRopeQWidth], and the cache pools keys and values [pool rows,
+// kRopeKvDim], which the layer and the kernel reach through views
+// [kRopeRows] (row r's view: its sequence's block table in block_tables_dev).
+struct RopeOutputs {
+  RopeOutputs(const RopeCacheLayout& layout, const DeviceBuffer<std::int32_t>& block_tables_dev)
+      : y(static_cast<std::size_t>(kRopeRows) * kRopeOut),
+        q(static_cast<std::size_t>(kRopeRows) * kRopeQWidth),
+        keys(static_cast<std::size_t>(layout.pool_rows()) * kRopeKvDim),
+        values(keys.size()),
+        views(kRopeRows) {
+    std::vector<KvView> host_views(kRopeRows);  // [kRopeRows]
+    for (int r = 0; r < kRopeRows; ++r) {
+      KvView& view = host_views[static_cast<std::size_t>(r)];
+      view.keys = keys.data();
+      view.values = values.data();
+      view.block_table = block_tables_dev.data() + rope_sequence(r) * layout.blocks_per_sequence();
+      view.block_size = layout.block_size;
+      view.kv_dim = kRopeKvDim;
+      view.head_dim = kRopeHeadDim;
+      view.element = KvElement::Float32;
+    }
+    views.upload(host_views);
+  }
+  void poison() {
+    for (DeviceBuffer<float>* buffer : {&y, &q, &keys, &values})
+      LLM_CUDA_CHECK(cudaMemset(buffer->data(), 0xff, buffer->bytes()));
+  }
+  DeviceBuffer<float> y;       // [kRopeRows, kRopeOut]
+  DeviceBuffer<float> q;       // [kRopeRows, kRopeQWidth]
+  DeviceBuffer<float> keys;    // [pool rows, kRopeKvDim]
+  DeviceBuffer<float> values;  // [pool rows, kRopeKvDim]
+  DeviceBuffer<KvView> views;  // [kRopeRows]
+};
+
+// "1.5 (bits 0x3fc00000)": a float and its bits, for the messages.
+std::string float_and_bits(float v) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.9g (bits 0x%08x)", static_cast<double>(v), static_cast<unsigned>(bits_of(v)));
+  return text;
+}
+
+// Column `column` of a row `width` floats wide, by head: a product row of y
+// is Q | K | V; a q row is query heads, a cache row KV heads.
+std::string rope_column_name(int width, int column) {
+  std::string part;
+  int in_part = column;
+  if (width == kRopeOut) {
+    part = column < kRopeQWidth ? "Q " : column < kRopeQWidth + kRopeKvDim ? "K " : "V ";
+    in_part = column < kRopeQWidth ? column : (column - kRopeQWidth) % kRopeKvDim;
+  }
+  return part + "head " + std::to_string(in_part / kRopeHeadDim) + " element " +
+         std::to_string(in_part % kRopeHeadDim);
+}
+
+// got against want, rows of `width` floats, bit for bit; where they differ,
+// says where (the first 6): `what` names the buffer, row_name(row) the row.
+::testing::AssertionResult same_bits_by_row(const std::vector<float>& got, const std::vector<float>& want, int width,
+                                            const std::string& what, const std::function<std::string(int)>& row_name) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << what << ": " << got.size() << " floats against " << want.size();
+  int differences = 0;
+  std::string first;
+  for (std::size_t at = 0; at < got.size(); ++at) {
+    if (bits_of(got[at]) == bits_of(want[at]) || ++differences > 6) continue;
+    const auto row = static_cast<int>(at / static_cast<std::size_t>(width));
+    const auto column = static_cast<int>(at % static_cast<std::size_t>(width));
+    first += "\n    " + row_name(row) + ", " + rope_column_name(width, column) + ": got " + float_and_bits(got[at]) +
+             ", expected " + float_and_bits(want[at]);
+  }
+  if (differences == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": " << differences << " of " << got.size()
+                                       << " floats differ, first:" << first;
+}
+
+// Floats of `values` that are not poison.
+std::size_t written_floats(const std::vector<float>& values) {
+  return static_cast<std::size_t>(
+      std::count_if(values.begin(), values.end(), [](float v) { return bits_of(v) != kPoisonBits; }));
+}
+#endif  // LLM_WITH_CUDA
+
+// forward_fused with fusion.rope: the QKV product's RoPE and K/V append
+// folded into its last writes. What the model checks only through its logits
+// (CudaFusions.RopeInTheQkvProductGivesTheKernelsBits), here named by buffer,
+// row, head and element: q and the K and V cache rows must hold the bits of
+// forward then kernels::rope_and_write_kv (what the model runs unfolded),
+// and every cache row no product row writes must stay NaN, in a contiguous
+// and a paged cache of two sequences, each row at its own position, with and
+// without the RMSNorm folded in too (as the model folds both). Where the
+// fold runs (the CUDA-core GEMV, 1..16 rows, columns split or not) y must
+// stay NaN: the proof that the fold, not a fallback, wrote q and the cache.
+// The tensor-core GEMV and cuBLAS's path (21 rows) do not fold: the layer
+// writes y (the plain product's bits) and runs rope_and_write_kv itself.
+TEST_P(HalfGemvRopeFold, RopeAndKvAppendGiveTheKernelsBits) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  const HalfCase c = GetParam();
+  ASSERT_EQ(c.out, kRopeOut) << "the cases must be QKV products of this test's heads";
+  constexpr float kEps = 1e-5f;
+  const std::uint64_t seed = 700u + static_cast<std::uint64_t>(c.in) * 3u + (c.bf16 ? 1u : 0u);
+  const std::vector<float> weight = random_vector(static_cast<std::size_t>(c.out) * c.in, seed, 0.5f);
+  const std::vector<float> x = random_vector(static_cast<std::size_t>(kRopeRows) * c.in, seed + 1, 1.0f);
+  const std::vector<float> norm = random_vector(static_cast<std::size_t>(c.in), seed + 2, 2.0f);
+  // Arbitrary table entries, not the cos and sin of real angles: a fold that
+  // reads another position's or pair's entry, or swaps cos and sin, changes
+  // bits even at position 0.
+  const std::size_t table_floats = static_cast<std::size_t>(kRopePositions) * (kRopeHeadDim / 2);
+  const std::vector<float> cos_table = random_vector(table_floats, seed + 3, 1.0f);
+  const std::vector<float> sin_table = random_vector(table_floats, seed + 4, 1.0f);
+  std::vector<int> positions(kRopeRows);  // [kRopeRows]
+  for (int r = 0; r < kRopeRows; ++r) positions[static_cast<std::size_t>(r)] = rope_position(r);
+
+  cuda::CublasHandle cublas;
+  HalfCudaLinear layer = make_layer(weight, c, cublas.get());
+  layer.reserve_rows(kRopeRows);
+  // One step of 64 columns (in <= 64) is never split; two or more are on any
+  // GPU of 2 SMs or more (3 CUDA-core or 2 tensor-core output blocks want
+  // about 2 blocks per SM: choose_column_split).
+  EXPECT_EQ(layer.gemv_k_splits() > 1, c.in > 64)
+      << "the GEMV splits the columns " << layer.gemv_k_splits() << " ways: this case was meant to "
+      << (c.in > 64 ? "" : "not ") << "split them";
+  std::cout << "[ info     ] " << to_string(layer.type()) << " [" << c.out << ", " << c.in << "], GEMV on "
+            << to_string(layer.gemv_kernel()) << ": splits the columns " << layer.gemv_k_splits() << " ways\n";
+
+  const DeviceBuffer<float> x_dev{std::span<const float>(x)};              // [kRopeRows, in]
+  const DeviceBuffer<float> norm_dev{std::span<const float>(norm)};        // [in]
+  const DeviceBuffer<float> cos_dev{std::span<const float>(cos_table)};    // [kRopePositions, kRopeHeadDim / 2]
+  const DeviceBuffer<float> sin_dev{std::span<const float>(sin_table)};    // [kRopePositions, kRopeHeadDim / 2]
+  const DeviceBuffer<int> positions_dev{std::span<const int>(positions)};  // [kRopeRows]
+  DeviceBuffer<float> normed(static_cast<std::size_t>(kRopeRows) * c.in);  // [kRopeRows, in]: rmsnorm's output
+  const auto download = [](const DeviceBuffer<float>& buffer) {
+    LLM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> host(buffer.size());
+    buffer.download(host);
+    return host;
+  };
+
+  for (const RopeCacheLayout& layout : rope_cache_layouts()) {
+    ASSERT_EQ(layout.block_tables.size(), static_cast<std::size_t>(kRopeSequences * layout.blocks_per_sequence()));
+    // [kRopeSequences, blocks per sequence]
+    const DeviceBuffer<std::int32_t> block_tables_dev{std::span<const std::int32_t>(layout.block_tables)};
+    RopeOutputs want(layout, block_tables_dev), got(layout, block_tables_dev);
+    // Each pool row's (sequence, position), -1 in a block no sequence owns.
+    std::vector<int> pool_sequence(static_cast<std::size_t>(layout.pool_rows()), -1);  // [pool rows]
+    std::vector<int> pool_position(pool_sequence.size(), -1);                         // [pool rows]
+    for (int s = 0; s < kRopeSequences; ++s)
+      for (int p = 0; p < kRopePositions; ++p) {
+        const auto row = static_cast<std::size_t>(layout.pool_row(s, p));
+        pool_sequence[row] = s;
+        pool_position[row] = p;
+      }
+
+    for (const bool with_norm : {false, true})
+      for (const int rows : {1, 3, 9, 16, kRopeRows}) {
+        const bool folds = !c.tensor_cores && rows <= layer.gemv_max_rows();
+        const std::string path = folds                          ? "folded into the CUDA-core GEMV"
+                                 : rows > layer.gemv_max_rows() ? "cuBLAS's path, then the RoPE kernel"
+                                                                : "the tensor-core GEMV, then the RoPE kernel";
+        SCOPED_TRACE(layout.name + ", " + std::to_string(rows) + " rows, " + path +
+                     (with_norm ? ", RMSNorm folded too" : ""));
+        // The product row that writes each pool row, -1: none.
+        std::vector<int> writer(pool_sequence.size(), -1);  // [pool rows]
+        for (int r = 0; r < rows; ++r)
+          writer[static_cast<std::size_t>(layout.pool_row(rope_sequence(r), rope_position(r)))] = r;
+        const auto pool_row_name = [&](int row) {
+          const auto at = static_cast<std::size_t>(row);
+          std::string name = "pool row " + std::to_string(row);
+          if (pool_sequence[at] < 0) return name + " (in a block no sequence owns: must stay NaN)";
+          name += " (sequence " + std::to_string(pool_sequence[at]) + ", position " + std::to_string(pool_position[at]);
+          return writer[at] >= 0 ? name + ", written by product row " + std::to_string(writer[at]) + ")"
+                                 : name + ", which no product row writes: must stay NaN)";
+        };
+        const auto product_row_name = [&](int row) {
+          return "row " + std::to_string(row) +
+                 (row < rows ? " (position " + std::to_string(rope_position(row)) + ", sequence " +
+                                   std::to_string(rope_sequence(row)) + ")"
+                             : " (past the rows: must stay NaN)");
+        };
+
+        want.poison();
+        got.poison();
+        // What the model runs unfolded: (rmsnorm,) forward, rope_and_write_kv
+        // reading the product's Q, K and V columns in place (stride out).
+        const float* product_input = x_dev.data();
+        if (with_norm) {
+          cuda::kernels::rmsnorm(normed.data(), x_dev.data(), norm_dev.data(), rows, c.in, kEps, nullptr);
+          product_input = normed.data();
+        }
+        layer.forward(product_input, rows, want.y.data(), nullptr);
+        const cuda::kernels::QkvRows product_columns{want.y.data(), want.y.data() + kRopeQWidth,
+                                                     want.y.data() + kRopeQWidth + kRopeKvDim,
+                                                     kRopeOut, kRopeOut, kRopeOut};
+        cuda::kernels::rope_and_write_kv(product_columns, want.q.data(), nullptr, nullptr, want.views.data(),
+                                         positions_dev.data(), rows, kRopeHeads, kRopeKvHeads, kRopeHeadDim,
+                                         cos_dev.data(), sin_dev.data(), KvElement::Float32, nullptr);
+        // The same, folded into the product.
+        const cuda::ProductFusion fusion{.input_norm = with_norm ? norm_dev.data() : nullptr,
+                                         .norm_eps = kEps,
+                                         .rope = {.q_out = got.q.data(),
+                                                  .views = got.views.data(),
+                                                  .positions = positions_dev.data(),
+                                                  .cos_table = cos_dev.data(),
+                                                  .sin_table = sin_dev.data(),
+                                                  .n_heads = kRopeHeads,
+                                                  .n_kv_heads = kRopeKvHeads,
+                                                  .head_dim = kRopeHeadDim}};
+        layer.forward_fused(x_dev.data(), rows, got.y.data(), fusion, nullptr);
+
+        const std::vector<float> want_q = download(want.q), want_keys = download(want.keys),
+                                 want_values = download(want.values), want_y = download(want.y);
+        // Not a comparison of poison with poison: the reference wrote every
+        // row's q, K and V (and y), and nothing else.
+        const auto rows_floats = [rows](int width) { return static_cast<std::size_t>(rows * width); };
+        ASSERT_EQ(written_floats(want_q), rows_floats(kRopeQWidth)) << "the reference's q";
+        ASSERT_EQ(written_floats(want_keys), rows_floats(kRopeKvDim)) << "the reference's K cache rows";
+        ASSERT_EQ(written_floats(want_values), rows_floats(kRopeKvDim)) << "the reference's V cache rows";
+        ASSERT_EQ(written_floats(want_y), rows_floats(kRopeOut)) << "the reference's y";
+
+        EXPECT_TRUE(same_bits_by_row(download(got.q), want_q, kRopeQWidth, "q (rotated queries)", product_row_name));
+        EXPECT_TRUE(same_bits_by_row(download(got.keys), want_keys, kRopeKvDim, "K cache", pool_row_name));
+        EXPECT_TRUE(same_bits_by_row(download(got.values), want_values, kRopeKvDim, "V cache", pool_row_name));
+        if (folds) {
+          const std::vector<float> poison(want_y.size(), std::bit_cast<float>(kPoisonBits));
+          EXPECT_TRUE(same_bits_by_row(download(got.y), poison, kRopeOut,
+                                       "y, which the fold leaves unwritten (written: the fold did not run)",
+                                       product_row_name));
+        } else {
+          EXPECT_TRUE(same_bits_by_row(download(got.y), want_y, kRopeOut,
+                                       "y, which the layer writes before it runs rope_and_write_kv",
+                                       product_row_name));
+        }
+      }
+  }
+#endif
+}
+
+// in = 48: one step of 64 columns, never split; 96: two steps, 2 slices;
+// 200: four steps (the last of 8 columns), 4 slices on a GPU of 132 SMs (on
+// any of 5 or more).
+INSTANTIATE_TEST_SUITE_P(Shapes, HalfGemvRopeFold,
+                         ::testing::ValuesIn(on_both_kernels({HalfCase{false, 160, 48}, HalfCase{true, 160, 48},
+                                                              HalfCase{false, 160, 96}, HalfCase{true, 160, 96},
+                                                              HalfCase{false, 160, 200}, HalfCase{true, 160, 200}})),
+                         case_name);
 
 // The fp32 layer folds nothing: the model runs the kernels around it.
 TEST(DenseCudaLinear, FoldsNothing) {

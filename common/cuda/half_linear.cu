@@ -392,6 +392,11 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
 
 template <class Traits>
 void launch_tensor_core_gemv(const GemvArguments& args, const std::uint16_t* weight, cudaStream_t stream) {
+  // The kernel has no RoPE fold (it would write y, and never q or the cache):
+  // forward_on_path clears the request and runs rope_and_write_kv after it.
+  if (args.rope.q_out != nullptr)
+    throw std::logic_error("the tensor-core GEMV does not fold RoPE and the K/V append: clear GemvArguments::rope "
+                           "and run kernels::rope_and_write_kv after it (HalfCudaLinear::forward_on_path)");
   const dim3 grid(static_cast<unsigned int>(ceil_div(args.out, kTensorCoreOutputsPerBlock)),
                   static_cast<unsigned int>(args.k_splits));
   if (args.rows <= kRowsPerTile)
