@@ -93,9 +93,12 @@
 #              rungs 4, 8-11 and 13-15 (--rungs: a list of your own) at 16
 #              heads, d = 128, 4096 tokens, causal and not,
 #              PyTorch's SDPA kernel on the same shapes where PyTorch with CUDA
-#              imports, and step 06's one-shot and persistent kernels on
+#              imports, step 06's one-shot and persistent kernels on
 #              Llama-2-7B's w1/w3 [11008, 4096] (int4-g128 and int8, 1 and 16
-#              rows: the first launches of its gpu test's large shapes). Each
+#              rows: the first launches of its gpu test's large shapes), and
+#              the CUDA-core decode GEMV at one row on TinyLlama's shapes: the
+#              fp16 model's four products of a layer, step 06's int4-g64 w1/w3
+#              and w2. Each
 #              writes profile_<name>.ncu-rep, its details page and its raw page
 #              (every metric collected) as CSV, minutes in all
 # Every stage's result is one line of summary.txt; the exit status is 0 only
@@ -638,9 +641,12 @@ ncu_tool=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 # (the stall reasons behind WarpStateStats, shared-memory wavefronts).
 ncu_sections=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
   --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables)
-profile() {  # profile <label> <kernel name regex> <launches> <command...>
-  local label=$1 kernels=$2 launches=$3
-  shift 3
+# <name base>: what the regex is matched against, ncu's --kernel-name-base:
+# "function" (the kernel's name alone) or "demangled" (with its namespace and
+# template arguments, e.g. the GEMV's weight format).
+profile() {  # profile <label> <name base> <kernel name regex> <launches> <command...>
+  local label=$1 name_base=$2 kernels=$3 launches=$4
+  shift 4
   local base=$out_dir/profile_$label
   if [[ ! -x $ncu_tool ]]; then
     record profile FAIL "$label: ncu not found (set NCU)"
@@ -649,8 +655,9 @@ profile() {  # profile <label> <kernel name regex> <launches> <command...>
   progress "profile: $label"
   # --clock-control none: the boost clocks the timed runs see, not the base
   # clock ncu locks to by default; the L2 is still flushed before each launch.
-  if timeout "$command_timeout" "$ncu_tool" --clock-control none --target-processes all -k "regex:$kernels" \
-      -c "$launches" "${ncu_sections[@]}" --export "$base" --force-overwrite "$@" >"$base.log" 2>&1 &&
+  if timeout "$command_timeout" "$ncu_tool" --clock-control none --target-processes all \
+      --kernel-name-base "$name_base" -k "regex:$kernels" -c "$launches" "${ncu_sections[@]}" \
+      --export "$base" --force-overwrite "$@" >"$base.log" 2>&1 &&
     "$ncu_tool" --import "$base.ncu-rep" --csv --page details >"${base}_details.csv" 2>>"$base.log" &&
     "$ncu_tool" --import "$base.ncu-rep" --csv --page raw >"${base}_raw.csv" 2>>"$base.log"; then
     record profile PASS "$label: $(grep -c '^==PROF== Profiling' "$base.log") launches profiled"
@@ -672,11 +679,13 @@ if want profile; then
       # A rung's first launch is its check run: the grid of its timed runs,
       # on fresh inputs.
       for variant in ${profile_rungs//,/ }; do
-        profile "step02_v${variant}_4096_d128_$mask" flash2 1 "$bin/step02_flash_attention" --device cuda --heads 16 \
-          --head-dims 128 --seq-lens 4096 --decode-lens 64 --prefill-tokens 16 --variant "$variant" --repeats 1 "--$mask"
+        profile "step02_v${variant}_4096_d128_$mask" function flash2 1 "$bin/step02_flash_attention" --device cuda \
+          --heads 16 --head-dims 128 --seq-lens 4096 --decode-lens 64 --prefill-tokens 16 --variant "$variant" \
+          --repeats 1 "--$mask"
       done
       if ((sdpa_importable)); then
-        profile "sdpa_4096_d128_$mask" flash 1 "$python" "$repo_root/step02_flash_attention/measure/sdpa_compare.py" \
+        profile "sdpa_4096_d128_$mask" function flash 1 \
+          "$python" "$repo_root/step02_flash_attention/measure/sdpa_compare.py" \
           --heads 16 --head-dims 128 --seq-lens 4096 --dtypes float16 "--$mask" --runs 1
       fi
     fi
@@ -685,8 +694,25 @@ if want profile; then
   # row count the one-shot kernel, then the persistent one (16 rows: fp16,
   # then fp32 activations), so the first 12 launches are those two formats.
   if selected step06_cuda_kernels_gpu_test; then
-    profile step06_llama_w1_int4g128_int8 "persistent_matmul|one_shot_matmul" 12 "$bin/step06_cuda_kernels_gpu_test" \
+    profile step06_llama_w1_int4g128_int8 function "persistent_matmul|one_shot_matmul" 12 \
+      "$bin/step06_cuda_kernels_gpu_test" \
       --gtest_filter='CudaQuantizedKernelsLargeShapes.*'
+  fi
+  # The decode GEMVs at one row, on TinyLlama's shapes: the fp16 model's first
+  # four launches are layer 0's products of its first forward (the fused QKV
+  # [2560, 2048], wo [2048, 2048], the fused gate/up [11264, 2048], w2 [2048,
+  # 5632]); step 06's int4 GEMV runs first in its kernel table, on w1/w3
+  # [5632, 2048] and then w2 [2048, 5632], five launches each (a check run, 3
+  # warm-ups, the timed run). Are they bound by the bandwidth, by the
+  # instructions they issue, or by the latency of too few bytes in flight?
+  if selected step01_kv_cache; then
+    profile step01_tinyllama_fp16_gemv_layer0 demangled "cuda_core_gemv_kernel<.*HalfWeights" 4 \
+      "$bin/step01_kv_cache" --device cuda --preset tinyllama-1.1b --variant 1 --dtype fp16 --steps 2 --repeats 1
+  fi
+  if selected step06_quantization; then
+    profile step06_tinyllama_int4g64_gemv demangled "cuda_core_gemv_kernel<.*Int4GroupWeights" 10 \
+      "$bin/step06_quantization" --device cuda --preset tinyllama-1.1b --formats int4-g64 --batches 1 \
+      --repeats 1 --steps 2 --no-quality
   fi
 fi
 
