@@ -24,6 +24,7 @@
 # (the driver's libcuda, cuBLAS: gpu_check.sh adds $CUDA_HOME/lib64). The
 # manifest (MANIFEST.txt) says which commit and CUDA architectures were built,
 # the newest glibc and libstdc++ versions the binaries ask for, and every file.
+# Needs ldd, strip and objdump (binutils, with g++) and xz (xz-utils) here.
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
