@@ -108,7 +108,7 @@ void require_device() {
 // kernels' own limits.
 void check_matrix(const QuantizedMatrix& q) {
   const QuantFormat& f = q.format;
-  check_gpu_quantized_matrix(q, kApiName);  // int4_decode_gemv.cuh: sizes and scales
+  check_gpu_quantized_matrix(q, kApiName);  // quant_format.hpp: sizes and scales
   if (q.format.int8_activations())
     input_error(text(q.format.name(), ": int8 activations are CPU kernels only (the GPU kernels are W8A16 / W4A16)"));
   if (ceil_div(ceil_div(q.out_features, kTileRows), kWarps) > kMaxGridY)

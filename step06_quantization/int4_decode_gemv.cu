@@ -27,10 +27,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -134,45 +132,6 @@ std::span<const T> bytes_of(const llm::HugePageVector<T>& values) {
 }
 
 }  // namespace
-
-void check_gpu_quantized_matrix(const QuantizedMatrix& matrix, const std::string& product) {
-  const QuantFormat& format = matrix.format;
-  const auto fail = [&](const auto&... pieces) {
-    std::ostringstream message;
-    message << product << ": the " << format.name() << " matrix [" << matrix.out_features << ", "
-            << matrix.in_features << "] ";
-    (message << ... << pieces);
-    throw llm::InputError(message.str());
-  };
-  if (matrix.out_features <= 0 || matrix.in_features <= 0) fail("has no weights");
-  const int group_columns = format.group_columns(matrix.in_features);
-  const int groups_per_row = ceil_div(matrix.in_features, group_columns);
-  const int padded_in = groups_per_row * group_columns;
-  if (matrix.group_columns != group_columns || matrix.groups_per_row != groups_per_row ||
-      matrix.padded_in != padded_in)
-    fail("has groups of ", matrix.group_columns, " columns, ", matrix.groups_per_row, " a row, padded to ",
-         matrix.padded_in, " columns; expected groups of ", group_columns, " columns, ", groups_per_row,
-         " a row, padded to ", padded_in);
-  // 16-byte loads of 32 codes, each inside one group (its scale and zero point).
-  if (format.bits() == 4 && group_columns % kCodesPerVector != 0)
-    fail("has groups of ", group_columns, " columns; expected whole 32-column vectors of 4-bit codes");
-  const auto out = static_cast<std::size_t>(matrix.out_features);
-  const std::size_t code_bytes = out * matrix.bytes_per_row();
-  const std::size_t groups = out * static_cast<std::size_t>(groups_per_row);
-  const std::size_t zero_points = format.has_zero_points() ? groups : 0;
-  const auto in = static_cast<std::size_t>(matrix.in_features);
-  if (matrix.packed.size() != code_bytes || matrix.scales.size() != groups || matrix.zeros.size() != zero_points ||
-      (!matrix.input_scales.empty() && matrix.input_scales.size() != in))
-    fail("has ", matrix.packed.size(), " code bytes, ", matrix.scales.size(), " scales, ", matrix.zeros.size(),
-         " zero points and ", matrix.input_scales.size(), " input scales; expected ", code_bytes, ", ", groups, ", ",
-         zero_points, " and 0 or ", in);
-  for (std::size_t i = 0; i < matrix.scales.size(); ++i)
-    if (const float scale = matrix.scales[i]; !std::isfinite(scale) || scale < 0.0f)
-      fail("has group scale ", scale, " (scale ", i, "); expected finite scales >= 0");
-  for (std::size_t i = 0; i < matrix.input_scales.size(); ++i)
-    if (const float scale = matrix.input_scales[i]; !std::isfinite(scale) || scale == 0.0f)
-      fail("has input scale ", scale, " (column ", i, "); expected finite, non-zero input scales");
-}
 
 bool Int4DecodeGemv::supports(const QuantFormat& format) {
   return !format.int8_activations() &&

@@ -27,7 +27,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
 #include "cuda_linear.hpp"  // ProductFusion
 #include "half_linear.hpp"  // HalfActivationScratch: the column split's partial sums and tickets
@@ -98,16 +97,5 @@ class Int4DecodeGemv {
   bool prefetch_first_weights_ = true;
   bool pipelined_weight_loads_ = true;
 };
-
-// Throws llm::InputError, its message starting with `product`, unless
-// `matrix` is consistent, as the GPU kernels read it without bounds checks:
-// positive sizes; the format's groups (4-bit: whole 32-column vectors) with
-// padded_in = groups_per_row * group_columns >= in_features; code bytes,
-// scales and zero points of out_features rows of those; input scales none
-// or in_features; scales finite and >= 0, input scales finite and not 0.
-// Declared here, in the header that both the int4 decode GEMV and the
-// tensor-core kernels' host side (cuda_quantized_kernels.cu, which adds
-// its kernels' own limits) include.
-void check_gpu_quantized_matrix(const QuantizedMatrix& matrix, const std::string& product);
 
 }  // namespace step06

@@ -180,6 +180,44 @@ void check_layer_fits(const QuantFormat& format, int out_features, int in_featur
         format.name(), in_features, format.group_size));
 }
 
+void check_gpu_quantized_matrix(const QuantizedMatrix& matrix, const std::string& product) {
+  const QuantFormat& format = matrix.format;
+  const auto fail = [&](const std::string& what) {
+    throw llm::InputError(fmt::format("{}: the {} matrix [{}, {}] {}", product, format.name(), matrix.out_features,
+                                      matrix.in_features, what));
+  };
+  if (matrix.out_features <= 0 || matrix.in_features <= 0) fail("has no weights");
+  const int group_columns = format.group_columns(matrix.in_features);
+  const int groups_per_row = (matrix.in_features + group_columns - 1) / group_columns;
+  const int padded_in = groups_per_row * group_columns;
+  if (matrix.group_columns != group_columns || matrix.groups_per_row != groups_per_row ||
+      matrix.padded_in != padded_in)
+    fail(fmt::format("has groups of {} columns, {} a row, padded to {} columns; expected groups of {} columns, {} a "
+                     "row, padded to {}",
+                     matrix.group_columns, matrix.groups_per_row, matrix.padded_in, group_columns, groups_per_row,
+                     padded_in));
+  constexpr int kCodesPerLoad = 32;  // 4-bit codes in a GPU kernel's 16-byte load, inside one group
+  if (format.bits() == 4 && group_columns % kCodesPerLoad != 0)
+    fail(fmt::format("has groups of {} columns; expected whole 32-column vectors of 4-bit codes", group_columns));
+  const auto out = static_cast<std::size_t>(matrix.out_features);
+  const std::size_t code_bytes = out * matrix.bytes_per_row();
+  const std::size_t groups = out * static_cast<std::size_t>(groups_per_row);
+  const std::size_t zero_points = format.has_zero_points() ? groups : 0;
+  const auto in = static_cast<std::size_t>(matrix.in_features);
+  if (matrix.packed.size() != code_bytes || matrix.scales.size() != groups || matrix.zeros.size() != zero_points ||
+      (!matrix.input_scales.empty() && matrix.input_scales.size() != in))
+    fail(fmt::format("has {} code bytes, {} scales, {} zero points and {} input scales; expected {}, {}, {} and 0 "
+                     "or {}",
+                     matrix.packed.size(), matrix.scales.size(), matrix.zeros.size(), matrix.input_scales.size(),
+                     code_bytes, groups, zero_points, in));
+  for (std::size_t i = 0; i < matrix.scales.size(); ++i)
+    if (const float scale = matrix.scales[i]; !std::isfinite(scale) || scale < 0.0f)
+      fail(fmt::format("has group scale {} (scale {}); expected finite scales >= 0", scale, i));
+  for (std::size_t i = 0; i < matrix.input_scales.size(); ++i)
+    if (const float scale = matrix.input_scales[i]; !std::isfinite(scale) || scale == 0.0f)
+      fail(fmt::format("has input scale {} (column {}); expected finite, non-zero input scales", scale, i));
+}
+
 QuantizedMatrix pack(const QuantFormat& format, int out_features, int in_features, std::span<const int> codes,
                      std::span<const GroupParams> params) {
   check_layer_fits(format, out_features, in_features);

@@ -154,4 +154,13 @@ QuantizedMatrix stack_rows(std::span<const QuantizedMatrix* const> matrices);
 // (in_features >= one group; a group size the format accepts).
 void check_layer_fits(const QuantFormat& format, int out_features, int in_features);
 
+// Throws llm::InputError, its message starting with `product`, unless
+// `matrix` is consistent, as the GPU kernels read it without bounds checks
+// (it may be built by hand, not by pack): positive sizes; the format's
+// groups (4-bit: whole 32-column vectors, a 16-byte load each) with
+// padded_in = groups_per_row * group_columns >= in_features; code bytes,
+// scales and zero points of out_features rows of those; input scales none or
+// in_features; scales finite and >= 0, input scales finite and not 0.
+void check_gpu_quantized_matrix(const QuantizedMatrix& matrix, const std::string& product);
+
 }  // namespace step06

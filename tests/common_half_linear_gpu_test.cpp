@@ -181,16 +181,21 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 constexpr std::uint32_t kPoisonBits = 0xffffffffu;  // a NaN: what cudaMemset(0xff) leaves in a float
 
+// All of `buffer` on the host, once the work queued before has finished.
+std::vector<float> download(const DeviceBuffer<float>& buffer) {
+  LLM_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> host(buffer.size());
+  buffer.download(host);
+  return host;
+}
+
 // Runs layer.forward on the first `rows` rows of x_dev into a poisoned y
 // [max_rows, out] and returns all of y.
 std::vector<float> run_forward(const HalfCudaLinear& layer, const DeviceBuffer<float>& x_dev, int rows,
                                DeviceBuffer<float>& y_dev) {
   LLM_CUDA_CHECK(cudaMemset(y_dev.data(), 0xff, y_dev.bytes()));
   layer.forward(x_dev.data(), rows, y_dev.data(), nullptr);
-  LLM_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> y(y_dev.size());
-  y_dev.download(y);
-  return y;
+  return download(y_dev);
 }
 
 // Rows [0, rows) of `got` within the bound of its path; rows past `rows`
@@ -453,12 +458,6 @@ TEST_P(HalfGemvFusions, FoldedNormSwigluAndAddGiveTheBitsOfTheKernels) {
       gate_up_dev{std::span<const float>(gate_up)};
   DeviceBuffer<float> input(static_cast<std::size_t>(kRows) * c.in);  // what the kernels hand the plain product
   DeviceBuffer<float> want(static_cast<std::size_t>(kRows) * c.out), got(want.size());
-  const auto download = [](const DeviceBuffer<float>& buffer) {
-    LLM_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> host(buffer.size());
-    buffer.download(host);
-    return host;
-  };
   // y starts as NaN (a plain product) or as the residual rows (an add); the
   // rows past `rows` keep what they started with either way.
   const auto start = [&](DeviceBuffer<float>& y, bool accumulate) {
@@ -728,12 +727,6 @@ TEST_P(HalfGemvRopeFold, RopeAndKvAppendGiveTheKernelsBits) {
   const DeviceBuffer<float> sin_dev{std::span<const float>(sin_table)};    // [kRopePositions, kRopeHeadDim / 2]
   const DeviceBuffer<int> positions_dev{std::span<const int>(positions)};  // [kRopeRows]
   DeviceBuffer<float> normed(static_cast<std::size_t>(kRopeRows) * c.in);  // [kRopeRows, in]: rmsnorm's output
-  const auto download = [](const DeviceBuffer<float>& buffer) {
-    LLM_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> host(buffer.size());
-    buffer.download(host);
-    return host;
-  };
 
   for (const RopeCacheLayout& layout : rope_cache_layouts()) {
     ASSERT_EQ(layout.block_tables.size(), static_cast<std::size_t>(kRopeSequences * layout.blocks_per_sequence()));
