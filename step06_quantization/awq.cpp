@@ -9,6 +9,9 @@
 // The scales follow the activations, s_j = (mean over rows of |x_j|)^alpha,
 // and the exponent alpha is searched on a grid for the least output error on
 // the calibration rows. alpha = 0 is plain RTN, so the search never loses to it.
+// Matrices that read the same input (Q, K and V; gate and up) share one
+// alpha, searched on their outputs together (quantize_awq_group): they must
+// divide that input by the same scales to be multiplied as one stacked matrix.
 //
 // The search measures each candidate's error through the Gram matrix
 // G = X^T X / n (calibration.hpp): the mean over rows of (x . d)^2 is d^T G d,
@@ -20,6 +23,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "llm/errors.hpp"
@@ -74,40 +78,58 @@ double output_error_from_gram(const LayerWeights& layer, const QuantizedMatrix& 
 
 }  // namespace
 
-AwqResult quantize_awq(const LayerWeights& layer, const QuantFormat& format, const CalibrationInputs& calibration,
-                       const AwqOptions& options) {
-  check_calibration_fits(layer, calibration, "AWQ");
+AwqGroupResult quantize_awq_group(std::span<const LayerWeights> layers, const QuantFormat& format,
+                                  const CalibrationInputs& calibration, const AwqOptions& options) {
+  if (layers.empty()) throw llm::InputError("AWQ: a group of no layers");
+  for (const LayerWeights& layer : layers) check_calibration_fits(layer, calibration, "AWQ");
   if (options.grid_points < 1)
     throw llm::InputError(fmt::format("AWQ: grid_points {} must be at least 1", options.grid_points));
   const std::vector<double> mean_abs = mean_abs_activation(calibration);  // [in]
   const Eigen::MatrixXd gram = calibration_gram(calibration);            // [in, in] X^T X / n
-  std::vector<float> scaled_weight(layer.weight.size());                  // [out, in] W diag(s)
+  int stacked_outputs = 0;
+  for (const LayerWeights& layer : layers) stacked_outputs += layer.out_features;
 
-  AwqResult best;
+  AwqGroupResult best;
   for (int point = 0; point < options.grid_points; ++point) {
     const double alpha = static_cast<double>(point) / options.grid_points;
-    QuantizedMatrix candidate;
-    if (point == 0) {
-      candidate = quantize_rtn(layer, format);  // s = 1: plain RTN, no input scales stored
-    } else {
-      const std::vector<float> scales = input_scales_for(mean_abs, alpha);  // [in]
-      for (int row = 0; row < layer.out_features; ++row)
-        for (int column = 0; column < layer.in_features; ++column) {
-          const std::size_t at = static_cast<std::size_t>(row) * layer.in_features + column;
-          scaled_weight[at] = layer.weight[at] * scales[static_cast<std::size_t>(column)];
-        }
-      candidate = quantize_rtn({scaled_weight, layer.out_features, layer.in_features}, format);
-      candidate.input_scales = scales;  // dequantize() and the kernels divide column j by s_j
+    // s = 1 at alpha 0: plain RTN, no input scales stored. [in] or empty
+    const std::vector<float> scales = point == 0 ? std::vector<float>{} : input_scales_for(mean_abs, alpha);
+    std::vector<QuantizedMatrix> candidates;
+    double squared_error = 0.0;  // summed over the group's outputs
+    for (const LayerWeights& layer : layers) {
+      QuantizedMatrix candidate;
+      if (scales.empty()) {
+        candidate = quantize_rtn(layer, format);
+      } else {
+        std::vector<float> scaled_weight(layer.weight.size());  // [out, in] W diag(s)
+        for (int row = 0; row < layer.out_features; ++row)
+          for (int column = 0; column < layer.in_features; ++column) {
+            const std::size_t at = static_cast<std::size_t>(row) * layer.in_features + column;
+            scaled_weight[at] = layer.weight[at] * scales[static_cast<std::size_t>(column)];
+          }
+        candidate = quantize_rtn({scaled_weight, layer.out_features, layer.in_features}, format);
+        candidate.input_scales = scales;  // dequantize() and the kernels divide column j by s_j
+      }
+      // output_error_from_gram is a mean over the layer's outputs: times
+      // out_features, the layer's share of the stacked sum.
+      squared_error += output_error_from_gram(layer, candidate, gram) * layer.out_features;
+      candidates.push_back(std::move(candidate));
     }
-    const double error = output_error_from_gram(layer, candidate, gram);
+    const double error = squared_error / stacked_outputs;
     if (point == 0) best.output_error_unscaled = error;
     if (point == 0 || error < best.output_error) {  // ties keep the smaller alpha
-      best.matrix = std::move(candidate);
+      best.matrices = std::move(candidates);
       best.alpha = alpha;
       best.output_error = error;
     }
   }
   return best;
+}
+
+AwqResult quantize_awq(const LayerWeights& layer, const QuantFormat& format, const CalibrationInputs& calibration,
+                       const AwqOptions& options) {
+  AwqGroupResult group = quantize_awq_group(std::span<const LayerWeights>(&layer, 1), format, calibration, options);
+  return {std::move(group.matrices.front()), group.alpha, group.output_error, group.output_error_unscaled};
 }
 
 }  // namespace step06

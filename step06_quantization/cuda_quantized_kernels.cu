@@ -429,10 +429,9 @@ std::optional<QuantizedMatrix> quantized_matrix_for(const QuantizedLayers& layer
   if (own == nullptr) return std::nullopt;
   std::vector<const QuantizedMatrix*> parts = {own};
   if (own->out_features != out_features) {
-    using llm::LinearRole;
-    if (site.role == LinearRole::Query)
-      parts = {own, find(site.layer, LinearRole::Key), find(site.layer, LinearRole::Value)};
-    if (site.role == LinearRole::Gate) parts = {own, find(site.layer, LinearRole::Up)};
+    parts.clear();
+    for (const llm::LinearSite& member : sites_reading_the_input_of(site))
+      parts.push_back(find(member.layer, member.role));
   }
   int stacked_rows = 0;
   for (const QuantizedMatrix* part : parts) {

@@ -14,6 +14,7 @@
 // model (LinearInputRecorder, linear_input_recorder.hpp): X [rows, in_features] row-major.
 #include <span>
 #include <string>
+#include <vector>
 
 #include "step06_quantization/quant_format.hpp"
 
@@ -68,6 +69,23 @@ struct AwqResult {
 // is what the product reads.
 AwqResult quantize_awq(const LayerWeights& layer, const QuantFormat& format, const CalibrationInputs& calibration,
                        const AwqOptions& options = {});
+
+// AWQ over matrices that read the same input: Q, K and V read the attention
+// norm's output, gate and up the FFN norm's. One alpha for all of them, the
+// one with the least output error of the group as a whole (their outputs
+// stacked), so that every matrix divides its input by the same scales: the
+// CUDA model multiplies such a group as one stacked matrix (one QKV product,
+// one gate-up product), and a stack can divide x by one vector only. AWQ's
+// reference implementation scales these groups together for the same reason.
+struct AwqGroupResult {
+  std::vector<QuantizedMatrix> matrices;  // one per layer, in order, all with the same input_scales
+  double alpha = 0.0;                     // the group's exponent
+  double output_error = 0.0;              // mean over the stacked outputs at alpha
+  double output_error_unscaled = 0.0;     // at alpha 0 (plain RTN)
+};
+// Throws llm::InputError when `layers` is empty or one does not fit the calibration.
+AwqGroupResult quantize_awq_group(std::span<const LayerWeights> layers, const QuantFormat& format,
+                                  const CalibrationInputs& calibration, const AwqOptions& options = {});
 
 // Mean squared error of the layer's outputs on the calibration rows:
 // sum over rows r and outputs o of (x_r . w_o - x_r . w~_o)^2 / (rows * out),

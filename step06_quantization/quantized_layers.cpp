@@ -91,6 +91,15 @@ std::vector<llm::LinearSite> linear_sites(const llm::ModelConfig& config) {
   return sites;
 }
 
+std::vector<llm::LinearSite> sites_reading_the_input_of(const llm::LinearSite& site) {
+  using llm::LinearRole;
+  switch (site.role) {
+    case LinearRole::Query: return {site, {site.layer, LinearRole::Key}, {site.layer, LinearRole::Value}};
+    case LinearRole::Gate: return {site, {site.layer, LinearRole::Up}};
+    default: return {site};
+  }
+}
+
 QuantizedLayers quantize_layers(const llm::ModelWeights& weights, const ModelQuantization& quantization,
                                 const Calibration* calibration) {
   const bool needs_calibration = quantization.algorithm != QuantAlgorithm::Rtn;
@@ -99,6 +108,7 @@ QuantizedLayers quantize_layers(const llm::ModelWeights& weights, const ModelQua
   QuantizedLayers layers;
   layers.quantization = quantization;
   for (const llm::LinearSite& site : linear_sites(weights.config)) {
+    if (layers.matrices.contains(site)) continue;  // quantized with its input group (AWQ, below)
     const bool is_classifier = site.role == llm::LinearRole::Classifier;
     if (is_classifier && !quantization.quantize_classifier) continue;
     const LayerWeights layer = layer_weights(weights, site);
@@ -113,9 +123,16 @@ QuantizedLayers quantize_layers(const llm::ModelWeights& weights, const ModelQua
     if (inputs.n_rows == 0) throw llm::InputError(fmt::format("calibration recorded no rows for {}", site.name()));
     if (quantization.algorithm == QuantAlgorithm::Gptq) {
       layers.matrices.emplace(site, quantize_gptq(layer, quantization.format, inputs, quantization.gptq));
-    } else {
-      layers.matrices.emplace(site, quantize_awq(layer, quantization.format, inputs, quantization.awq).matrix);
+      continue;
     }
+    // AWQ: the sites that read this site's input get one set of input scales
+    // (quantize_awq_group). Their recorded rows are the same rows: the model
+    // hands each of them the same normed x.
+    const std::vector<llm::LinearSite> group = sites_reading_the_input_of(site);
+    std::vector<LayerWeights> group_layers;  // [group.size()]
+    for (const llm::LinearSite& member : group) group_layers.push_back(layer_weights(weights, member));
+    AwqGroupResult scaled = quantize_awq_group(group_layers, quantization.format, inputs, quantization.awq);
+    for (std::size_t i = 0; i < group.size(); ++i) layers.matrices.emplace(group[i], std::move(scaled.matrices[i]));
   }
   return layers;
 }

@@ -32,6 +32,11 @@ std::string describe(const ModelQuantization& quantization);  // "int4-g64 gptq"
 // Every Linear site of a model of `config`: per layer wq, wk, wv, wo, w1, w3,
 // w2, then the classifier.
 std::vector<llm::LinearSite> linear_sites(const llm::ModelConfig& config);
+// The sites that read the same input as `site`, `site` first: Q, K and V
+// for the Query site (the attention norm's output), gate and up for the Gate
+// site (the FFN norm's), else `site` alone. The CUDA model multiplies each
+// such group as one stacked matrix; AWQ gives a group one set of input scales.
+std::vector<llm::LinearSite> sites_reading_the_input_of(const llm::LinearSite& site);
 // The fp32 matrix of `site` in `weights` ([out_features, in_features]), with its shape.
 LayerWeights layer_weights(const llm::ModelWeights& weights, const llm::LinearSite& site);
 

@@ -279,6 +279,43 @@ TEST(AwqSynthetic, UniformActivationsChangeNothingAndZeroInputsStayFinite) {
   for (float value : dequantize(with_dead.matrix)) ASSERT_TRUE(std::isfinite(value));
 }
 
+// Two matrices that read the same input share one alpha and so one vector
+// of input scales; the group's error is the mean over their stacked outputs:
+// layer_output_error of each matrix, weighted by its rows. A group of one is
+// quantize_awq.
+TEST(AwqSynthetic, AGroupSharesOneAlphaChosenOnItsStackedOutputs) {
+  const QuantFormat format = QuantFormat::parse("int4-g32");
+  SyntheticLayer first(40, 96, 200, 61);
+  for (int row = 0; row < first.n_rows; ++row) first.input(row, 7) *= 40.0f;  // something to gain from scaling
+  SyntheticLayer second(24, 96, 200, 67);  // its weights; the calibration rows are the first's
+  const CalibrationInputs shared_input = first.calibration();
+  const std::vector<LayerWeights> group = {first.layer(), second.layer()};
+  const AwqGroupResult scaled = quantize_awq_group(group, format, shared_input);
+  ASSERT_EQ(scaled.matrices.size(), 2u);
+  EXPECT_GT(scaled.alpha, 0.0);
+  ASSERT_EQ(scaled.matrices[0].input_scales.size(), 96u);
+  EXPECT_EQ(scaled.matrices[0].input_scales, scaled.matrices[1].input_scales);
+  EXPECT_LE(scaled.output_error, scaled.output_error_unscaled);
+  const double stacked_error =
+      (layer_output_error(first.layer(), scaled.matrices[0], shared_input) * first.out_features +
+       layer_output_error(second.layer(), scaled.matrices[1], shared_input) * second.out_features) /
+      (first.out_features + second.out_features);
+  EXPECT_NEAR(scaled.output_error, stacked_error, 1e-6 * stacked_error);
+
+  const AwqResult alone = quantize_awq(first.layer(), format, shared_input);
+  const AwqGroupResult group_of_one =
+      quantize_awq_group(std::vector<LayerWeights>{first.layer()}, format, shared_input);
+  EXPECT_EQ(group_of_one.alpha, alone.alpha);
+  EXPECT_EQ(group_of_one.output_error, alone.output_error);
+  EXPECT_EQ(unpack_codes(group_of_one.matrices[0]), unpack_codes(alone.matrix));
+  EXPECT_EQ(group_of_one.matrices[0].input_scales, alone.matrix.input_scales);
+
+  EXPECT_THROW(quantize_awq_group(std::vector<LayerWeights>{}, format, shared_input), llm::InputError);
+  SyntheticLayer narrower(8, 64, 200, 71);  // 64 inputs against 96-column calibration rows
+  EXPECT_THROW(quantize_awq_group(std::vector<LayerWeights>{first.layer(), narrower.layer()}, format, shared_input),
+               llm::InputError);
+}
+
 // A diagonal Hessian (each calibration row has one non-zero input) couples no
 // columns: U is diagonal, no error is spread, and GPTQ must give RTN's codes
 // and parameters exactly, in order and in act order.

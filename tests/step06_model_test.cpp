@@ -145,6 +145,37 @@ TEST(Step06Model, GptqAndAwqModelsGenerate) {
   }
 }
 
+// The CUDA model multiplies Q, K and V as one stacked matrix, and gate and
+// up as another; a stack divides its input by one vector of AWQ scales. So
+// AWQ must give each group one set of scales: stack_rows refuses matrices
+// whose scales differ (the error a GPU run once met, with one alpha per matrix).
+TEST(Step06Model, AwqGivesTheMatricesOfOneInputOneSetOfScales) {
+  const llm::ModelWeights weights = tiny_weights();
+  llm::CpuModel fp32(weights);
+  const auto calibration = step06::record_calibration(weights, step06::sample_sequences(fp32, 4, 32, 100));
+  for (const std::string format : {"int8", "int4-g32"}) {
+    SCOPED_TRACE(format);
+    const step06::QuantizedLayers layers =
+        step06::quantize_layers(weights, quantization(format, QuantAlgorithm::Awq), calibration.get());
+    int scaled_groups = 0;  // groups AWQ scaled (alpha > 0): the ones that could have differed
+    for (int layer = 0; layer < weights.config.n_layers; ++layer)
+      for (const llm::LinearRole first : {llm::LinearRole::Query, llm::LinearRole::Gate}) {
+        const llm::LinearSite first_site{layer, first};
+        SCOPED_TRACE(first_site.name());
+        std::vector<const step06::QuantizedMatrix*> group;  // [sites that read the input]
+        for (const llm::LinearSite& site : step06::sites_reading_the_input_of(first_site))
+          group.push_back(&layers.matrices.at(site));
+        ASSERT_GT(group.size(), 1u);
+        for (const step06::QuantizedMatrix* matrix : group)
+          EXPECT_EQ(matrix->input_scales, group.front()->input_scales);
+        const step06::QuantizedMatrix stacked = step06::stack_rows(group);
+        EXPECT_EQ(stacked.input_scales, group.front()->input_scales);
+        if (!group.front()->input_scales.empty()) ++scaled_groups;
+      }
+    EXPECT_GT(scaled_groups, 0) << "AWQ scaled no group: the test shows nothing";
+  }
+}
+
 // Greedy decoding of stories260K from BOS: int8 per channel (RTN) gives
 // fp32's tokens for at least the first kInt8MatchingPrefix tokens (measured:
 // the first difference is at token 61 of 128).
