@@ -375,6 +375,7 @@ class CudaQuantizedLinear final : public llm::cuda::CudaLinear {
       gemv_ = std::make_unique<Int4DecodeGemv>(matrix);
       gemv_->set_first_weights_prefetch(options.run.gemv_prefetch);
       gemv_->set_pipelined_weight_loads(options.run.gemv_pipelining);
+      gemv_->set_whole_wave_split(options.run.gemv_wave_fit);
     }
   }
   void forward(const float* x_dev, int rows, float* y_dev, cudaStream_t stream) const override {

@@ -42,6 +42,7 @@ namespace step06 {
 namespace {
 
 using namespace llm::cuda::gemv;  // the kernel, its arguments and launch
+using llm::cuda::ColumnSplit;
 using llm::cuda::ProductFusion;
 
 constexpr int kCodesPerVector = 32;  // 16 bytes of 4-bit codes
@@ -159,9 +160,12 @@ Int4DecodeGemv::Int4DecodeGemv(const QuantizedMatrix& matrix)
     for (std::size_t i = 0; i < inverse.size(); ++i) inverse[i] = 1.0f / matrix.input_scales[i];
     inverse_input_scales_ = llm::cuda::DeviceBuffer<float>(std::span<const float>(inverse.data(), inverse.size()));
   }
-  const int output_blocks = ceil_div(out_, kOutputsPerBlock);
-  const ColumnSplit split =
-      choose_column_split(output_blocks, ceil_div(padded_in_, kStepColumns<Int4GroupWeights<true>>));
+  set_whole_wave_split(true);
+}
+
+void Int4DecodeGemv::set_whole_wave_split(bool on) {
+  const ColumnSplit split = choose_column_split(ceil_div(out_, kOutputsPerBlock),
+                                                ceil_div(padded_in_, kStepColumns<Int4GroupWeights<true>>), on);
   steps_per_split_ = split.steps_per_split;
   k_splits_ = split.k_splits;
 }

@@ -80,6 +80,10 @@ class Int4DecodeGemv {
   // current one is multiplied. The same bits either way.
   void set_first_weights_prefetch(bool on) { prefetch_first_weights_ = on; }
   void set_pipelined_weight_loads(bool on) { pipelined_weight_loads_ = on; }
+  // The column split fitted to whole waves (the default) or about a wave's
+  // worth of blocks rounded up (the before row): HalfCudaLinear's switch of
+  // the same name. Before reserve(): the split sizes the scratch.
+  void set_whole_wave_split(bool on);
 
  private:
   llm::cuda::DeviceBuffer<std::uint8_t> codes_;  // [out, padded_in / 2]

@@ -181,6 +181,20 @@ TEST(StepCommandLine, NoRopeFoldingBecomesTheCudaRunOptions) {
   EXPECT_TRUE(cuda_run_options(common).fold_merge);
 }
 
+// --no-gemv-wave-fit is the GEMV's column split of about two blocks per SM
+// rounded up, the before row of fitting its blocks into whole waves: off in
+// the run options, in the factory's switches and in the JSON, the rest on.
+TEST(StepCommandLine, NoGemvWaveFitBecomesTheCudaRunOptions) {
+  EXPECT_TRUE(cuda::HalfGemvLoads{}.whole_wave_split);
+  CommonOptions common;
+  ASSERT_NO_FATAL_FAILURE(expect_before_row_switch("--no-gemv-wave-fit", &cuda::CudaRunOptions::gemv_wave_fit,
+                                                   "cuda_gemv_wave_fit", /*off_without_fusions=*/false, common));
+  const cuda::CudaRunOptions run = cuda_run_options(common);
+  EXPECT_TRUE(run.gemv_pipelining);  // the other switches stay on
+  EXPECT_TRUE(run.gemv_prefetch);
+  EXPECT_TRUE(run.fusions);
+}
+
 // --no-gemv-pipelining is the GEMV's serial weight loads, the before row of
 // its pipelining: off in the run options and in the JSON, everything else on.
 TEST(StepCommandLine, NoGemvPipeliningBecomesTheCudaRunOptions) {

@@ -54,8 +54,9 @@
 // Filling the GPU: 64 outputs per block give out / 64 blocks, too few for
 // out = 256 (TinyLlama's K/V projections: 4 blocks) and even out = 2048 (32)
 // on 132 SMs. So the columns are split into k_splits slices (gridDim.y),
-// chosen at construction from the shape and the SM count (about 2 blocks per
-// SM, slices of whole 64-column steps). Each slice's block writes its partial
+// chosen at construction from the shape and the SM count so that the blocks
+// fill whole waves of 2 per SM (slices of whole 64-column steps;
+// gemv_column_split.hpp). Each slice's block writes its partial
 // sums; the last block of an output block to finish (a ticket counter) adds
 // the slices' partials in slice order and writes y. No atomicAdd on y, so
 // the result is bitwise reproducible, and the order of every output's sum
@@ -92,6 +93,7 @@
 #include "half_linear.hpp"  // HalfActivationScratch: the split scratch every layer shares
 #include "programmatic_launch.cuh"
 #include "llm/cuda/cuda_runtime_api.hpp"  // kMaxGemvRows, sm_count
+#include "llm/cuda/gemv_column_split.hpp"
 #include "llm/kv_cache.hpp"
 
 namespace llm::cuda::gemv {
@@ -663,22 +665,15 @@ void launch_cuda_core_gemv(const GemvArguments& args, const typename Format::Mat
     launch(cuda_core_gemv_kernel<Format, RoundX, std::min(16, Format::kMaxRows)>);
 }
 
-// The column split of a layer: about kWantedBlocksPerSm blocks per SM,
-// slices of whole steps, none empty. Depends on the shape, the kernel and
-// the GPU only, never on the row count (so a row's sums are added in the
-// same order alone or among others).
-struct ColumnSplit {
-  int steps_per_split = 1;  // GemvArguments::steps_per_split
-  int k_splits = 1;         // gridDim.y
-};
-inline ColumnSplit choose_column_split(int output_blocks, int total_steps) {
-  constexpr int kWantedBlocksPerSm = 2;
-  const int wanted_splits = ceil_div(kWantedBlocksPerSm * sm_count(), output_blocks);
-  const int splits = std::clamp(wanted_splits, 1, std::min(total_steps, 65535));  // gridDim.y <= 65535
-  ColumnSplit split;
-  split.steps_per_split = ceil_div(total_steps, splits);
-  split.k_splits = ceil_div(total_steps, split.steps_per_split);
-  return split;
+// The column split of a layer (gemv_column_split.hpp): its blocks fitted to
+// whole waves of kGemvMinBlocksPerSm blocks per SM, or (whole_waves false:
+// the before row, --no-gemv-wave-fit) about that many blocks rounded up.
+// Depends on the shape, the kernel and the GPU only, never on the row count
+// (so a row's sums are added in the same order alone or among others).
+inline ColumnSplit choose_column_split(int output_blocks, int total_steps, bool whole_waves) {
+  const int wave_blocks = kGemvMinBlocksPerSm * sm_count();
+  return whole_waves ? column_split_for_whole_waves(output_blocks, total_steps, wave_blocks)
+                     : column_split_filling_a_wave(output_blocks, total_steps, wave_blocks);
 }
 
 // The split scratch (HalfActivationScratch) a launch of `rows` rows needs:

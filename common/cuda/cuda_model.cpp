@@ -560,7 +560,9 @@ CudaModelOptions cuda_model_options(const CudaRunOptions& run) {
   CudaModelOptions options;
   options.linear_factory =
       cuda_linear_factory(run.dtype, run.gemv, run.max_gemv_rows,
-                          {.prefetch_first_weights = run.gemv_prefetch, .pipelined = run.gemv_pipelining});
+                          {.prefetch_first_weights = run.gemv_prefetch,
+                           .pipelined = run.gemv_pipelining,
+                           .whole_wave_split = run.gemv_wave_fit});
   options.graphs = run.graphs;
   options.programmatic_launches = run.programmatic_launches;
   options.fusions = run.fusions ? CudaFusions::all() : CudaFusions::none();

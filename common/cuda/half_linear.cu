@@ -496,9 +496,14 @@ HalfCudaLinear::HalfCudaLinear(std::span<const float> weight, int out_features, 
                      " (" + why + ")");
   }
 
+  set_whole_wave_split(true);
+}
+
+void HalfCudaLinear::set_whole_wave_split(bool on) {
   // The column split (cuda_core_gemv.cuh): the same for both kernels' steps
   // of 64 columns.
-  const ColumnSplit split = choose_column_split(gemv_output_blocks(), ceil_div(padded_in_, kStepElements));
+  whole_wave_split_ = on;
+  const ColumnSplit split = choose_column_split(gemv_output_blocks(), ceil_div(padded_in_, kStepElements), on);
   gemv_steps_per_split_ = split.steps_per_split;
   gemv_k_splits_ = split.k_splits;
 }
@@ -636,6 +641,7 @@ CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_ke
                                                   gemv_kernel, gemv_max_rows);
     layer->set_first_weights_prefetch(loads.prefetch_first_weights);
     layer->set_pipelined_weight_loads(loads.pipelined);
+    layer->set_whole_wave_split(loads.whole_wave_split);
     return layer;
   };
 }

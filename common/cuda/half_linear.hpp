@@ -143,6 +143,14 @@ class HalfCudaLinear final : public CudaLinear {
   // tensor-core kernel ignores it.
   void set_pipelined_weight_loads(bool on) { pipelined_weight_loads_ = on; }
   bool pipelined_weight_loads() const { return pipelined_weight_loads_; }
+  // Whether the GEMV's column split fits its blocks into whole waves of the
+  // GPU (on, the default; gemv_column_split.hpp says why) or aims at about a
+  // wave's worth of blocks rounded up, as before (off: the before row,
+  // --no-gemv-wave-fit). Changes the order of the slices' sums, so the bits
+  // may differ in the last place. Before reserve_rows: the split sizes the
+  // scratch.
+  void set_whole_wave_split(bool on);
+  bool whole_wave_split() const { return whole_wave_split_; }
 
  private:
   // 1..gemv_max_rows_ rows: the GEMV; more: cuBLAS's path. Both fold `fusion`
@@ -169,14 +177,16 @@ class HalfCudaLinear final : public CudaLinear {
   int gemv_steps_per_split_ = 1;    // 64-column steps in each slice (the last may have fewer)
   bool prefetch_first_weights_ = true;  // the GEMV's L2 prefetch before its wait
   bool pipelined_weight_loads_ = true;  // the CUDA-core GEMV's next batch requested before this one's multiplies
+  bool whole_wave_split_ = true;        // gemv_k_splits_ fitted to whole waves (set_whole_wave_split)
   std::shared_ptr<HalfActivationScratch> scratch_;
   cublasHandle_t cublas_;
 };
 
 // Layers with weights rounded to `type`, whose products of 1..gemv_max_rows
-// rows run `gemv_kernel` (more rows: cuBLAS), whose weight loads are set by
-// `loads` (set_first_weights_prefetch, set_pipelined_weight_loads); all the
-// layers one factory makes share one HalfActivationScratch.
+// rows run `gemv_kernel` (more rows: cuBLAS), whose weight loads and column
+// split are set by `loads` (set_first_weights_prefetch,
+// set_pipelined_weight_loads, set_whole_wave_split); all the layers one
+// factory makes share one HalfActivationScratch.
 CudaLinearFactory half_cuda_linear_factory(HalfType type, HalfGemvKernel gemv_kernel = HalfGemvKernel::CudaCores,
                                            int gemv_max_rows = kMaxGemvRows, HalfGemvLoads loads = {});
 

@@ -117,6 +117,9 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_flag("--no-gemv-pipelining", o.no_gemv_pipelining,
                "the CUDA model's GEMV (CUDA cores, 1..4 rows) requests its next batch of weights only after it has "
                "multiplied the current one (the before row of requesting it first)");
+  app.add_flag("--no-gemv-wave-fit", o.no_gemv_wave_fit,
+               "the CUDA model's GEMVs split their columns into about two blocks per SM rounded up, which can leave "
+               "a second wave of a few blocks (the before row of fitting the blocks into whole waves)");
   app.add_flag("--no-graphs", o.no_graphs,
                "launch every kernel of a CUDA decode forward from the host instead of replaying a CUDA graph");
   app.add_flag("--no-fusions", o.no_fusions,
@@ -230,6 +233,7 @@ void set_sampling_config(Results& results, const CommonOptions& options) {
   results.set_config("cuda_max_gemv_rows", static_cast<long long>(options.max_gemv_rows));
   results.set_config("cuda_gemv_prefetch", !options.no_gemv_prefetch);
   results.set_config("cuda_gemv_pipelining", !options.no_gemv_pipelining);
+  results.set_config("cuda_gemv_wave_fit", !options.no_gemv_wave_fit);
   results.set_config("cuda_graphs", !options.no_graphs);
   results.set_config("cuda_fusions", !options.no_fusions);
   results.set_config("cuda_norm_folding", !options.no_fusions && !options.no_norm_folding);

@@ -124,9 +124,10 @@ std::string to_string(HalfGemvKernel kernel);  // "cuda-cores", "tensor-cores"
 // "cuda-cores" | "tensor-cores"; throws InputError for anything else.
 HalfGemvKernel parse_half_gemv_kernel(const std::string& name);
 
-// How the half-precision GEMV requests its weights. Each switch is on by
-// default and off only to measure what it buys (its before row); the same
-// bits either way (half_linear.cu has both).
+// How the half-precision GEMV requests its weights and spreads them over
+// its blocks. Each switch is on by default and off only to measure what it
+// buys (its before row); the loads give the same bits either way
+// (half_linear.cu has both), the split the same sums in another order.
 struct HalfGemvLoads {
   // Each block asks L2 for its first weights before it waits for the kernel
   // before it (programmatic_launch.cuh; --no-gemv-prefetch).
@@ -134,6 +135,9 @@ struct HalfGemvLoads {
   // The CUDA-core kernel requests a lane's next batch of weights before it
   // multiplies the current one, at 1..4 rows (--no-gemv-pipelining).
   bool pipelined = true;
+  // The columns split so that the blocks fill whole waves of the GPU
+  // (gemv_column_split.hpp; --no-gemv-wave-fit).
+  bool whole_wave_split = true;
 };
 
 // How the CUDA model runs (every step's --dtype and --no-graphs).
@@ -178,6 +182,11 @@ struct CudaRunOptions {
   // multiplies the current one (1..4 rows); false: the before row of that
   // pipelining (--no-gemv-pipelining). The same bits either way.
   bool gemv_pipelining = true;
+  // The GEMVs (half and step 06's int4) split their columns so that their
+  // blocks fill whole waves of the GPU; false: about a wave's worth of
+  // blocks rounded up, the before row (--no-gemv-wave-fit), which can leave
+  // a second wave of a few blocks. The same sums in another order.
+  bool gemv_wave_fit = true;
 };
 
 // The transformer on the GPU: own kernels for embedding, RMSNorm, RoPE,

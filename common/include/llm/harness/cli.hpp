@@ -33,6 +33,7 @@ struct CommonOptions {
   int max_gemv_rows = cuda::kDefaultMaxGemvRows;  // --max-gemv-rows N: those products of more rows run cuBLAS
   bool no_gemv_prefetch = false;  // --no-gemv-prefetch: the GEMV asks L2 for no weights before its wait
   bool no_gemv_pipelining = false;  // --no-gemv-pipelining: the GEMV's next weights requested after its multiplies
+  bool no_gemv_wave_fit = false;  // --no-gemv-wave-fit: the GEMV's column split not fitted to whole waves
   bool no_graphs = false;        // --no-graphs: CUDA decode launches every kernel (the before row of graphs)
   bool no_fusions = false;       // --no-fusions: the CUDA model's seven products and separate small kernels
   bool no_norm_folding = false;  // --no-norm-folding: fusions, but RMSNorm/SwiGLU/residual add as their own kernels
