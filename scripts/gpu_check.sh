@@ -342,15 +342,19 @@ run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
 # norms, SwiGLU and residual adds folded into their products, without
 # programmatic dependent launch (--no-pdl: each kernel starts only once the
 # one before has finished), with split-KV attention's merge as a kernel of
-# its own (--no-merge-folding: past 64 keys, one launch a layer more), and
-# with the GEMV's weight loads not pipelined (--no-gemv-pipelining; TinyLlama
-# only: the tiny preset's products are one batch of loads per block, so
-# there is nothing to pipeline), and with RoPE and the K/V append as a kernel
-# after the QKV product (--no-rope-folding; the tiny preset only, whose 80 us
-# target five launches a token are the size of).
+# its own (--no-merge-folding: past 64 keys, one launch a layer more), with
+# RoPE and the K/V append as a kernel after the QKV product
+# (--no-rope-folding: on the tiny preset five launches a token are the size
+# of its 80 us target; on TinyLlama the QKV product with the fold is the
+# layer's slowest product per byte in Nsight Compute), and with the GEMV's
+# weight loads not pipelined (--no-gemv-pipelining; TinyLlama only: the tiny
+# preset's products are one batch of loads per block, so there is nothing
+# to pipeline), and with the GEMVs' column split not fitted to whole waves
+# (--no-gemv-wave-fit; TinyLlama only: the tiny preset's products are one
+# wave either way).
 # Bytes per token over time per token, against the copy bandwidth measured
-# in the same run, by position. TinyLlama's --no-norm-folding and --no-pdl
-# rows, which chapter 01 already quotes (sections 5.5 and 5.7), run with
+# in the same run, by position. TinyLlama's --no-norm-folding, --no-pdl and
+# --no-gemv-pipelining rows, which chapter 01 already quotes, run with
 # --full only: each is some 15 s of the default form's 8 minutes.
 decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and fusions> <quoted before rows: 0|1>
   local steps=$1 repeats=$2 dtypes=$3 quoted_before_rows=$4 dtype
@@ -365,11 +369,15 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
       --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-norm-folding
     run_step presets tinyllama-1.1b_fp16_no_pdl step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
       --steps "$steps" --repeats "$repeats" --dtype fp16 --no-pdl
+    run_step presets tinyllama-1.1b_fp16_serial_loads step01_kv_cache --device cuda --preset tinyllama-1.1b \
+      --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-gemv-pipelining
   fi
   run_step presets tinyllama-1.1b_fp16_merge_kernel step01_kv_cache --device cuda --preset tinyllama-1.1b \
     --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-merge-folding
-  run_step presets tinyllama-1.1b_fp16_serial_loads step01_kv_cache --device cuda --preset tinyllama-1.1b \
-    --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-gemv-pipelining
+  run_step presets tinyllama-1.1b_fp16_rope_kernel step01_kv_cache --device cuda --preset tinyllama-1.1b \
+    --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-rope-folding
+  run_step presets tinyllama-1.1b_fp16_ragged_waves step01_kv_cache --device cuda --preset tinyllama-1.1b \
+    --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-gemv-wave-fit
   run_step presets tiny_fp32_eager step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --no-graphs --no-fusions
   for dtype in fp32 fp16; do
@@ -558,8 +566,16 @@ sanitize() {  # sanitize <tool> <binary> [gtest args...]
     return
   fi
   progress "$tool: $name $*"
+  # racecheck and synccheck judge the course's kernels, not cuBLAS's (nvjet_*,
+  # cublas*, *xmma* kernels: the tests' references and cuBLAS-path products).
+  # Shared-memory hazards inside a library kernel are not this course's to fix,
+  # and racecheck reports them there (an H200 run: 20 inside cuBLAS's nvjet
+  # GEMM, every product bit-exact). memcheck still checks every kernel.
+  local exclude=()
+  [[ $tool == racecheck || $tool == synccheck ]] && exclude=(--kernel-name-exclude "kns=nvjet,kns=cublas,kns=xmma")
   # --error-exitcode: any sanitizer finding fails the run even when the tests pass.
-  timeout "$command_timeout" "$sanitizer" --tool "$tool" --error-exitcode 86 --print-limit 20 "$bin/$name" "$@" >"$log" 2>&1
+  timeout "$command_timeout" "$sanitizer" --tool "$tool" "${exclude[@]}" --error-exitcode 86 --print-limit 20 \
+    "$bin/$name" "$@" >"$log" 2>&1
   local rc=$?
   local summary_line
   summary_line=$(grep -m1 -oP '(ERROR|RACECHECK) SUMMARY: \K.*' "$log" || echo "no summary")
