@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <stdexcept>
+
 #include "llm/cpu_model.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/model_on_device.hpp"
@@ -108,7 +110,8 @@ QuantizedLayers quantize_layers(const llm::ModelWeights& weights, const ModelQua
   QuantizedLayers layers;
   layers.quantization = quantization;
   for (const llm::LinearSite& site : linear_sites(weights.config)) {
-    if (layers.matrices.contains(site)) continue;  // quantized with its input group (AWQ, below)
+    if (layers.matrices.contains(site)) continue;  // quantized with its group (AWQ, below: linear_sites
+                                                    // lists a group's first site first)
     const bool is_classifier = site.role == llm::LinearRole::Classifier;
     if (is_classifier && !quantization.quantize_classifier) continue;
     const LayerWeights layer = layer_weights(weights, site);
@@ -132,7 +135,10 @@ QuantizedLayers quantize_layers(const llm::ModelWeights& weights, const ModelQua
     std::vector<LayerWeights> group_layers;  // [group.size()]
     for (const llm::LinearSite& member : group) group_layers.push_back(layer_weights(weights, member));
     AwqGroupResult scaled = quantize_awq_group(group_layers, quantization.format, inputs, quantization.awq);
-    for (std::size_t i = 0; i < group.size(); ++i) layers.matrices.emplace(group[i], std::move(scaled.matrices[i]));
+    for (std::size_t i = 0; i < group.size(); ++i)
+      if (!layers.matrices.emplace(group[i], std::move(scaled.matrices[i])).second)
+        throw std::logic_error(fmt::format("quantize_layers: {} was quantized before its group ({} first)",
+                                          group[i].name(), site.name()));
   }
   return layers;
 }

@@ -27,17 +27,26 @@ struct ProductShape {
   int fitted_k_splits;  // column_split_for_whole_waves
 };
 
-// TinyLlama-1.1B's decode products (dim 2048, hidden 5632, KV width 256):
-// the QKV product's 7 slices of 40 output blocks are 280 blocks, a wave and
-// 16; 6 slices are 240, one wave. Down's 9 are 288; 8 are 256. Gate-up's 2
-// slices of 176 are 352 blocks of 16 steps in two waves; 3 are 528 blocks of
-// 11 steps in two. wo and the classifier keep their split.
+// TinyLlama-1.1B's decode products (dim 2048, hidden 5632, KV width 256),
+// fp16 (steps of 64 columns): the QKV product's 7 slices of 40 output blocks
+// are 280 blocks, a wave and 16; 6 slices are 240, one wave. Down's 9 are
+// 288; 8 are 256. Gate-up's 2 slices of 176 are 352 blocks of 16 steps in
+// two waves; 3 are 528 blocks of 11 steps in two. wo and the classifier keep
+// their split. Step 06's int4 GEMV (steps of 256 columns) keeps its splits
+// but gate-up's: 2 slices of 4 steps in two waves become one of 8 steps in
+// one (the same modelled time as 3 slices in two waves: the tie goes to the
+// fewer waves).
 const ProductShape kTinyLlamaProducts[] = {
-    {"qkv [2560, 2048]", 40, 32, 7, 6},
-    {"wo [2048, 2048]", 32, 32, 8, 8},
-    {"gate_up [11264, 2048]", 176, 32, 2, 3},
-    {"down [2048, 5632]", 32, 88, 9, 8},
-    {"classifier [32000, 2048]", 500, 32, 1, 1},
+    {"fp16 qkv [2560, 2048]", 40, 32, 7, 6},
+    {"fp16 wo [2048, 2048]", 32, 32, 8, 8},
+    {"fp16 gate_up [11264, 2048]", 176, 32, 2, 3},
+    {"fp16 down [2048, 5632]", 32, 88, 9, 8},
+    {"fp16 classifier [32000, 2048]", 500, 32, 1, 1},
+    {"int4 qkv [2560, 2048]", 40, 8, 4, 4},
+    {"int4 wo [2048, 2048]", 32, 8, 8, 8},
+    {"int4 gate_up [11264, 2048]", 176, 8, 2, 1},
+    {"int4 down [2048, 5632]", 32, 22, 8, 8},
+    {"int4 classifier [32000, 2048]", 500, 8, 1, 1},
 };
 
 // Every slice holds whole steps and none is empty.
@@ -77,6 +86,10 @@ TEST(GemvColumnSplit, SmallProductsSplitIntoSingleSteps) {
       EXPECT_EQ(fitted.k_splits, column_split_filling_a_wave(output_blocks, total_steps, kWave).k_splits);
     }
   EXPECT_EQ(column_split_for_whole_waves(5, 1, kWave).k_splits, 1);  // one step: nothing to split
+  // Nothing to split either where a caller passes nothing (never in the GEMVs).
+  EXPECT_EQ(column_split_for_whole_waves(5, 0, kWave).k_splits, 1);
+  EXPECT_EQ(column_split_for_whole_waves(0, 32, kWave).k_splits, 1);
+  EXPECT_EQ(column_split_filling_a_wave(0, 32, kWave).k_splits, 1);
 }
 
 // Over a sweep of shapes and GPU sizes: whole slices, and never more

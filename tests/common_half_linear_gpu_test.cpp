@@ -713,8 +713,8 @@ TEST_P(HalfGemvRopeFold, RopeAndKvAppendGiveTheKernelsBits) {
   HalfCudaLinear layer = make_layer(weight, c, cublas.get());
   layer.reserve_rows(kRopeRows);
   // One step of 64 columns (in <= 64) is never split; two or more are on any
-  // GPU of 2 SMs or more (3 CUDA-core or 2 tensor-core output blocks want
-  // about 2 blocks per SM: choose_column_split).
+  // GPU of 3 SMs or more (3 CUDA-core or 2 tensor-core output blocks, one
+  // step a slice while the blocks fit one wave of 2 per SM: choose_column_split).
   EXPECT_EQ(layer.gemv_k_splits() > 1, c.in > 64)
       << "the GEMV splits the columns " << layer.gemv_k_splits() << " ways: this case was meant to "
       << (c.in > 64 ? "" : "not ") << "split them";
@@ -829,7 +829,7 @@ TEST_P(HalfGemvRopeFold, RopeAndKvAppendGiveTheKernelsBits) {
 
 // in = 48: one step of 64 columns, never split; 96: two steps, 2 slices;
 // 200: four steps (the last of 8 columns), 4 slices on a GPU of 132 SMs (on
-// any of 5 or more).
+// any of 6 or more).
 INSTANTIATE_TEST_SUITE_P(Shapes, HalfGemvRopeFold,
                          ::testing::ValuesIn(on_both_kernels({HalfCase{false, 160, 48}, HalfCase{true, 160, 48},
                                                               HalfCase{false, 160, 96}, HalfCase{true, 160, 96},

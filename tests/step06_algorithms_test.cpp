@@ -302,6 +302,16 @@ TEST(AwqSynthetic, AGroupSharesOneAlphaChosenOnItsStackedOutputs) {
       (first.out_features + second.out_features);
   EXPECT_NEAR(scaled.output_error, stacked_error, 1e-6 * stacked_error);
 
+  // At alpha 0 the group is plain RTN: its error from layer_output_error
+  // directly, not through the Gram matrix the search uses.
+  const double rtn_error =
+      (layer_output_error(first.layer(), quantize_rtn(first.layer(), format), shared_input) * first.out_features +
+       layer_output_error(second.layer(), quantize_rtn(second.layer(), format), shared_input) *
+           second.out_features) /
+      (first.out_features + second.out_features);
+  EXPECT_NEAR(scaled.output_error_unscaled, rtn_error, 1e-6 * rtn_error);
+
+  // A group of one is quantize_awq: the same alpha, codes and scales.
   const AwqResult alone = quantize_awq(first.layer(), format, shared_input);
   const AwqGroupResult group_of_one =
       quantize_awq_group(std::vector<LayerWeights>{first.layer()}, format, shared_input);

@@ -3,6 +3,7 @@
 // and the step's tables on a tiny model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -157,22 +158,35 @@ TEST(Step06Model, AwqGivesTheMatricesOfOneInputOneSetOfScales) {
     SCOPED_TRACE(format);
     const step06::QuantizedLayers layers =
         step06::quantize_layers(weights, quantization(format, QuantAlgorithm::Awq), calibration.get());
-    int scaled_groups = 0;  // groups AWQ scaled (alpha > 0): the ones that could have differed
+    int scaled_groups = 0;     // groups AWQ scaled (alpha > 0)
+    int disagreeing_groups = 0;  // groups whose matrices, each searched alone, want different alphas
     for (int layer = 0; layer < weights.config.n_layers; ++layer)
       for (const llm::LinearRole first : {llm::LinearRole::Query, llm::LinearRole::Gate}) {
         const llm::LinearSite first_site{layer, first};
         SCOPED_TRACE(first_site.name());
         std::vector<const step06::QuantizedMatrix*> group;  // [sites that read the input]
-        for (const llm::LinearSite& site : step06::sites_reading_the_input_of(first_site))
+        std::vector<double> alone_alphas;                   // [sites]: quantize_awq on each alone
+        for (const llm::LinearSite& site : step06::sites_reading_the_input_of(first_site)) {
           group.push_back(&layers.matrices.at(site));
+          const step06::CalibrationInputs inputs{calibration->recorder.inputs(site), calibration->recorder.rows(site),
+                                                 weights.config.dim};
+          alone_alphas.push_back(
+              step06::quantize_awq(step06::layer_weights(weights, site), QuantFormat::parse(format), inputs).alpha);
+        }
         ASSERT_GT(group.size(), 1u);
         for (const step06::QuantizedMatrix* matrix : group)
           EXPECT_EQ(matrix->input_scales, group.front()->input_scales);
         const step06::QuantizedMatrix stacked = step06::stack_rows(group);
         EXPECT_EQ(stacked.input_scales, group.front()->input_scales);
         if (!group.front()->input_scales.empty()) ++scaled_groups;
+        if (std::count(alone_alphas.begin(), alone_alphas.end(), alone_alphas.front()) !=
+            static_cast<std::ptrdiff_t>(alone_alphas.size()))
+          ++disagreeing_groups;
       }
     EXPECT_GT(scaled_groups, 0) << "AWQ scaled no group: the test shows nothing";
+    // Where the matrices of a group would each pick their own alpha, only the
+    // group's search gives them one set of scales: such a group must exist.
+    EXPECT_GT(disagreeing_groups, 0) << "searched alone, every group's matrices agree: the test shows nothing";
   }
 }
 

@@ -148,7 +148,8 @@ class HalfCudaLinear final : public CudaLinear {
   // wave's worth of blocks rounded up, as before (off: the before row,
   // --no-gemv-wave-fit). Changes the order of the slices' sums, so the bits
   // may differ in the last place. Before reserve_rows: the split sizes the
-  // scratch.
+  // scratch (a forward whose scratch was reserved for another split throws
+  // std::logic_error, as any forward without its scratch does).
   void set_whole_wave_split(bool on);
   bool whole_wave_split() const { return whole_wave_split_; }
 

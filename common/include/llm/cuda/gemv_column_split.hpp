@@ -10,8 +10,9 @@
 // only a few steps, so how the grid meets the GPU decides its time:
 //
 //   wave       the blocks the GPU holds at once: resident blocks per SM x SMs
-//              (the GEMV's launch bounds guarantee 2 per SM; its registers,
-//              near their cap of 128, allow no more)
+//              (the GEMV's launch bounds guarantee at least 2 per SM; the
+//              default kernels' registers, near that cap of 128, allow no
+//              more, so the model counts 2)
 //   waves      ceil(blocks / wave): a grid of one wave and a few blocks runs
 //              those few after all the others, on an otherwise idle GPU, for
 //              as long as a whole wave takes: a block's time is its steps
@@ -21,8 +22,9 @@
 // one step for the slices' add when there are slices: the "+ 1" is a block's
 // fixed work (its share of x staged, the folded norm's sums, its barriers),
 // about a step's worth; more, smaller slices than fill a wave only add
-// blocks and partial sums. Ties go to more slices (more blocks in flight
-// hide more latency at the same modelled time).
+// blocks and partial sums. Ties go to fewer waves (no blocks left for a
+// second wave), then to more slices (more blocks in flight in the same
+// waves hide more latency).
 //
 // The split depends on the shape and the GPU only, never on the row count:
 // a row's sums are added in the same order alone or among 16 (the GEMV's
@@ -41,6 +43,7 @@ constexpr int ceil_div_int(int a, int b) { return (a + b - 1) / b; }
 // The split of `total_steps` steps into about `wanted_splits` slices of
 // whole steps, none empty (at most 65535: gridDim.y's limit).
 constexpr ColumnSplit column_split_into(int wanted_splits, int total_steps) {
+  if (total_steps <= 1) return {};  // one step (or none): nothing to split
   const int splits = std::clamp(wanted_splits, 1, std::min(total_steps, 65535));
   ColumnSplit split;
   split.steps_per_split = ceil_div_int(total_steps, splits);
@@ -50,24 +53,30 @@ constexpr ColumnSplit column_split_into(int wanted_splits, int total_steps) {
 
 // The modelled time of a split in steps (above): waves x (steps per block +
 // 1 fixed), plus 1 for the slices' add.
-constexpr long long modelled_split_steps(int output_blocks, const ColumnSplit& split, int wave_blocks) {
+constexpr long long split_waves(int output_blocks, const ColumnSplit& split, int wave_blocks) {
   const long long blocks = static_cast<long long>(output_blocks) * split.k_splits;
-  const long long waves = (blocks + wave_blocks - 1) / wave_blocks;
-  return waves * (split.steps_per_split + 1) + (split.k_splits > 1 ? 1 : 0);
+  return (blocks + wave_blocks - 1) / wave_blocks;
+}
+constexpr long long modelled_split_steps(int output_blocks, const ColumnSplit& split, int wave_blocks) {
+  return split_waves(output_blocks, split, wave_blocks) * (split.steps_per_split + 1) + (split.k_splits > 1 ? 1 : 0);
 }
 
 // The split with the least modelled time for a grid of `output_blocks`
 // output blocks over `total_steps` steps on a GPU that holds `wave_blocks`
-// blocks at once. Candidates: 1 up to 4 waves' worth of slices per output
-// block (never more than the steps).
+// blocks at once (all three at least 1). Candidates: 1 up to 4 waves' worth
+// of slices per output block (never more than the steps).
 constexpr ColumnSplit column_split_for_whole_waves(int output_blocks, int total_steps, int wave_blocks) {
+  if (output_blocks < 1 || wave_blocks < 1) return {};
   const int most_splits = std::min(total_steps, 4 * ceil_div_int(wave_blocks, output_blocks));
   ColumnSplit best = column_split_into(1, total_steps);
   for (int wanted = 2; wanted <= most_splits; ++wanted) {
     const ColumnSplit candidate = column_split_into(wanted, total_steps);
-    if (modelled_split_steps(output_blocks, candidate, wave_blocks) <=
-        modelled_split_steps(output_blocks, best, wave_blocks))
-      best = candidate;  // <=: ties go to more slices
+    const long long time = modelled_split_steps(output_blocks, candidate, wave_blocks);
+    const long long best_time = modelled_split_steps(output_blocks, best, wave_blocks);
+    const long long waves = split_waves(output_blocks, candidate, wave_blocks);
+    const long long best_waves = split_waves(output_blocks, best, wave_blocks);
+    // Ties: fewer waves, then more slices (candidates come in growing slices).
+    if (time < best_time || (time == best_time && waves <= best_waves)) best = candidate;
   }
   return best;
 }
@@ -76,6 +85,7 @@ constexpr ColumnSplit column_split_for_whole_waves(int output_blocks, int total_
 // rounded up, which can leave a second wave of a few blocks (the before row,
 // --no-gemv-wave-fit).
 constexpr ColumnSplit column_split_filling_a_wave(int output_blocks, int total_steps, int wave_blocks) {
+  if (output_blocks < 1 || wave_blocks < 1) return {};
   return column_split_into(ceil_div_int(wave_blocks, output_blocks), total_steps);
 }
 
