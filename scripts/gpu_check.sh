@@ -41,7 +41,7 @@
 #              TinyLlama-1.1B's dims in fp32 without graphs and fusions (the
 #              before row), fp16 without and with the norms folded into the
 #              products, without programmatic dependent launch and with
-#              split-KV attention's merge as a kernel of its own, and the
+#              split-KV attention's merge in its last split block, and the
 #              tiny preset; steps 04-07 on TinyLlama's dims,
 #              sized to fit (--full: longer generations, fp32 with graphs,
 #              bf16, Llama-2-7B in fp16 where the GPU has the memory, step 02's
@@ -341,8 +341,9 @@ run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
 # graphs and fusions; then half-precision weights, without and with the
 # norms, SwiGLU and residual adds folded into their products, without
 # programmatic dependent launch (--no-pdl: each kernel starts only once the
-# one before has finished), with split-KV attention's merge as a kernel of
-# its own (--no-merge-folding: past 64 keys, one launch a layer more), with
+# one before has finished), with split-KV attention's merge in its last split
+# block (--merge-folding: past 64 keys, one launch a layer fewer, which
+# measured slower than the merge kernel, the default), with
 # RoPE and the K/V append as a kernel after the QKV product
 # (--no-rope-folding: on the tiny preset five launches a token are the size
 # of its 80 us target; on TinyLlama the QKV product with the fold is the
@@ -372,8 +373,8 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
     run_step presets tinyllama-1.1b_fp16_serial_loads step01_kv_cache --device cuda --preset tinyllama-1.1b \
       --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-gemv-pipelining
   fi
-  run_step presets tinyllama-1.1b_fp16_merge_kernel step01_kv_cache --device cuda --preset tinyllama-1.1b \
-    --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-merge-folding
+  run_step presets tinyllama-1.1b_fp16_merge_in_last_block step01_kv_cache --device cuda --preset tinyllama-1.1b \
+    --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --merge-folding
   run_step presets tinyllama-1.1b_fp16_rope_kernel step01_kv_cache --device cuda --preset tinyllama-1.1b \
     --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-rope-folding
   run_step presets tinyllama-1.1b_fp16_ragged_waves step01_kv_cache --device cuda --preset tinyllama-1.1b \
@@ -388,8 +389,8 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
     --repeats 5 --dtype fp16 --no-norm-folding
   run_step presets tiny_fp16_no_pdl step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --dtype fp16 --no-pdl
-  run_step presets tiny_fp16_merge_kernel step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
-    --repeats 5 --dtype fp16 --no-merge-folding
+  run_step presets tiny_fp16_merge_in_last_block step01_kv_cache --device cuda --preset tiny --variant 1 \
+    --steps 256 --repeats 5 --dtype fp16 --merge-folding
   run_step presets tiny_fp16_rope_kernel step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --dtype fp16 --no-rope-folding
 }

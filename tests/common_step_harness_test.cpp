@@ -160,14 +160,23 @@ void expect_before_row_switch(const std::string& flag, bool cuda::CudaRunOptions
   EXPECT_TRUE(HasSubstr(unfused_json, "\"" + json_key + "\": false")) << unfused_json;
 }
 
-// --no-merge-folding: split-KV decode attention merges its splits in a
-// kernel of its own (the before row); --no-fusions turns that fusion off
-// too, and the JSON config says which ran.
-TEST(StepCommandLine, NoMergeFoldingBecomesTheCudaRunOptions) {
-  CommonOptions common;
-  ASSERT_NO_FATAL_FAILURE(expect_before_row_switch("--no-merge-folding", &cuda::CudaRunOptions::fold_merge,
-                                                   "cuda_merge_folding", /*off_without_fusions=*/true, common));
-  EXPECT_TRUE(cuda_run_options(common).fusions);  // the other fusions stay on
+// --merge-folding: split-KV decode attention merges its splits in the last
+// split block, an opt-in since it measured slower than the merge kernel: off
+// by default (options, run options, JSON), on with the flag, and off again
+// in the JSON with --no-fusions, which the model then runs.
+TEST(StepCommandLine, MergeFoldingIsAnOptIn) {
+  const CommonOptions defaults;
+  EXPECT_FALSE(cuda_run_options(defaults).fold_merge);
+  EXPECT_FALSE(cuda::CudaRunOptions{}.fold_merge);
+  EXPECT_TRUE(HasSubstr(json_config_of(defaults), "\"cuda_merge_folding\": false")) << json_config_of(defaults);
+  CommonOptions folded;
+  ASSERT_FALSE(parse({"step", "--merge-folding"}, folded).exit_status);
+  EXPECT_TRUE(cuda_run_options(folded).fold_merge);
+  EXPECT_TRUE(cuda_run_options(folded).fusions);  // the other fusions stay on
+  EXPECT_TRUE(HasSubstr(json_config_of(folded), "\"cuda_merge_folding\": true")) << json_config_of(folded);
+  CommonOptions unfused;
+  ASSERT_FALSE(parse({"step", "--merge-folding", "--no-fusions"}, unfused).exit_status);
+  EXPECT_TRUE(HasSubstr(json_config_of(unfused), "\"cuda_merge_folding\": false")) << json_config_of(unfused);
 }
 
 // --no-rope-folding is the RoPE + K/V append kernel after the QKV product,
@@ -178,7 +187,7 @@ TEST(StepCommandLine, NoRopeFoldingBecomesTheCudaRunOptions) {
   ASSERT_NO_FATAL_FAILURE(expect_before_row_switch("--no-rope-folding", &cuda::CudaRunOptions::fold_rope,
                                                    "cuda_rope_folding", /*off_without_fusions=*/true, common));
   EXPECT_TRUE(cuda_run_options(common).fusions);
-  EXPECT_TRUE(cuda_run_options(common).fold_merge);
+  EXPECT_TRUE(cuda_run_options(common).fold_norms);
 }
 
 // --no-gemv-wave-fit is the GEMV's column split of about two blocks per SM

@@ -567,7 +567,7 @@ CudaModelOptions cuda_model_options(const CudaRunOptions& run) {
   options.programmatic_launches = run.programmatic_launches;
   options.fusions = run.fusions ? CudaFusions::all() : CudaFusions::none();
   if (!run.fold_norms) options.fusions.norm_in_product = false;
-  if (!run.fold_merge) options.fusions.merge_in_split_kernel = false;
+  options.fusions.merge_in_split_kernel = run.fusions && run.fold_merge;
   if (!run.fold_rope) options.fusions.rope_in_qkv_product = false;
   return options;
 }

@@ -132,7 +132,7 @@ std::optional<int> parse_options(int argc, char** argv, Step02Options& options) 
         "it times attention kernels on random inputs, and the model's prefill on a random prompt of "
         "--prefill-tokens tokens"},
        {{"--dtype", "--gemv", "--max-gemv-rows", "--no-graphs", "--no-fusions", "--no-norm-folding",
-         "--no-merge-folding", "--no-rope-folding", "--no-pdl", "--no-gemv-prefetch",
+         "--merge-folding", "--no-rope-folding", "--no-pdl", "--no-gemv-prefetch",
          "--no-gemv-pipelining", "--no-gemv-wave-fit"},
          "its CUDA rows time its own fp32 attention kernels (steps 01 and 04 take them)"}});
 }

@@ -123,7 +123,7 @@ std::optional<int> parse_options(int argc, char** argv, Step05Options& options) 
       {{{"--temperature", "--top-p"},
         "its generation is greedy: the paged cache must give the contiguous cache's tokens exactly"},
        {{"--dtype", "--gemv", "--max-gemv-rows", "--no-graphs", "--no-fusions", "--no-norm-folding",
-         "--no-merge-folding", "--no-rope-folding", "--no-pdl", "--no-gemv-prefetch",
+         "--merge-folding", "--no-rope-folding", "--no-pdl", "--no-gemv-prefetch",
          "--no-gemv-pipelining", "--no-gemv-wave-fit"},
         "its paged CUDA model is fp32 and launches its paged kernels per forward (steps 01 and 04 take them)"}});
 }

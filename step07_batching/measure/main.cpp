@@ -285,7 +285,7 @@ int progress_parts(const Step07Options& options) { return 7 + (options.loopback 
 // decode and prefill kernels read any cache through its block table, so it
 // runs the engine as it runs steps 01 and 04, with the same --dtype, --gemv,
 // --max-gemv-rows, --no-gemv-prefetch, --no-gemv-pipelining, --no-gemv-wave-fit, --no-graphs, --no-fusions,
-// --no-norm-folding, --no-merge-folding, --no-rope-folding and --no-pdl.
+// --no-norm-folding, --merge-folding, --no-rope-folding and --no-pdl.
 std::unique_ptr<llm::Model> make_engine_model(const std::string& device, const llm::ModelWeights& weights,
                                               const llm::CommonOptions& common) {
   if (device == "cuda") return llm::make_model_on(device, weights, llm::cuda_run_options(common));

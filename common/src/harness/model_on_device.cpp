@@ -31,7 +31,7 @@ cuda::CudaRunOptions cuda_run_options(const CommonOptions& options) {
   run.graphs = !options.no_graphs;
   run.fusions = !options.no_fusions;
   run.fold_norms = !options.no_norm_folding;
-  run.fold_merge = !options.no_merge_folding;
+  run.fold_merge = options.merge_folding;
   run.fold_rope = !options.no_rope_folding;
   run.programmatic_launches = !options.no_pdl;
   return run;

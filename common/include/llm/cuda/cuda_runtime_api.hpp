@@ -154,9 +154,10 @@ struct CudaRunOptions {
   // ... that one unless this is false (its before row) ...
   bool fold_norms = true;
   // ... and split-KV decode attention's merge done by the last split block
-  // to finish, unless this is false (a merge kernel of its own: its before
-  // row).
-  bool fold_merge = true;
+  // to finish when this is true (--merge-folding). Off by default: one
+  // launch a layer fewer past 64 keys, but measured slower than the merge
+  // kernel it replaces (docs/01_kv_cache.md, section 5.8).
+  bool fold_merge = false;
   // ... and RoPE with the K/V append done by the QKV product on its outputs
   // (fp32 caches), unless this is false (the kernel after the product: its
   // before row).

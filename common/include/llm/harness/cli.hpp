@@ -37,7 +37,7 @@ struct CommonOptions {
   bool no_graphs = false;        // --no-graphs: CUDA decode launches every kernel (the before row of graphs)
   bool no_fusions = false;       // --no-fusions: the CUDA model's seven products and separate small kernels
   bool no_norm_folding = false;  // --no-norm-folding: fusions, but RMSNorm/SwiGLU/residual add as their own kernels
-  bool no_merge_folding = false;  // --no-merge-folding: split-KV decode attention merges in a kernel of its own
+  bool merge_folding = false;    // --merge-folding: split-KV decode attention merges in its last split block
   bool no_rope_folding = false;  // --no-rope-folding: RoPE + K/V append as a kernel after the QKV product
   bool no_pdl = false;           // --no-pdl: each CUDA kernel starts after the one before finishes (no overlap)
   std::string variant = "all";   // --variant N[,M]|all
