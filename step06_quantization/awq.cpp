@@ -89,6 +89,7 @@ AwqGroupResult quantize_awq_group(std::span<const LayerWeights> layers, const Qu
   int stacked_outputs = 0;
   for (const LayerWeights& layer : layers) stacked_outputs += layer.out_features;
 
+  std::vector<float> scaled_weight;  // [out, in] W diag(s) of the layer being rounded
   AwqGroupResult best;
   for (int point = 0; point < options.grid_points; ++point) {
     const double alpha = static_cast<double>(point) / options.grid_points;
@@ -101,7 +102,7 @@ AwqGroupResult quantize_awq_group(std::span<const LayerWeights> layers, const Qu
       if (scales.empty()) {
         candidate = quantize_rtn(layer, format);
       } else {
-        std::vector<float> scaled_weight(layer.weight.size());  // [out, in] W diag(s)
+        scaled_weight.resize(layer.weight.size());
         for (int row = 0; row < layer.out_features; ++row)
           for (int column = 0; column < layer.in_features; ++column) {
             const std::size_t at = static_cast<std::size_t>(row) * layer.in_features + column;

@@ -126,7 +126,7 @@ static_assert(kGemvThreads % kWarpSize == 0 && kWarpSize % kLanesPerWeightRow ==
 // blocks of the same size (device_formulas.cuh): the same bits.
 static_assert(kGemvThreads == device::kNormBlockThreads);
 
-constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+using llm::cuda::ceil_div;  // gemv_column_split.hpp
 constexpr int round_up(int a, int b) { return ceil_div(a, b) * b; }
 
 // A weight format the kernel reads, one 16-byte vector of a row at a time:

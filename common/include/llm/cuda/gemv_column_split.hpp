@@ -38,7 +38,8 @@ struct ColumnSplit {
   int k_splits = 1;         // gridDim.y: slices, none empty
 };
 
-constexpr int ceil_div_int(int a, int b) { return (a + b - 1) / b; }
+// a / b rounded up (a >= 0, b > 0): whole steps, slices, waves.
+constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // The split of `total_steps` steps into about `wanted_splits` slices of
 // whole steps, none empty (at most 65535: gridDim.y's limit).
@@ -46,8 +47,8 @@ constexpr ColumnSplit column_split_into(int wanted_splits, int total_steps) {
   if (total_steps <= 1) return {};  // one step (or none): nothing to split
   const int splits = std::clamp(wanted_splits, 1, std::min(total_steps, 65535));
   ColumnSplit split;
-  split.steps_per_split = ceil_div_int(total_steps, splits);
-  split.k_splits = ceil_div_int(total_steps, split.steps_per_split);
+  split.steps_per_split = ceil_div(total_steps, splits);
+  split.k_splits = ceil_div(total_steps, split.steps_per_split);
   return split;
 }
 
@@ -67,7 +68,7 @@ constexpr long long modelled_split_steps(int output_blocks, const ColumnSplit& s
 // of slices per output block (never more than the steps).
 constexpr ColumnSplit column_split_for_whole_waves(int output_blocks, int total_steps, int wave_blocks) {
   if (output_blocks < 1 || wave_blocks < 1) return {};
-  const int most_splits = std::min(total_steps, 4 * ceil_div_int(wave_blocks, output_blocks));
+  const int most_splits = std::min(total_steps, 4 * ceil_div(wave_blocks, output_blocks));
   ColumnSplit best = column_split_into(1, total_steps);
   for (int wanted = 2; wanted <= most_splits; ++wanted) {
     const ColumnSplit candidate = column_split_into(wanted, total_steps);
@@ -86,7 +87,7 @@ constexpr ColumnSplit column_split_for_whole_waves(int output_blocks, int total_
 // --no-gemv-wave-fit).
 constexpr ColumnSplit column_split_filling_a_wave(int output_blocks, int total_steps, int wave_blocks) {
   if (output_blocks < 1 || wave_blocks < 1) return {};
-  return column_split_into(ceil_div_int(wave_blocks, output_blocks), total_steps);
+  return column_split_into(ceil_div(wave_blocks, output_blocks), total_steps);
 }
 
 }  // namespace llm::cuda
