@@ -329,7 +329,7 @@ void check_int4_gemv_request(const QuantizedMatrix& matrix, bool fp16_activation
 // every check.
 template <class Host>
 std::vector<Host> run_once(const QuantizedMatrix& matrix, std::span<const Host> x_host, int rows,
-                           CudaQuantizedKernel kernel) {
+                           CudaQuantizedKernel kernel, bool whole_wave_split = true) {
   using Act = typename KernelActivation<Host>::type;
   check_matrix(matrix);  // InputErrors before any device work
   const bool int4_gemv = kernel == CudaQuantizedKernel::Int4DecodeGemv;
@@ -340,7 +340,8 @@ std::vector<Host> run_once(const QuantizedMatrix& matrix, std::span<const Host> 
   LLM_CUDA_CHECK(cudaMemset(y.data(), 0xFF, y.bytes()));
   if (int4_gemv) {
     if constexpr (std::is_same_v<Host, float>) {  // fp16 activations were refused above
-      const Int4DecodeGemv gemv(matrix);
+      Int4DecodeGemv gemv(matrix);
+      gemv.set_whole_wave_split(whole_wave_split);
       llm::cuda::HalfActivationScratch scratch;
       gemv.reserve(scratch, rows);
       int4_gemv_matmul(gemv, x.data(), rows, y.data(), scratch, nullptr);
@@ -449,9 +450,9 @@ std::optional<QuantizedMatrix> quantized_matrix_for(const QuantizedLayers& layer
 }  // namespace
 
 std::vector<float> cuda_quantized_matmul(const QuantizedMatrix& matrix, std::span<const float> x, int rows,
-                                         CudaQuantizedKernel kernel) {
+                                         CudaQuantizedKernel kernel, bool whole_wave_split) {
   check_rows(matrix, x.size(), rows);
-  return run_once<float>(matrix, x, rows, kernel);
+  return run_once<float>(matrix, x, rows, kernel, whole_wave_split);
 }
 
 std::vector<float> cuda_quantized_matmul_fp16(const QuantizedMatrix& matrix, std::span<const float> x, int rows,

@@ -46,9 +46,12 @@ struct QuantizedLayers;
 enum class CudaQuantizedKernel { OneShotSplitK, PersistentPipelined, Int4DecodeGemv };
 
 // y [rows, out] = x [rows, in] . dequantize(matrix)^T on the GPU with fp32
-// activations in and out (the model's path). For checks.
+// activations in and out (the model's path). For checks. whole_wave_split:
+// the int4 decode GEMV's column split (Int4DecodeGemv::set_whole_wave_split;
+// false: the split of before, --no-gemv-wave-fit); the other kernels ignore it.
 std::vector<float> cuda_quantized_matmul(const QuantizedMatrix& matrix, std::span<const float> x, int rows,
-                                         CudaQuantizedKernel kernel = CudaQuantizedKernel::PersistentPipelined);
+                                         CudaQuantizedKernel kernel = CudaQuantizedKernel::PersistentPipelined,
+                                         bool whole_wave_split = true);
 // The same with fp16 activations: x is rounded to fp16 on upload, y comes back
 // from fp16. For checks of the A16 path (not Int4DecodeGemv: InputError).
 std::vector<float> cuda_quantized_matmul_fp16(const QuantizedMatrix& matrix, std::span<const float> x, int rows,

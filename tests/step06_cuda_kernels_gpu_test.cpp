@@ -305,9 +305,16 @@ INSTANTIATE_TEST_SUITE_P(Int4DecodeGemv, CudaQuantizedKernels,
 // 4096, 2048 and 1024 columns. A slice longer than a chunk takes the loops
 // from one chunk to the next (a later chunk's first batch is loaded after
 // its staging), and a slice that is not whole 512-column batches ends its
-// last chunk on a partial batch. On 132 SMs (H100 SXM, H200) the slices are,
-// for 11008 x 4096: 2 of 2048 columns; 4096 x 11008: 4 of 2304 and one of
-// 1792; 11008 x 11008: 5632 and 5376. Chunks per slice, shape by shape:
+// last chunk on a partial batch. It runs with both column splits (the
+// whole-wave one and --no-gemv-wave-fit's), whose slices differ. On 132 SMs
+// (H100 SXM, H200), whole waves: 11008 x 4096 in 1536, 1536 and 1024 columns;
+// 4096 x 11008 in 3 of 2816 and one of 2560; 11008 x 11008 in 3840, 3840 and
+// 3328. Chunks per slice, shape by shape:
+//   4 rows: 2 and 1;  3;  4
+//   2 rows: 1;  2;  2
+//   1 row:  1;  1;  1
+// The split of before: 11008 x 4096 in 2 of 2048 columns; 4096 x 11008 in
+// 4 of 2304 and one of 1792; 11008 x 11008 in 5632 and 5376:
 //   4 rows: 2;  3 (1024 + 1024 + 256) and 2 (1024 + 768);  6 (the last 512 or 256)
 //   2 rows: 1;  2 (2048 + 256) and 1;  3 (2048 + 2048 + 1536 or 1280)
 //   1 row:  1;  1;  2 (4096 + 1536 or 1280)
@@ -338,12 +345,16 @@ TEST(CudaQuantizedKernelsLargeShapes, BothKernelsMatchTheDequantizedProduct) {
             if (rows == 16)
               EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul(matrix, x, rows, kernel), reference));
           }
-        if (runs_int4_gemv) {
-          SCOPED_TRACE(::testing::Message() << name << " [" << shape.out << ", " << shape.in << "], " << rows
-                                            << " rows, int4_gemv");
-          EXPECT_TRUE(close_to_reference(
-              step06::cuda_quantized_matmul(matrix, x, rows, CudaQuantizedKernel::Int4DecodeGemv), reference));
-        }
+        if (runs_int4_gemv)
+          for (const bool whole_wave_split : {true, false}) {
+            SCOPED_TRACE(::testing::Message() << name << " [" << shape.out << ", " << shape.in << "], " << rows
+                                              << " rows, int4_gemv, "
+                                              << (whole_wave_split ? "whole-wave split" : "the split of before"));
+            EXPECT_TRUE(close_to_reference(step06::cuda_quantized_matmul(matrix, x, rows,
+                                                                         CudaQuantizedKernel::Int4DecodeGemv,
+                                                                         whole_wave_split),
+                                           reference));
+          }
       }
     }
   }
