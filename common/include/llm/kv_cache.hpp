@@ -19,13 +19,7 @@
 #include <vector>
 
 #include "llm/config.hpp"
-
-// Functions that run on the host and, compiled by nvcc, in kernels too.
-#if defined(__CUDACC__)
-#define LLM_HOST_DEVICE __host__ __device__
-#else
-#define LLM_HOST_DEVICE
-#endif
+#include "llm/host_device.hpp"  // LLM_HOST_DEVICE
 
 namespace llm {
 
