@@ -401,6 +401,15 @@ class CudaQuantizedLinear final : public llm::cuda::CudaLinear {
   // bytes: fp32 group scales) where it runs, else the persistent kernel's
   // (fp16 scales, padded tiles); never both.
   std::size_t weight_bytes() const override { return gemv_ != nullptr ? gemv_->weight_bytes() : weights_.bytes(); }
+  // The decode GEMV's first weights and its prefetch of the next product's
+  // (cuda_linear.hpp); none without the GEMV (the persistent kernel's tiles
+  // are another layout, and it asks L2 for nothing).
+  llm::cuda::FirstWeightLines first_weight_lines() const override {
+    return gemv_ != nullptr ? gemv_->first_weight_lines() : llm::cuda::FirstWeightLines{};
+  }
+  void set_next_product_lines(const llm::cuda::FirstWeightLines& lines) override {
+    if (gemv_ != nullptr) gemv_->set_next_product_lines(lines);
+  }
   // dense_weight(): nullptr (the default). A quantized tied classifier has no
   // fp32 rows to lend, so the model keeps its own copy of the embedding.
 

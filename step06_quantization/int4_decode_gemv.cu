@@ -170,6 +170,17 @@ void Int4DecodeGemv::set_whole_wave_split(bool on) {
   k_splits_ = split.k_splits;
 }
 
+llm::cuda::FirstWeightLines Int4DecodeGemv::first_weight_lines() const {
+  // The codes only: a block's first batch of a row is 2 steps of 256 codes
+  // (256 bytes); its group scales and zero points (a line or two of a row's
+  // parameters) are left to the block's own loads.
+  const std::size_t row_bytes = static_cast<std::size_t>(padded_in_) / 2;
+  constexpr int kStep = kStepColumns<Int4GroupWeights<true>>;
+  return llm::cuda::first_weight_lines(codes_.data(), out_, row_bytes, row_bytes, k_splits_,
+                                       static_cast<std::size_t>(steps_per_split_) * kStep / 2,
+                                       static_cast<std::size_t>(kBatchColumns<Int4GroupWeights<true>>) / 2);
+}
+
 std::size_t Int4DecodeGemv::weight_bytes() const {
   return codes_.bytes() + scales_.bytes() + zeros_.bytes() + inverse_input_scales_.bytes();
 }
@@ -192,6 +203,7 @@ void Int4DecodeGemv::forward(const float* x_dev, int rows, float* y_dev, const P
   args.inverse_input_scales = inverse_input_scales_.empty() ? nullptr : inverse_input_scales_.data();
   args.prefetch_first_weights = prefetch_first_weights_;
   args.pipelined_weight_loads = pipelined_weight_loads_;
+  args.next_product_lines = next_product_lines_;
   if (zero_points_)
     launch_cuda_core_gemv<Int4GroupWeights<true>, RoundToFp16>(
         args, {codes_.data(), scales_.data(), zeros_.data(), groups_per_row_, group_columns_}, stream);

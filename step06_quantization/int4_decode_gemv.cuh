@@ -84,6 +84,12 @@ class Int4DecodeGemv {
   // worth of blocks rounded up (the before row): HalfCudaLinear's switch of
   // the same name. Before reserve(): the split sizes the scratch.
   void set_whole_wave_split(bool on);
+  // The first batch of every slice of every row's codes, as the blocks read
+  // them (llm/cuda/weight_prefetch.hpp), and the next product's, which this
+  // kernel's threads ask L2 for once their own weights are read:
+  // HalfCudaLinear's pair of the same names. The same bits either way.
+  llm::cuda::FirstWeightLines first_weight_lines() const;
+  void set_next_product_lines(const llm::cuda::FirstWeightLines& lines) { next_product_lines_ = lines; }
 
  private:
   llm::cuda::DeviceBuffer<std::uint8_t> codes_;  // [out, padded_in / 2]
@@ -100,6 +106,7 @@ class Int4DecodeGemv {
   int k_splits_ = 1;         // slices (gridDim.y)
   bool prefetch_first_weights_ = true;
   bool pipelined_weight_loads_ = true;
+  llm::cuda::FirstWeightLines next_product_lines_{};  // none: no prefetch
 };
 
 }  // namespace step06

@@ -43,6 +43,7 @@
 #include "llm/cuda/cuda_timer.hpp"
 #include "cublas_beta_probe.hpp"
 #include "cuda_model.hpp"  // common/cuda: CudaModel, graphs_captured
+#include "half_linear.hpp"  // common/cuda: HalfCudaLinear, its next product's lines
 #include "kernels.cuh"     // common/cuda: write_kv_rows
 #include "llm/cuda/device_buffer.hpp"
 #include "paged_kv_cache_double.hpp"
@@ -932,6 +933,22 @@ void run_every_forward_path(const ModelConfig& config, Forward&& forward) {
   }
 }
 
+// Two CUDA models of the same weights that differ only where no bit may
+// move (`difference` says where, for the message): on every forward path,
+// each on a cache of its own, the same logits to the bit.
+void expect_the_same_bits_on_every_path(cuda::CudaModel& want_model, cuda::CudaModel& got_model,
+                                        const ModelConfig& config, const std::string& difference) {
+  const auto want_cache = want_model.make_cache(kForwardPathSequences, config.seq_len);
+  const auto got_cache = got_model.make_cache(kForwardPathSequences, config.seq_len);
+  run_every_forward_path(config, [&](const TokenBatch& batch, LogitsFor which, const std::string& what) {
+    const std::vector<float> want = run(want_model, batch, *want_cache, which);
+    const std::vector<float> got = run(got_model, batch, *got_cache, which);
+    EXPECT_TRUE(want.size() == got.size() && std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
+        << what << ": the logits " << difference << " are not the bits without";
+    return got;
+  });
+}
+
 // ---------------------------------------------------------------------------
 // norm_in_product folds every RMSNorm, residual add and (with the fused
 // gate/up product) SwiGLU into the half products: into the GEMV's launches,
@@ -1317,16 +1334,58 @@ TEST(CudaProgrammaticLaunch, OverlappedKernelsGiveTheBitsOfSerialOnes) {
         overlapped_options.linear_factory = cuda::cuda_linear_factory(path.dtype);
         overlapped_options.programmatic_launches = true;
         cuda::CudaModel serial(weights, serial_options), overlapped(weights, overlapped_options);
-        const auto serial_cache = serial.make_cache(kForwardPathSequences, config.seq_len);
-        const auto overlapped_cache = overlapped.make_cache(kForwardPathSequences, config.seq_len);
-        run_every_forward_path(config, [&](const TokenBatch& batch, LogitsFor which, const std::string& what) {
-          const std::vector<float> want = run(serial, batch, *serial_cache, which);
-          const std::vector<float> got = run(overlapped, batch, *overlapped_cache, which);
-          EXPECT_TRUE(want.size() == got.size() &&
-                      std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0)
-              << what << ": the overlapped launches' logits are not the serial launches' bits";
-          return got;
-        });
+        expect_the_same_bits_on_every_path(serial, overlapped, config, "with overlapped launches");
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The next product's first weights asked of L2 by the product before it
+// (CudaModelOptions::prefetch_next_product, weight_prefetch.hpp): the model
+// hands every product the lines of the one it runs next, in run order (the
+// last w2 the classifier's; the classifier none), and the logits are the
+// same bits with it and without, on every forward path, with the products
+// fused and not, with graphs and eagerly. The layers are recorded as the
+// factory makes them, which is the order a forward runs them in.
+TEST(CudaNextProductPrefetch, EachProductGetsTheNextOnesLinesAndTheBitsStay) {
+  LLM_REQUIRE_CUDA_DEVICE();
+  for (const ConfigCase& config_case : config_cases()) {
+    const ModelConfig& config = config_case.config;
+    const ModelWeights weights = random_weights(config, 5250);
+    for (const bool fused : {true, false}) {
+      for (const bool graphs : {true, false}) {
+        SCOPED_TRACE(config_case.name + (fused ? ", fusions" : ", no fusions") + (graphs ? ", graphs" : ", eager"));
+        cuda::CudaModelOptions plain_options;
+        plain_options.linear_factory = cuda::cuda_linear_factory(cuda::WeightDtype::Float16);
+        plain_options.fusions = fused ? cuda::CudaFusions::all() : cuda::CudaFusions::none();
+        plain_options.graphs = graphs;
+        cuda::CudaModelOptions prefetching_options = plain_options;
+        std::vector<const cuda::HalfCudaLinear*> made;  // in the order the model makes them
+        prefetching_options.linear_factory = [&made, half = cuda::cuda_linear_factory(cuda::WeightDtype::Float16)](
+                                                 const std::vector<float>& weight, int out, int in,
+                                                 const LinearSite& site, cublasHandle_t cublas) {
+          std::unique_ptr<cuda::CudaLinear> layer = half(weight, out, in, site, cublas);
+          made.push_back(dynamic_cast<const cuda::HalfCudaLinear*>(layer.get()));
+          return layer;
+        };
+        prefetching_options.prefetch_next_product = true;
+        cuda::CudaModel plain(weights, plain_options), prefetching(weights, prefetching_options);
+        const std::size_t per_layer = fused ? 4 : 7;  // QKV, wo, gate/up, w2 or their seven products
+        ASSERT_EQ(made.size(), per_layer * static_cast<std::size_t>(config.n_layers) + 1);
+        for (std::size_t p = 0; p < made.size(); ++p) {
+          ASSERT_NE(made[p], nullptr);
+          const cuda::FirstWeightLines given = made[p]->next_product_lines();
+          if (p + 1 == made.size()) {
+            EXPECT_EQ(given.lines(), 0) << "the classifier is last: no product after it";
+            continue;
+          }
+          const cuda::FirstWeightLines next = made[p + 1]->first_weight_lines();
+          EXPECT_GT(given.lines(), 0) << "product " << p;
+          EXPECT_TRUE(given.base == next.base && given.lines() == next.lines())
+              << "product " << p << " was not given the lines of product " << p + 1;
+        }
+        expect_the_same_bits_on_every_path(plain, prefetching, config, "with the next product's prefetch");
       }
     }
   }

@@ -427,6 +427,31 @@ TEST_P(HalfGemvRowOrder, PipelinedWeightLoadsChangeNoBit) {
 #endif
 }
 
+// The next product's first weights, asked of L2 once a thread's own are read
+// (weight_prefetch.hpp; the model's --gemv-prefetch-next), are a hint too:
+// the same bits in every bucket with them and without. The next product
+// here is a [4224, 4200] layer, whose rows of 8400 bytes start off the
+// 128-byte lines (the runs' extra line). Only the CUDA-core kernel has such
+// lines and asks for them; the tensor-core kernel gives none and ignores
+// what it is given.
+TEST_P(HalfGemvRowOrder, TheNextProductsPrefetchChangesNoBit) {
+  LLM_REQUIRE_CUDA_DEVICE();
+#if defined(LLM_WITH_CUDA)
+  const HalfCase c = GetParam();
+  RandomGemvLayer random(c, 3500u);
+  HalfCudaLinear& layer = random.layer;
+  EXPECT_EQ(layer.next_product_lines().lines(), 0) << "no prefetch by default";
+  EXPECT_EQ(layer.first_weight_lines().lines() > 0, !c.tensor_cores);
+  const RandomGemvLayer next(HalfCase{c.bf16, 4224, 4200, /*tensor_cores=*/false}, 3600u);
+  const cuda::FirstWeightLines next_lines = next.layer.first_weight_lines();
+  ASSERT_GT(next_lines.lines(), 0);
+  EXPECT_EQ(next_lines.lines_per_run, 5) << "8400-byte rows: a run of 4 lines may touch 5";
+  expect_the_same_bits_either_way(random, {1, 2, 4, 9, cuda::kMaxGemvRows}, [&](bool on) {
+    layer.set_next_product_lines(on ? next_lines : cuda::FirstWeightLines{});
+  });
+#endif
+}
+
 // [4224, 4200]: 66 output blocks of the CUDA-core kernel, so on a GPU of 132
 // SMs its columns are cut into 4 slices of 1088 (17 steps of 64), more than
 // the 1024 columns of x the 4-row bucket stages at a time: 2 chunks a slice

@@ -138,21 +138,30 @@ std::string json_config_of(const CommonOptions& options) {
   return results.to_json();
 }
 
-// A before-row switch of the CUDA model: `option` is on by default (in the
-// parsed options and in CudaRunOptions{}) and the JSON config records
-// `json_key`: true; `flag` parses into `parsed`, turns it off, and the JSON
-// records false; with `off_without_fusions`, --no-fusions turns it off too.
+// A switch of the CUDA model: `option` is `by_default` (in the parsed
+// options and in CudaRunOptions{}) and the JSON config records `json_key`
+// with that value; `flag` parses into `parsed`, flips it, and the JSON
+// records the flipped value.
+void expect_flag_flips(const std::string& flag, bool cuda::CudaRunOptions::*option, const std::string& json_key,
+                       bool by_default, CommonOptions& parsed) {
+  const auto json_records = [&json_key](const std::string& json, bool value) {
+    EXPECT_TRUE(HasSubstr(json, "\"" + json_key + "\": " + (value ? "true" : "false"))) << json;
+  };
+  const CommonOptions defaults;
+  EXPECT_EQ(cuda_run_options(defaults).*option, by_default);
+  EXPECT_EQ(cuda::CudaRunOptions{}.*option, by_default);
+  json_records(json_config_of(defaults), by_default);
+  ASSERT_FALSE(parse({"step", flag}, parsed).exit_status);
+  EXPECT_EQ(cuda_run_options(parsed).*option, !by_default);
+  json_records(json_config_of(parsed), !by_default);
+}
+
+// A before-row switch of the CUDA model: `option` is on by default, `flag`
+// turns it off (expect_flag_flips); with `off_without_fusions`, --no-fusions
+// turns it off too.
 void expect_before_row_switch(const std::string& flag, bool cuda::CudaRunOptions::*option,
                               const std::string& json_key, bool off_without_fusions, CommonOptions& parsed) {
-  const CommonOptions defaults;
-  EXPECT_TRUE(cuda_run_options(defaults).*option);
-  EXPECT_TRUE(cuda::CudaRunOptions{}.*option);
-  const std::string on_json = json_config_of(defaults);
-  EXPECT_TRUE(HasSubstr(on_json, "\"" + json_key + "\": true")) << on_json;
-  ASSERT_FALSE(parse({"step", flag}, parsed).exit_status);
-  EXPECT_FALSE(cuda_run_options(parsed).*option);
-  const std::string off_json = json_config_of(parsed);
-  EXPECT_TRUE(HasSubstr(off_json, "\"" + json_key + "\": false")) << off_json;
+  expect_flag_flips(flag, option, json_key, /*by_default=*/true, parsed);
   if (!off_without_fusions) return;
   CommonOptions no_fusions;
   ASSERT_FALSE(parse({"step", "--no-fusions"}, no_fusions).exit_status);
@@ -160,23 +169,38 @@ void expect_before_row_switch(const std::string& flag, bool cuda::CudaRunOptions
   EXPECT_TRUE(HasSubstr(unfused_json, "\"" + json_key + "\": false")) << unfused_json;
 }
 
+// An opt-in of the CUDA model: `option` is off by default, `flag` turns it on.
+void expect_opt_in_switch(const std::string& flag, bool cuda::CudaRunOptions::*option, const std::string& json_key,
+                          CommonOptions& parsed) {
+  expect_flag_flips(flag, option, json_key, /*by_default=*/false, parsed);
+}
+
 // --merge-folding: split-KV decode attention merges its splits in the last
 // split block, an opt-in since it measured slower than the merge kernel: off
 // by default (options, run options, JSON), on with the flag, and off again
 // in the JSON with --no-fusions, which the model then runs.
 TEST(StepCommandLine, MergeFoldingIsAnOptIn) {
-  const CommonOptions defaults;
-  EXPECT_FALSE(cuda_run_options(defaults).fold_merge);
-  EXPECT_FALSE(cuda::CudaRunOptions{}.fold_merge);
-  EXPECT_TRUE(HasSubstr(json_config_of(defaults), "\"cuda_merge_folding\": false")) << json_config_of(defaults);
   CommonOptions folded;
-  ASSERT_FALSE(parse({"step", "--merge-folding"}, folded).exit_status);
-  EXPECT_TRUE(cuda_run_options(folded).fold_merge);
+  ASSERT_NO_FATAL_FAILURE(
+      expect_opt_in_switch("--merge-folding", &cuda::CudaRunOptions::fold_merge, "cuda_merge_folding", folded));
   EXPECT_TRUE(cuda_run_options(folded).fusions);  // the other fusions stay on
-  EXPECT_TRUE(HasSubstr(json_config_of(folded), "\"cuda_merge_folding\": true")) << json_config_of(folded);
   CommonOptions unfused;
   ASSERT_FALSE(parse({"step", "--merge-folding", "--no-fusions"}, unfused).exit_status);
   EXPECT_TRUE(HasSubstr(json_config_of(unfused), "\"cuda_merge_folding\": false")) << json_config_of(unfused);
+}
+
+// --gemv-prefetch-next: each GEMV asks L2 for the next product's first
+// weights, an opt-in until a GPU measures it faster: off by default
+// (options, run options, JSON), on with the flag, the other GEMV switches
+// untouched.
+TEST(StepCommandLine, GemvPrefetchNextIsAnOptIn) {
+  CommonOptions prefetching;
+  ASSERT_NO_FATAL_FAILURE(expect_opt_in_switch("--gemv-prefetch-next", &cuda::CudaRunOptions::gemv_prefetch_next,
+                                               "cuda_gemv_prefetch_next", prefetching));
+  const cuda::CudaRunOptions run = cuda_run_options(prefetching);
+  EXPECT_TRUE(run.gemv_prefetch);  // the other switches stay as they were
+  EXPECT_TRUE(run.gemv_pipelining);
+  EXPECT_TRUE(run.gemv_wave_fit);
 }
 
 // --no-rope-folding is the RoPE + K/V append kernel after the QKV product,

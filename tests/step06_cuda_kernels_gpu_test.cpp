@@ -591,10 +591,11 @@ INSTANTIATE_TEST_SUITE_P(Formats, CudaQuantizedModel,
 
 // The int4 decode GEMV folds the norms, SwiGLU, the residual adds and RoPE
 // + the K/V append into its launches with the bits of the kernels it
-// replaces (the same formulas in the same order), and its two load switches
-// move no sum: decode logits with each of them off are the defaults' to the
-// bit. The prefill (20 rows: the persistent kernel, nothing folded) is the
-// same in all of them.
+// replaces (the same formulas in the same order), and its load switches
+// move no sum: decode logits with its two load switches off, and with the
+// next product's first weights asked of L2 (--gemv-prefetch-next), are the
+// defaults' to the bit. The prefill (20 rows: the persistent kernel, nothing
+// folded) is the same in all of them.
 TEST(CudaQuantizedModelFolds, FoldsAndLoadSwitchesChangeNoBitOfTheDecodeLogits) {
   LLM_REQUIRE_CUDA_DEVICE();
   const llm::ModelWeights weights = llm::random_weights(llm::find_preset("tiny").config, 42);
@@ -616,6 +617,13 @@ TEST(CudaQuantizedModelFolds, FoldsAndLoadSwitchesChangeNoBitOfTheDecodeLogits) 
   for (const std::string format : {"int4-g64", "int4sym-g32"}) {
     SCOPED_TRACE(format);
     const step06::QuantizedLayers layers = quantize_every_site(weights, QuantFormat::parse(format));
+    // What the product before an int4 one asks L2 for: the first batch of
+    // codes (up to 256 bytes; the tiny preset's rows have 32) of every slice
+    // of every row.
+    const step06::Int4DecodeGemv first_gemv(layers.matrices.begin()->second);
+    const llm::cuda::FirstWeightLines first_lines = first_gemv.first_weight_lines();
+    EXPECT_GE(first_lines.lines_per_run, 1);
+    EXPECT_EQ(first_lines.lines(), first_gemv.out_features() * first_gemv.k_splits() * first_lines.lines_per_run);
     const std::vector<float> folded = decode_logits(*step06::make_cuda_quantized_model(weights, layers));
     ASSERT_EQ(folded.size(), static_cast<std::size_t>(5) * vocab);
     for (const float logit : folded) ASSERT_TRUE(std::isfinite(logit));
@@ -629,6 +637,10 @@ TEST(CudaQuantizedModelFolds, FoldsAndLoadSwitchesChangeNoBitOfTheDecodeLogits) 
     serial_loads.run.gemv_pipelining = false;
     EXPECT_TRUE(same_bits(decode_logits(*step06::make_cuda_quantized_model(weights, layers, serial_loads)), folded))
         << "no L2 prefetch, no pipelined loads";
+    step06::CudaQuantizedModelOptions next_prefetched;
+    next_prefetched.run.gemv_prefetch_next = true;
+    EXPECT_TRUE(same_bits(decode_logits(*step06::make_cuda_quantized_model(weights, layers, next_prefetched)), folded))
+        << "the next product's first weights asked of L2";
     step06::CudaQuantizedModelOptions eager;
     eager.run.graphs = false;
     eager.run.programmatic_launches = false;

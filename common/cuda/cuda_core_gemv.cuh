@@ -10,7 +10,9 @@
 // memory (rounded to a half type: the "A16"), the column split and the
 // ticket that adds the slices, the folded RMSNorm or SwiGLU before the
 // product, the residual add and the QKV product's RoPE and K/V append after
-// it, the pipelined loads. Folding and its bits: half_linear.cu.
+// it, the pipelined loads, and the next product's first weights asked of
+// L2 once a thread's own are read (weight_prefetch.hpp). Folding and its
+// bits: half_linear.cu.
 //
 //   weights  [out, padded_in] columns in the format's storage, every row
 //            padded to whole 16-byte vectors (the padding multiplies zeros);
@@ -94,6 +96,7 @@
 #include "programmatic_launch.cuh"
 #include "llm/cuda/cuda_runtime_api.hpp"  // kMaxGemvRows, sm_count
 #include "llm/cuda/gemv_column_split.hpp"
+#include "llm/cuda/weight_prefetch.hpp"
 #include "llm/kv_cache.hpp"
 
 namespace llm::cuda::gemv {
@@ -205,6 +208,12 @@ struct GemvArguments {
   // ProductFusion::rope (q_out non-null): the QKV product's outputs are
   // rotated and appended, not written to y (CUDA-core kernel only).
   QkvRopeWrite rope{};
+  // The first weight lines of the product the model runs next
+  // (weight_prefetch.hpp), which the CUDA-core kernel's threads ask L2 for
+  // once their own loads are done; none (the default) unless the model
+  // wires its products together (CudaModelOptions::prefetch_next_product).
+  // The same bits either way.
+  FirstWeightLines next_product_lines{};
 };
 
 // What a block keeps in shared memory for a folded RMSNorm.
@@ -280,6 +289,21 @@ __device__ __forceinline__ void prefetch_first_weights_to_l2(const GemvArguments
     const int k = k_begin + (line % lines_per_row) * columns_per_line;
     if (output < args.out && k < k_end) asm volatile("prefetch.global.L2 [%0];" ::"l"(address(output, k)));
   }
+}
+
+// This launch's share of the next product's first weight lines
+// (weight_prefetch.hpp says why): thread t of the grid's T threads asks L2
+// for lines t, t + T, ... (1-2 each on TinyLlama's products). Each thread
+// calls it once its own loads are done, after its last batch is multiplied:
+// the lines then travel while the slower blocks finish, the slices are
+// added and the next kernel launches, when HBM would otherwise be idle.
+__device__ __forceinline__ void prefetch_next_product_lines(const FirstWeightLines& next) {
+  const int lines = next.lines();
+  const int threads = static_cast<int>(gridDim.x * gridDim.y * blockDim.x);
+  const int block = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
+  for (int line = block * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x); line < lines;
+       line += threads)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(next.line_address(line)));
 }
 
 // The columns block (output block, split) multiplies: [k_begin, k_end) of
@@ -617,6 +641,10 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocksPerSm)
             staged_x + batch_offset, kChunkElements, sublane, sums);
     }
   }
+
+  // Its own weights all read, the thread asks L2 for its share of the next
+  // product's first weights (none unless the model wires it; uniform).
+  if (args.next_product_lines.base != nullptr) prefetch_next_product_lines(args.next_product_lines);
 
   // The 8 lanes of a group hold partial sums of the same outputs: add them.
 #pragma unroll

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "llm/cuda/device_buffer.hpp"
+#include "llm/cuda/weight_prefetch.hpp"
 #include "llm/linear.hpp"
 
 namespace llm {
@@ -126,6 +127,16 @@ class CudaLinear {
   // layer keeps them that way (DenseCudaLinear), else nullptr: a tied
   // classifier's weights are the embedding table (see Linear::dense_weight).
   virtual const float* dense_weight() const { return nullptr; }
+  // The weights this layer's one-row product reads first, as 128-byte lines
+  // (weight_prefetch.hpp): what the product run before it may ask L2 for.
+  // Empty where the layer has no kernel of that kind (fp32 on cuBLAS, the
+  // tensor-core GEMV; step 06's int8 and NF4).
+  virtual FirstWeightLines first_weight_lines() const { return {}; }
+  // The first weight lines of the product the model runs after this one
+  // (CudaModelOptions::prefetch_next_product): this layer's CUDA-core GEMV
+  // asks L2 for them once its own weights are read. Empty: none. Layers
+  // without that GEMV ignore it. The same bits either way.
+  virtual void set_next_product_lines(const FirstWeightLines& /*lines*/) {}
 };
 
 // fp32 weights [out_features, in_features] row-major in device memory,

@@ -110,6 +110,19 @@ CudaModel::CudaModel(const ModelWeights& w, CudaModelOptions options)
   rope_cos_ = DeviceBuffer<float>(std::span<const float>(rope.cos_row(0), table_floats));
   rope_sin_ = DeviceBuffer<float>(std::span<const float>(rope.sin_row(0), table_floats));
 
+  // Each product hands its GEMV the first weights of the one after it: QKV
+  // (or Q, K, V) -> wo -> gate/up (or gate, up) -> w2 -> the next layer's
+  // QKV, and the last w2 -> the classifier. Layers without the GEMV give no
+  // lines and ignore the ones they are given.
+  if (options.prefetch_next_product) {
+    std::vector<CudaLinear*> run_order;
+    for (const Layer& layer : layers_)
+      for (CudaLinear* linear : layer.linears()) run_order.push_back(linear);
+    run_order.push_back(classifier_.get());
+    for (std::size_t p = 0; p + 1 < run_order.size(); ++p)
+      run_order[p]->set_next_product_lines(run_order[p + 1]->first_weight_lines());
+  }
+
   // Once here, not per forward: the products are fixed from now on.
   if (fusions_.norm_in_product) {
     fold_max_rows_ = classifier_->max_fused_rows();
@@ -565,6 +578,7 @@ CudaModelOptions cuda_model_options(const CudaRunOptions& run) {
                            .whole_wave_split = run.gemv_wave_fit});
   options.graphs = run.graphs;
   options.programmatic_launches = run.programmatic_launches;
+  options.prefetch_next_product = run.gemv_prefetch_next;
   options.fusions = run.fusions ? CudaFusions::all() : CudaFusions::none();
   if (!run.fold_norms) options.fusions.norm_in_product = false;
   options.fusions.merge_in_split_kernel = run.fusions && run.fold_merge;

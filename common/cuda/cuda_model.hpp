@@ -102,6 +102,12 @@ struct CudaModelOptions {
   // then (false: each kernel starts once the one before has finished, the
   // before row). The same results to the bit either way.
   bool programmatic_launches = true;
+  // Each product's GEMV asks L2 for the first weights of the product the
+  // forward runs after it, once its own are read (weight_prefetch.hpp;
+  // CudaLinear::set_next_product_lines): the next product's first loads then
+  // hit L2. Off by default until measured faster on a GPU (--gemv-prefetch-next
+  // turns it on). The same bits either way.
+  bool prefetch_next_product = false;
 };
 
 // The linear factory of a weight element type: DenseCudaLinear (fp32) or
@@ -158,7 +164,8 @@ class CudaModel final : public Model {
     std::unique_ptr<CudaLinear> w1, w3;  // unless fusions_.gate_up_product
     std::unique_ptr<CudaLinear> w13;     // [2*hidden_dim, dim] rows of w1 then w3 (fused)
     std::unique_ptr<CudaLinear> w2;
-    // Every product of the layer, whichever are fused.
+    // Every product of the layer, whichever are fused, in the order a
+    // forward runs them.
     std::vector<CudaLinear*> linears() const;
   };
   // Runs of up to this many rows of one sequence are attended as decode

@@ -510,6 +510,16 @@ void HalfCudaLinear::set_whole_wave_split(bool on) {
 
 int HalfCudaLinear::gemv_output_blocks() const { return ceil_div(out_, gemv_outputs_per_block_); }
 
+FirstWeightLines HalfCudaLinear::first_weight_lines() const {
+  if (gemv_kernel_ != HalfGemvKernel::CudaCores) return {};
+  constexpr std::size_t kHalfBytes = sizeof(std::uint16_t);
+  const std::size_t row_bytes = static_cast<std::size_t>(padded_in_) * kHalfBytes;
+  return llm::cuda::first_weight_lines(
+      weight_.data(), out_, row_bytes, row_bytes, gemv_k_splits_,
+      static_cast<std::size_t>(gemv_steps_per_split_) * kStepElements * kHalfBytes,
+      static_cast<std::size_t>(kBatchColumns<HalfWeights<Float16Traits>>) * kHalfBytes);
+}
+
 void HalfCudaLinear::reserve_rows(int rows) {
   if (rows <= 0) return;
   HalfActivationScratch& scratch = *scratch_;
@@ -573,6 +583,7 @@ void HalfCudaLinear::forward_gemv(const float* x_dev, int rows, float* y_dev, co
   args.prefetch_first_weights = prefetch_first_weights_;
   args.pipelined_weight_loads = pipelined_weight_loads_;
   const bool tensor_cores = gemv_kernel_ == HalfGemvKernel::TensorCores;
+  if (!tensor_cores) args.next_product_lines = next_product_lines_;
   const std::uint16_t* weight = weight_.data();
   if (tensor_cores)
     type_ == HalfType::Float16 ? launch_tensor_core_gemv<Float16Traits>(args, weight, stream)

@@ -152,6 +152,17 @@ class HalfCudaLinear final : public CudaLinear {
   // std::logic_error, as any forward without its scratch does).
   void set_whole_wave_split(bool on);
   bool whole_wave_split() const { return whole_wave_split_; }
+  // The first batch of every slice of every row, as the CUDA-core GEMV's
+  // blocks read them at one row (weight_prefetch.hpp); empty on the
+  // tensor-core GEMV. Computed from the current column split.
+  FirstWeightLines first_weight_lines() const override;
+  // The next product's first weight lines, asked of L2 by the CUDA-core
+  // GEMV's threads once their own weights are read (off by default; on in
+  // the model with CudaModelOptions::prefetch_next_product; step 01's
+  // chain benchmark measures both). The tensor-core GEMV and cuBLAS's path
+  // ignore them. The same bits either way.
+  void set_next_product_lines(const FirstWeightLines& lines) override { next_product_lines_ = lines; }
+  const FirstWeightLines& next_product_lines() const { return next_product_lines_; }
 
  private:
   // 1..gemv_max_rows_ rows: the GEMV; more: cuBLAS's path. Both fold `fusion`
@@ -179,6 +190,7 @@ class HalfCudaLinear final : public CudaLinear {
   bool prefetch_first_weights_ = true;  // the GEMV's L2 prefetch before its wait
   bool pipelined_weight_loads_ = true;  // the CUDA-core GEMV's next batch requested before this one's multiplies
   bool whole_wave_split_ = true;        // gemv_k_splits_ fitted to whole waves (set_whole_wave_split)
+  FirstWeightLines next_product_lines_{};  // the next product's first weights (none: no prefetch)
   std::shared_ptr<HalfActivationScratch> scratch_;
   cublasHandle_t cublas_;
 };

@@ -133,7 +133,7 @@ std::optional<int> parse_options(int argc, char** argv, Step02Options& options) 
         "--prefill-tokens tokens"},
        {{"--dtype", "--gemv", "--max-gemv-rows", "--no-graphs", "--no-fusions", "--no-norm-folding",
          "--merge-folding", "--no-rope-folding", "--no-pdl", "--no-gemv-prefetch",
-         "--no-gemv-pipelining", "--no-gemv-wave-fit"},
+         "--no-gemv-pipelining", "--no-gemv-wave-fit", "--gemv-prefetch-next"},
          "its CUDA rows time its own fp32 attention kernels (steps 01 and 04 take them)"}});
 }
 

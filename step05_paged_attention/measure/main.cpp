@@ -124,7 +124,7 @@ std::optional<int> parse_options(int argc, char** argv, Step05Options& options) 
         "its generation is greedy: the paged cache must give the contiguous cache's tokens exactly"},
        {{"--dtype", "--gemv", "--max-gemv-rows", "--no-graphs", "--no-fusions", "--no-norm-folding",
          "--merge-folding", "--no-rope-folding", "--no-pdl", "--no-gemv-prefetch",
-         "--no-gemv-pipelining", "--no-gemv-wave-fit"},
+         "--no-gemv-pipelining", "--no-gemv-wave-fit", "--gemv-prefetch-next"},
         "its paged CUDA model is fp32 and launches its paged kernels per forward (steps 01 and 04 take them)"}});
 }
 

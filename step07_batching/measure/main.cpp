@@ -284,8 +284,8 @@ int progress_parts(const Step07Options& options) { return 7 + (options.loopback 
 // engine's block tables. On CUDA, the course's CUDA model (common/cuda): its
 // decode and prefill kernels read any cache through its block table, so it
 // runs the engine as it runs steps 01 and 04, with the same --dtype, --gemv,
-// --max-gemv-rows, --no-gemv-prefetch, --no-gemv-pipelining, --no-gemv-wave-fit, --no-graphs, --no-fusions,
-// --no-norm-folding, --merge-folding, --no-rope-folding and --no-pdl.
+// --max-gemv-rows, --no-gemv-prefetch, --no-gemv-pipelining, --no-gemv-wave-fit, --gemv-prefetch-next,
+// --no-graphs, --no-fusions, --no-norm-folding, --merge-folding, --no-rope-folding and --no-pdl.
 std::unique_ptr<llm::Model> make_engine_model(const std::string& device, const llm::ModelWeights& weights,
                                               const llm::CommonOptions& common) {
   if (device == "cuda") return llm::make_model_on(device, weights, llm::cuda_run_options(common));

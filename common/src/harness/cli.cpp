@@ -120,6 +120,10 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
   app.add_flag("--no-gemv-wave-fit", o.no_gemv_wave_fit,
                "the CUDA model's GEMVs split their columns into about two blocks per SM rounded up, which can leave "
                "a second wave of a few blocks (the before row of fitting the blocks into whole waves)");
+  app.add_flag("--gemv-prefetch-next", o.gemv_prefetch_next,
+               "each of the CUDA model's GEMVs asks L2 for the first weights of the product after it once its own "
+               "are read, so that the next product's first loads find them there (an opt-in until measured "
+               "faster; the same results)");
   app.add_flag("--no-graphs", o.no_graphs,
                "launch every kernel of a CUDA decode forward from the host instead of replaying a CUDA graph");
   app.add_flag("--no-fusions", o.no_fusions,
@@ -234,6 +238,7 @@ void set_sampling_config(Results& results, const CommonOptions& options) {
   results.set_config("cuda_gemv_prefetch", !options.no_gemv_prefetch);
   results.set_config("cuda_gemv_pipelining", !options.no_gemv_pipelining);
   results.set_config("cuda_gemv_wave_fit", !options.no_gemv_wave_fit);
+  results.set_config("cuda_gemv_prefetch_next", options.gemv_prefetch_next);
   results.set_config("cuda_graphs", !options.no_graphs);
   results.set_config("cuda_fusions", !options.no_fusions);
   results.set_config("cuda_norm_folding", !options.no_fusions && !options.no_norm_folding);

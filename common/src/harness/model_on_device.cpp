@@ -28,6 +28,7 @@ cuda::CudaRunOptions cuda_run_options(const CommonOptions& options) {
   run.gemv_prefetch = !options.no_gemv_prefetch;
   run.gemv_pipelining = !options.no_gemv_pipelining;
   run.gemv_wave_fit = !options.no_gemv_wave_fit;
+  run.gemv_prefetch_next = options.gemv_prefetch_next;
   run.graphs = !options.no_graphs;
   run.fusions = !options.no_fusions;
   run.fold_norms = !options.no_norm_folding;

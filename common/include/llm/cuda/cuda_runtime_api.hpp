@@ -188,6 +188,10 @@ struct CudaRunOptions {
   // blocks rounded up, the before row (--no-gemv-wave-fit), which can leave
   // a second wave of a few blocks. The same sums in another order.
   bool gemv_wave_fit = true;
+  // Each GEMV asks L2 for the next product's first weights once its own are
+  // read (CudaModelOptions::prefetch_next_product). Off by default: an opt-in
+  // until a GPU measures it (--gemv-prefetch-next). The same bits either way.
+  bool gemv_prefetch_next = false;
 };
 
 // The transformer on the GPU: own kernels for embedding, RMSNorm, RoPE,

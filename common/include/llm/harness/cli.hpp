@@ -34,6 +34,7 @@ struct CommonOptions {
   bool no_gemv_prefetch = false;  // --no-gemv-prefetch: the GEMV asks L2 for no weights before its wait
   bool no_gemv_pipelining = false;  // --no-gemv-pipelining: the GEMV's next weights requested after its multiplies
   bool no_gemv_wave_fit = false;  // --no-gemv-wave-fit: the GEMV's column split not fitted to whole waves
+  bool gemv_prefetch_next = false;  // --gemv-prefetch-next: each GEMV asks L2 for the next product's first weights
   bool no_graphs = false;        // --no-graphs: CUDA decode launches every kernel (the before row of graphs)
   bool no_fusions = false;       // --no-fusions: the CUDA model's seven products and separate small kernels
   bool no_norm_folding = false;  // --no-norm-folding: fusions, but RMSNorm/SwiGLU/residual add as their own kernels
