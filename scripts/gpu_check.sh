@@ -39,12 +39,14 @@
 #              cmake --preset hopper && cmake --build build-gpu -j in DIR
 #   presets    the model on real models' dims, CUDA only: step 01's decode on
 #              TinyLlama-1.1B's dims in fp32 without graphs and fusions (the
-#              before row), fp16 without and with the norms folded into the
-#              products, without programmatic dependent launch and with
-#              split-KV attention's merge in its last split block, and the
-#              tiny preset; steps 04-07 on TinyLlama's dims,
+#              before row), fp16 as it runs by default, with the GEMVs asking
+#              L2 for the next product's first weights, and without the
+#              newest changes (RoPE folded, the column split's whole waves),
+#              and the tiny preset; steps 04-07 on TinyLlama's dims,
 #              sized to fit (--full: longer generations, fp32 with graphs,
-#              bf16, Llama-2-7B in fp16 where the GPU has the memory, step 02's
+#              bf16, the before rows chapter 01 quotes (norms unfolded, no
+#              programmatic dependent launch, serial loads, the merge in the
+#              last split block), Llama-2-7B in fp16 where the GPU has the memory, step 02's
 #              and 03's kernel tables on real attention shapes, step 02's with
 #              its FlashAttention-2 ladder beside PyTorch's SDPA in the same
 #              run where PyTorch with CUDA is importable, causal and not)
@@ -322,7 +324,8 @@ run_step() {  # run_step <stage> <label> <step> [args...]
 # "half_product_chain": TinyLlama's 88 products of a token back to back in a
 # CUDA graph, launched serially and with programmatic dependent launch, each
 # as the model runs them, without the GEMV's L2 prefetch of its first
-# weights, and without its pipelined loads. Its JSON is Google Benchmark's.
+# weights, without its pipelined loads, and with each product asking L2 for
+# the next one's first weights. Its JSON is Google Benchmark's.
 run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
   local stage=$1 label=$2 filter=$3
   selected step01_kv_cache || return 0
@@ -350,13 +353,15 @@ run_half_products() {  # run_half_products <stage> <label> <benchmark filter>
 # layer's slowest product per byte in Nsight Compute), and with the GEMV's
 # weight loads not pipelined (--no-gemv-pipelining; TinyLlama only: the tiny
 # preset's products are one batch of loads per block, so there is nothing
-# to pipeline), and with the GEMVs' column split not fitted to whole waves
+# to pipeline), with the GEMVs' column split not fitted to whole waves
 # (--no-gemv-wave-fit; TinyLlama only: the tiny preset's products are one
-# wave either way).
+# wave either way), and with each GEMV asking L2 for the next product's
+# first weights (--gemv-prefetch-next, an opt-in until these rows measure it).
 # Bytes per token over time per token, against the copy bandwidth measured
-# in the same run, by position. TinyLlama's --no-norm-folding, --no-pdl and
-# --no-gemv-pipelining rows, which chapter 01 already quotes, run with
-# --full only: each is some 15 s of the default form's 8 minutes.
+# in the same run, by position. The --no-norm-folding, --no-pdl,
+# --no-gemv-pipelining and --merge-folding rows of TinyLlama, and the tiny
+# preset's --merge-folding row, which chapter 01 already quotes, run with
+# --full only: each TinyLlama row is some 15 s of the default form's 8 minutes.
 decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and fusions> <quoted before rows: 0|1>
   local steps=$1 repeats=$2 dtypes=$3 quoted_before_rows=$4 dtype
   run_step presets tinyllama-1.1b_fp32_eager step01_kv_cache --device cuda --preset tinyllama-1.1b --variant 1 \
@@ -372,9 +377,11 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
       --steps "$steps" --repeats "$repeats" --dtype fp16 --no-pdl
     run_step presets tinyllama-1.1b_fp16_serial_loads step01_kv_cache --device cuda --preset tinyllama-1.1b \
       --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-gemv-pipelining
+    run_step presets tinyllama-1.1b_fp16_merge_in_last_block step01_kv_cache --device cuda --preset tinyllama-1.1b \
+      --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --merge-folding
   fi
-  run_step presets tinyllama-1.1b_fp16_merge_in_last_block step01_kv_cache --device cuda --preset tinyllama-1.1b \
-    --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --merge-folding
+  run_step presets tinyllama-1.1b_fp16_prefetch_next step01_kv_cache --device cuda --preset tinyllama-1.1b \
+    --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --gemv-prefetch-next
   run_step presets tinyllama-1.1b_fp16_rope_kernel step01_kv_cache --device cuda --preset tinyllama-1.1b \
     --variant 1 --steps "$steps" --repeats "$repeats" --dtype fp16 --no-rope-folding
   run_step presets tinyllama-1.1b_fp16_ragged_waves step01_kv_cache --device cuda --preset tinyllama-1.1b \
@@ -389,8 +396,12 @@ decode_rows() {  # decode_rows <steps> <repeats> <weight dtypes with graphs and 
     --repeats 5 --dtype fp16 --no-norm-folding
   run_step presets tiny_fp16_no_pdl step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --dtype fp16 --no-pdl
-  run_step presets tiny_fp16_merge_in_last_block step01_kv_cache --device cuda --preset tiny --variant 1 \
-    --steps 256 --repeats 5 --dtype fp16 --merge-folding
+  if ((quoted_before_rows)); then
+    run_step presets tiny_fp16_merge_in_last_block step01_kv_cache --device cuda --preset tiny --variant 1 \
+      --steps 256 --repeats 5 --dtype fp16 --merge-folding
+  fi
+  run_step presets tiny_fp16_prefetch_next step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
+    --repeats 5 --dtype fp16 --gemv-prefetch-next
   run_step presets tiny_fp16_rope_kernel step01_kv_cache --device cuda --preset tiny --variant 1 --steps 256 \
     --repeats 5 --dtype fp16 --no-rope-folding
 }

@@ -13,7 +13,8 @@
 // And TinyLlama's 88 decode products of a token back to back in a CUDA
 // graph, each kernel launched after the one before has finished or with
 // programmatic dependent launch, with and without the GEMV's L2 prefetch of
-// its first weights (docs/01_kv_cache.md, section 5.7):
+// its first weights (docs/01_kv_cache.md, section 5.7), and with each
+// product asking L2 for the next one's first weights (section 5.13):
 //   build/bin/step01_kv_cache_bench --benchmark_filter=half_product_chain
 #include <Eigen/Core>
 #include <benchmark/benchmark.h>
@@ -300,19 +301,28 @@ ProductChain& product_chain() {
 // whether it requests its next batch of weights before it multiplies the
 // current one (unless --no-gemv-pipelining). Off is a measurement only: the
 // prefetch off separates what the overlap does from what the prefetch during
-// the overlap does; the pipelining off is its before row.
+// the overlap does; the pipelining off is its before row. And whether each
+// product asks L2 for the next one's first weights once its own are read
+// (the model's --gemv-prefetch-next, off by default: this chain is where it
+// is measured first, between nothing but GEMVs).
 struct ChainLaunches {
   bool programmatic = false;
   bool prefetch_first_weights = true;
   bool pipelined_weight_loads = true;
+  bool prefetch_next_product = false;
 };
 
 // The chain's 88 launches on `stream`: the first as any launch, every later
 // one programmatic when `launches.programmatic`.
 void enqueue_product_chain(ProductChain& chain, ChainLaunches launches, cudaStream_t stream) {
-  for (const auto& product : chain.products) {
-    product->set_first_weights_prefetch(launches.prefetch_first_weights);
-    product->set_pipelined_weight_loads(launches.pipelined_weight_loads);
+  for (std::size_t p = 0; p < chain.products.size(); ++p) {
+    llm::cuda::HalfCudaLinear& product = *chain.products[p];
+    product.set_first_weights_prefetch(launches.prefetch_first_weights);
+    product.set_pipelined_weight_loads(launches.pipelined_weight_loads);
+    const bool has_next = p + 1 < chain.products.size();
+    product.set_next_product_lines(launches.prefetch_next_product && has_next
+                                       ? chain.products[p + 1]->first_weight_lines()
+                                       : llm::cuda::FirstWeightLines{});
   }
   // Product p reads inputs[p % 4] and writes outputs[p % 4].
   const float* const inputs[4] = {chain.down.data(), chain.qkv.data(), chain.proj.data(), chain.gate_up.data()};
@@ -351,12 +361,14 @@ void half_product_chain(benchmark::State& state, ChainLaunches launches) {
 
 // Serial and programmatic launches, each as the model's kernels run (the
 // GEMV's L2 prefetch and pipelined loads), without the prefetch (names
-// ending _no_prefetch) and without the pipelining (_no_pipelining).
+// ending _no_prefetch), without the pipelining (_no_pipelining), and with
+// each product asking L2 for the next one's first weights (_prefetch_next).
 void register_half_product_chains() {
   const ChainLaunches model_kernels;
   for (const auto& [suffix, loads] :
        {std::pair{"", model_kernels}, std::pair{"_no_prefetch", ChainLaunches{.prefetch_first_weights = false}},
-        std::pair{"_no_pipelining", ChainLaunches{.pipelined_weight_loads = false}}})
+        std::pair{"_no_pipelining", ChainLaunches{.pipelined_weight_loads = false}},
+        std::pair{"_prefetch_next", ChainLaunches{.prefetch_next_product = true}}})
     for (const bool programmatic : {false, true}) {
       const std::string name = std::string("step01/half_product_chain/tinyllama-1.1b/") +
                                (programmatic ? "programmatic_launch" : "serial_launch") + suffix;
