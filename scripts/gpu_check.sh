@@ -56,7 +56,8 @@
 #              the fp16 products alone (step 01's benchmark, with cuBLAS, on
 #              TinyLlama's and Llama-2-7B's shapes, 1-64 rows; and a token's
 #              88 TinyLlama products back to back, with and without
-#              programmatic dependent launch and the GEMV's L2 prefetch),
+#              programmatic dependent launch and the GEMV's L2 prefetch, and
+#              with each product asking L2 for the next one's first weights),
 #              then step 01's TinyLlama decode, step 04's target pass and
 #              step 07's forwards of 1-64 rows with each kernel taking up to
 #              16 rows (--max-gemv-rows 16), and steps 04 and 07 again with

@@ -87,7 +87,8 @@ class Int4DecodeGemv {
   // The first batch of every slice of every row's codes, as the blocks read
   // them (llm/cuda/weight_prefetch.hpp), and the next product's, which this
   // kernel's threads ask L2 for once their own weights are read:
-  // HalfCudaLinear's pair of the same names. The same bits either way.
+  // HalfCudaLinear's pair of the same names (the lines follow the current
+  // split, as there). The same bits either way.
   llm::cuda::FirstWeightLines first_weight_lines() const;
   void set_next_product_lines(const llm::cuda::FirstWeightLines& lines) { next_product_lines_ = lines; }
 

@@ -1350,6 +1350,9 @@ TEST(CudaProgrammaticLaunch, OverlappedKernelsGiveTheBitsOfSerialOnes) {
 // factory makes them, which is the order a forward runs them in.
 TEST(CudaNextProductPrefetch, EachProductGetsTheNextOnesLinesAndTheBitsStay) {
   LLM_REQUIRE_CUDA_DEVICE();
+  // The command line's switch reaches the model's option (off by default).
+  EXPECT_FALSE(cuda::cuda_model_options(cuda::CudaRunOptions{}).prefetch_next_product);
+  EXPECT_TRUE(cuda::cuda_model_options(cuda::CudaRunOptions{.gemv_prefetch_next = true}).prefetch_next_product);
   for (const ConfigCase& config_case : config_cases()) {
     const ModelConfig& config = config_case.config;
     const ModelWeights weights = random_weights(config, 5250);

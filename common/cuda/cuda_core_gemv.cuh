@@ -292,18 +292,22 @@ __device__ __forceinline__ void prefetch_first_weights_to_l2(const GemvArguments
 }
 
 // This launch's share of the next product's first weight lines
-// (weight_prefetch.hpp says why): thread t of the grid's T threads asks L2
-// for lines t, t + T, ... (1-2 each on TinyLlama's products). Each thread
-// calls it once its own loads are done, after its last batch is multiplied:
-// the lines then travel while the slower blocks finish, the slices are
-// added and the next kernel launches, when HBM would otherwise be idle.
+// (weight_prefetch.hpp says why). Threads are numbered from the grid's end:
+// the last thread of the last block takes lines 0, T, 2T, ... of the grid's
+// T threads, the one before it lines 1, T + 1, ..., so where a grid runs in
+// two waves its last blocks ask, which start last (blocks start roughly in
+// index order): the second wave's (up to three lines a thread on
+// TinyLlama's products). Each thread calls it once its own loads are done, after its last
+// batch is multiplied: the lines then travel while the slower blocks finish,
+// the slices are added and the next kernel launches, when HBM would
+// otherwise be idle. 64-bit counters: line + T never overflows.
 __device__ __forceinline__ void prefetch_next_product_lines(const FirstWeightLines& next) {
-  const int lines = next.lines();
-  const int threads = static_cast<int>(gridDim.x * gridDim.y * blockDim.x);
-  const int block = static_cast<int>(blockIdx.y * gridDim.x + blockIdx.x);
-  for (int line = block * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x); line < lines;
-       line += threads)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(next.line_address(line)));
+  const long long lines = next.lines();
+  const long long threads = static_cast<long long>(gridDim.x) * gridDim.y * blockDim.x;
+  const long long thread = (static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  for (long long line = threads - 1 - thread; line < lines; line += threads)
+    if (const unsigned char* address = next.line_address(static_cast<int>(line)); address != nullptr)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
 }
 
 // The columns block (output block, split) multiplies: [k_begin, k_end) of

@@ -154,7 +154,10 @@ class HalfCudaLinear final : public CudaLinear {
   bool whole_wave_split() const { return whole_wave_split_; }
   // The first batch of every slice of every row, as the CUDA-core GEMV's
   // blocks read them at one row (weight_prefetch.hpp); empty on the
-  // tensor-core GEMV. Computed from the current column split.
+  // tensor-core GEMV. Computed from the current column split: a layer given
+  // them before its split changed (set_whole_wave_split) should be given
+  // them again (the old lines are still inside the weights, but not the
+  // first ones).
   FirstWeightLines first_weight_lines() const override;
   // The next product's first weight lines, asked of L2 by the CUDA-core
   // GEMV's threads once their own weights are read (off by default; on in
