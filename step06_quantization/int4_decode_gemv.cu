@@ -174,11 +174,7 @@ llm::cuda::FirstWeightLines Int4DecodeGemv::first_weight_lines() const {
   // The codes only: a block's first batch of a row is 2 steps of 256 codes
   // (256 bytes); its group scales and zero points (a line or two of a row's
   // parameters) are left to the block's own loads.
-  const std::size_t row_bytes = static_cast<std::size_t>(padded_in_) / 2;
-  constexpr int kStep = kStepColumns<Int4GroupWeights<true>>;
-  return llm::cuda::first_weight_lines(codes_.data(), out_, row_bytes, row_bytes, k_splits_,
-                                       static_cast<std::size_t>(steps_per_split_) * kStep / 2,
-                                       static_cast<std::size_t>(kBatchColumns<Int4GroupWeights<true>>) / 2);
+  return first_batch_lines<Int4GroupWeights<true>>(codes_.data(), out_, padded_in_, k_splits_, steps_per_split_);
 }
 
 std::size_t Int4DecodeGemv::weight_bytes() const {

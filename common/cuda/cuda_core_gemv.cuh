@@ -278,6 +278,11 @@ __device__ void rows_inverse_rms(const GemvArguments& args, FoldedNorm<kRows>& n
 // before the wait; there the prefetch asks for the same lines first, and L2
 // serves both requests with one read. `address(output, k)` is where column k
 // of row `output` is stored; `columns_per_line` columns fill 128 bytes.
+// Asks L2 for the 128-byte line holding `address`; nothing waits for it.
+__device__ __forceinline__ void prefetch_line_to_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+}
+
 template <class Address>
 __device__ __forceinline__ void prefetch_first_weights_to_l2(const GemvArguments& args, const Address& address,
                                                              int columns_per_line, int first_output, int outputs,
@@ -287,7 +292,7 @@ __device__ __forceinline__ void prefetch_first_weights_to_l2(const GemvArguments
   for (int line = static_cast<int>(threadIdx.x); line < lines; line += static_cast<int>(blockDim.x)) {
     const int output = first_output + line / lines_per_row;
     const int k = k_begin + (line % lines_per_row) * columns_per_line;
-    if (output < args.out && k < k_end) asm volatile("prefetch.global.L2 [%0];" ::"l"(address(output, k)));
+    if (output < args.out && k < k_end) prefetch_line_to_l2(address(output, k));
   }
 }
 
@@ -307,7 +312,7 @@ __device__ __forceinline__ void prefetch_next_product_lines(const FirstWeightLin
   const long long thread = (static_cast<long long>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
   for (long long line = threads - 1 - thread; line < lines; line += threads)
     if (const unsigned char* address = next.line_address(static_cast<int>(line)); address != nullptr)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+      prefetch_line_to_l2(address);
 }
 
 // The columns block (output block, split) multiplies: [k_begin, k_end) of
@@ -706,6 +711,20 @@ inline ColumnSplit choose_column_split(int output_blocks, int total_steps, bool 
   const int wave_blocks = kGemvMinBlocksPerSm * sm_count();
   return whole_waves ? column_split_for_whole_waves(output_blocks, total_steps, wave_blocks)
                      : column_split_filling_a_wave(output_blocks, total_steps, wave_blocks);
+}
+
+// The lines a launch of this kernel reads first (weight_prefetch.hpp), what
+// the product before it may ask L2 for: of each of the `out` weight rows
+// (padded_in columns of the format's storage, rows back to back), the first
+// batch of each of the k_splits slices of steps_per_split steps. A step is
+// 128 bytes of a row in every format (8 lanes x 16 bytes).
+template <WeightFormat Format>
+FirstWeightLines first_batch_lines(const void* weights, int out, int padded_in, int k_splits, int steps_per_split) {
+  constexpr std::size_t kStepBytes = static_cast<std::size_t>(kStepColumns<Format>) * Format::kBitsPerWeight / 8;
+  constexpr std::size_t kBatchBytes = static_cast<std::size_t>(kBatchColumns<Format>) * Format::kBitsPerWeight / 8;
+  const std::size_t row_bytes = static_cast<std::size_t>(padded_in) * Format::kBitsPerWeight / 8;
+  return first_weight_lines(weights, out, row_bytes, row_bytes, k_splits,
+                            static_cast<std::size_t>(steps_per_split) * kStepBytes, kBatchBytes);
 }
 
 // The split scratch (HalfActivationScratch) a launch of `rows` rows needs:

@@ -512,12 +512,8 @@ int HalfCudaLinear::gemv_output_blocks() const { return ceil_div(out_, gemv_outp
 
 FirstWeightLines HalfCudaLinear::first_weight_lines() const {
   if (gemv_kernel_ != HalfGemvKernel::CudaCores) return {};
-  constexpr std::size_t kHalfBytes = sizeof(std::uint16_t);
-  const std::size_t row_bytes = static_cast<std::size_t>(padded_in_) * kHalfBytes;
-  return llm::cuda::first_weight_lines(
-      weight_.data(), out_, row_bytes, row_bytes, gemv_k_splits_,
-      static_cast<std::size_t>(gemv_steps_per_split_) * kStepElements * kHalfBytes,
-      static_cast<std::size_t>(kBatchColumns<HalfWeights<Float16Traits>>) * kHalfBytes);
+  return first_batch_lines<HalfWeights<Float16Traits>>(weight_.data(), out_, padded_in_, gemv_k_splits_,
+                                                       gemv_steps_per_split_);
 }
 
 void HalfCudaLinear::reserve_rows(int rows) {
