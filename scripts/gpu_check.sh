@@ -585,10 +585,11 @@ sanitize() {  # sanitize <tool> <binary> [gtest args...]
   # library's own kernels (an H200 run found some in cuBLAS's nvjet GEMM, every
   # product bit-exact) are sorted out of its log afterwards by
   # scripts/racecheck_verdict.py, which judges the course's kernels alone.
-  # With cuBLAS's kernels left out of the run instead (--kernel-name-exclude),
-  # racecheck stopped on the half layer's tests with an internal error (a
-  # hardware exception it could not handle) where memcheck found no error and
-  # the run without the exclusion had finished. The print limit is high enough to
+  # A run with cuBLAS's kernels left out instead (--kernel-name-exclude)
+  # stopped on the half layer's tests with an internal sanitizer error (a
+  # hardware exception it could not handle) where memcheck found no error; an
+  # earlier racecheck without the exclusion, of older kernels, had finished.
+  # Which of the two changes caused it is not known. The print limit is high enough to
   # show every hazard, so that the verdict sees each one.
   local print_limit=20
   [[ $tool == racecheck ]] && print_limit=100000

@@ -5,20 +5,27 @@ racecheck reports shared-memory hazards in every kernel a program launches,
 cuBLAS's GEMMs among them (the gpu tests use cuBLAS for references, and the
 model's products of many rows run on it). Hazards inside a library's own
 kernels are not this course's to fix, and an H200 run found some in cuBLAS's
-nvjet GEMM with every product bit-exact. Leaving those kernels out of the run
-instead (compute-sanitizer's --kernel-name-exclude) made the sanitizer fail
-on that same test with an internal error (an illegal address it could not
-handle, every test after it failing), so the run instruments every kernel
-and this script sorts what it reported:
+nvjet GEMM with every product bit-exact. A later run with those kernels left
+out (compute-sanitizer's --kernel-name-exclude) failed on that same test with
+an internal sanitizer error (an illegal address it could not handle, every
+test after it failing); whether the exclusion or the kernels changed in
+between caused it is not known. So the run instruments every kernel, and this
+script sorts what it reported:
 
-  PASS  the run finished (its RACECHECK SUMMARY is there), no test failed,
-        the sanitizer reported no error of its own, and every hazard it
-        displayed has both of its accesses inside a library kernel (the
-        count of those is printed, by kernel);
+  PASS  the run finished (its RACECHECK SUMMARY is there), gtest says every
+        test passed and none failed, the program neither crashed nor hit a
+        CUDA error, the sanitizer reported no error of its own, and every
+        hazard it displayed has exactly two accesses, both inside a library
+        kernel (the count of those is printed, by kernel);
   FAIL  anything else: a hazard with an access in one of the course's
-        kernels (named), a failed test, an internal sanitizer error, a
+        kernels (named), a hazard whose two accesses the log does not show, a
+        failed or unfinished test run, a crash, an internal sanitizer error, a
         missing summary, or a summary that counts hazards the log does not
         show (raise compute-sanitizer's --print-limit).
+
+A kernel is a library's when the first name of its signature (its namespace
+and function, without "void", template arguments or parameters) contains one
+of the --library names: nvjet_sm90_..., cublasLt::..., sm90_xmma_gemm_....
 
     scripts/racecheck_verdict.py racecheck_common_half_linear_gpu_test.log
     scripts/racecheck_verdict.py LOG --library nvjet,cublas,xmma
@@ -37,6 +44,9 @@ import sys
 HAZARD_START = re.compile(r"^=+ +(Error|Warning): Race reported between (\w+) access at (.*)$")
 HAZARD_OTHER = re.compile(r"^=+ +and (\w+) access at (.*)$")
 SUMMARY = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+# What the sanitizer prints when the program itself failed: a non-zero exit, a
+# CUDA error it caught, a crash.
+PROGRAM_FAILED = ("Target application returned an error", "Program hit ", "Target application terminated")
 
 
 def kernel_of(location):
@@ -48,10 +58,19 @@ def kernel_of(location):
     return re.sub(r"\+0x[0-9a-fA-F]+$", "", location).strip()
 
 
+def first_name(kernel):
+    """The kernel's namespace and function name: no "void", template arguments or parameters."""
+    found = re.match(r"^(?:void\s+)?([\w:]+)", kernel)
+    return found.group(1) if found else ""
+
+
 def verdict(lines, library):
-    is_library = re.compile("|".join(re.escape(name) for name in library))
+    def is_library(kernel):
+        return any(name in first_name(kernel) for name in library)
+
     summary = None
-    failed_tests, internal_errors = [], []
+    gtest_passed = False
+    failed_tests, internal_errors, program_failures = [], [], []
     hazards = []  # (kind, [kernel of each access])
     for line in lines:
         line = line.rstrip("\n")
@@ -68,21 +87,32 @@ def verdict(lines, library):
             summary = tuple(int(group) for group in found.groups())
         if line.startswith("[  FAILED  ]") and line not in failed_tests:
             failed_tests.append(line)
+        if line.startswith("[  PASSED  ]"):
+            gtest_passed = True
         if "Internal Sanitizer Error" in line:
             internal_errors.append(line.strip("= "))
+        if any(sign in line for sign in PROGRAM_FAILED):
+            program_failures.append(line.strip("= "))
     if internal_errors:
         return False, f"the sanitizer failed itself: {internal_errors[0]}"
     if failed_tests:
         return False, f"{len(failed_tests)} test line(s) failed under racecheck, the first: {failed_tests[0]}"
+    if program_failures:
+        return False, f"the program failed under racecheck: {program_failures[0]}"
     if summary is None:
         return False, "no RACECHECK SUMMARY: the run did not finish"
+    if not gtest_passed:
+        return False, "no gtest [  PASSED  ] line: the tests did not all run to their end"
     displayed = summary[0]
     if displayed != len(hazards):
         return False, (f"the summary counts {displayed} hazards, the log shows {len(hazards)} "
                        "(raise --print-limit)")
-    course = [kernels for _, kernels in hazards if not all(is_library.search(kernel) for kernel in kernels)]
+    unread = [kernels for _, kernels in hazards if len(kernels) != 2]
+    if unread:
+        return False, f"{len(unread)} hazard(s) without both of their accesses in the log, the first: {unread[0]}"
+    course = [kernels for _, kernels in hazards if not all(is_library(kernel) for kernel in kernels)]
     if course:
-        named = sorted({kernel for kernels in course for kernel in kernels if not is_library.search(kernel)})
+        named = sorted({kernel for kernels in course for kernel in kernels if not is_library(kernel)})
         return False, f"{len(course)} hazard(s) in the course's kernels: {', '.join(named)}"
     if not hazards:
         return True, "0 hazards"

@@ -2,8 +2,10 @@
 # scripts/racecheck_verdict.py on racecheck logs: a real one from an H200 run
 # (20 hazards, every one inside cuBLAS's nvjet GEMM, all tests passed: PASS),
 # and hand-written ones for what must fail: a hazard with one access in a
-# course kernel, the sanitizer's own internal error, a failed test, a run
-# without its summary, a summary counting more hazards than the log shows.
+# course kernel (also one whose template arguments name a library), the
+# sanitizer's own internal error, a failed test, a crash without a failed
+# test, a run without gtest's PASSED line or without its summary, a summary
+# counting more hazards than the log shows, a hazard with one access shown.
 # Usage: racecheck_verdict_test.sh <repository root>
 set -euo pipefail
 root=$1
@@ -50,12 +52,28 @@ expect PASS "0 hazards" "$work/clean.log"
   echo "========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)"; } >"$work/old_form.log"
 expect PASS "1 inside library kernels" "$work/old_form.log"
 
+# cuBLAS's xmma kernels start with the architecture.
+{ echo "========= COMPUTE-SANITIZER"
+  echo "========= Error: Race reported between Read access at sm90_xmma_gemm_f16f16_f32_tn_n_tilesize64x64x64+0x40"
+  echo "=========     and Write access at sm90_xmma_gemm_f16f16_f32_tn_n_tilesize64x64x64+0x80 [8 hazards]"
+  gtest_ok
+  echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; } >"$work/xmma.log"
+expect PASS "1 inside library kernels" "$work/xmma.log"
+
+# A course kernel whose template argument names a library is still the course's.
+{ echo "========= COMPUTE-SANITIZER"
+  echo "========= Error: Race reported between Read access at void llm::cuda::product<nvjet_like>(float *)+0x40"
+  echo "=========     and Write access at void llm::cuda::product<nvjet_like>(float *)+0x80 [2 hazards]"
+  gtest_ok
+  echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; } >"$work/template.log"
+expect FAIL "in the course's kernels: void llm::cuda::product<nvjet_like>(float *)" "$work/template.log"
+
 { echo "========= COMPUTE-SANITIZER"; library_hazard
-  echo "========= Error: Race reported between Write access at void llm::cuda::kernels::gemv_kernel<(int)2>(float *)+0x120"
+  echo "========= Error: Race reported between Write access at void llm::gemv<(int)2>(float *)+0x120"
   echo "=========     and Read access at nvjet_sm90_hss_64x8_64x16_2x4_h_bz_TNT+0x40 [2 hazards]"
   gtest_ok
   echo "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)"; } >"$work/course.log"
-expect FAIL "1 hazard(s) in the course's kernels: void llm::cuda::kernels::gemv_kernel<(int)2>(float *)" \
+expect FAIL "1 hazard(s) in the course's kernels: void llm::gemv<(int)2>(float *)" \
   "$work/course.log"
 
 { echo "========= COMPUTE-SANITIZER"
@@ -68,6 +86,24 @@ expect FAIL "the sanitizer failed itself" "$work/internal.log"
   echo "[  FAILED  ] Shapes/HalfGemvFusions.Case/fp16 (12 ms)"
   echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; } >"$work/failed_test.log"
 expect FAIL "failed under racecheck" "$work/failed_test.log"
+
+# A crash gtest never reports as a failed test.
+{ echo "========= COMPUTE-SANITIZER"; library_hazard; echo "[ RUN      ] Shapes/HalfGemvFusions.Case/fp16"
+  echo "========= Program hit cudaErrorIllegalAddress (error 700) due to \"an illegal memory access\" on CUDA API call"
+  echo "========= Target application returned an error"
+  echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; } >"$work/crash.log"
+expect FAIL "the program failed under racecheck" "$work/crash.log"
+
+{ echo "========= COMPUTE-SANITIZER"; library_hazard; echo "[ RUN      ] Shapes/HalfGemvFusions.Case/fp16"
+  echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; } >"$work/no_passed_line.log"
+expect FAIL "no gtest [  PASSED  ] line" "$work/no_passed_line.log"
+
+# A hazard whose second access is not on a line of its own: judged by neither.
+{ echo "========= COMPUTE-SANITIZER"
+  echo "========= Error: Race reported between Read access at nvjet_a+0x10 and Write access at void k()+0x20"
+  gtest_ok
+  echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; } >"$work/one_access.log"
+expect FAIL "without both of their accesses" "$work/one_access.log"
 
 { echo "========= COMPUTE-SANITIZER"; library_hazard; echo "[ RUN      ] Shapes/HalfGemvFusions.Case/fp16"; } \
   >"$work/unfinished.log"
