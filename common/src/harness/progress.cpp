@@ -11,7 +11,8 @@ RunProgress::RunProgress(std::string step, int parts) : step_(std::move(step)), 
 
 void RunProgress::start(const std::string& what) {
   ++started_;
-  fmt::print(stderr, "{}: part {} of {}: {}\n", step_, started_, parts_, what);
+  const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - begun_;
+  fmt::print(stderr, "{}: part {} of {}: {} (at {:.1f} s)\n", step_, started_, parts_, what, elapsed.count());
   std::fflush(stderr);
 }
 
