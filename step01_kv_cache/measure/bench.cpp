@@ -303,8 +303,8 @@ ProductChain& product_chain() {
 // prefetch off separates what the overlap does from what the prefetch during
 // the overlap does; the pipelining off is its before row. And whether each
 // product asks L2 for the next one's first weights once its own are read
-// (the model's --gemv-prefetch-next, off by default: this chain is where it
-// is measured first, between nothing but GEMVs).
+// (the model's --gemv-prefetch-next, off by default: this chain measures it
+// between nothing but GEMVs).
 struct ChainLaunches {
   bool programmatic = false;
   bool prefetch_first_weights = true;

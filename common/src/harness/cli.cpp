@@ -122,8 +122,8 @@ void add_common_options(CLI::App& app, CommonOptions& o) {
                "a second wave of a few blocks (the before row of fitting the blocks into whole waves)");
   app.add_flag("--gemv-prefetch-next", o.gemv_prefetch_next,
                "each of the CUDA model's GEMVs asks L2 for the first weights of the product after it once its own "
-               "are read, so that the next product's first loads find them there (an opt-in until measured "
-               "faster; the same results)");
+               "are read, so that the next product's first loads find them there (an opt-in: it measured slower; "
+               "the same results)");
   app.add_flag("--no-graphs", o.no_graphs,
                "launch every kernel of a CUDA decode forward from the host instead of replaying a CUDA graph");
   app.add_flag("--no-fusions", o.no_fusions,

@@ -190,7 +190,7 @@ struct CudaRunOptions {
   bool gemv_wave_fit = true;
   // Each GEMV asks L2 for the next product's first weights once its own are
   // read (CudaModelOptions::prefetch_next_product). Off by default: an opt-in
-  // until a GPU measures it (--gemv-prefetch-next). The same bits either way.
+  // that measured slower (--gemv-prefetch-next). The same bits either way.
   bool gemv_prefetch_next = false;
 };
 
