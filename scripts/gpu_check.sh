@@ -100,8 +100,9 @@
 #              Llama-2-7B's w1/w3 [11008, 4096] (int4-g128 and int8, 1 and 16
 #              rows: the first launches of its gpu test's large shapes), and
 #              the CUDA-core decode GEMV at one row on TinyLlama's shapes: the
-#              fp16 model's four products of a layer, step 06's int4-g64 w1/w3
-#              and w2. Each
+#              fp16 model's four products of a layer (as it runs by default,
+#              without the RoPE fold, and with each product asking L2 for the
+#              next one's first weights), step 06's int4-g64 w1/w3 and w2. Each
 #              writes profile_<name>.ncu-rep, its details page and its raw page
 #              (every metric collected) as CSV, minutes in all
 # Every stage's result is one line of summary.txt; the exit status is 0 only
@@ -754,9 +755,18 @@ if want profile; then
   # [5632, 2048] and then w2 [2048, 5632], five launches each (a check run, 3
   # warm-ups, the timed run). Are they bound by the bandwidth, by the
   # instructions they issue, or by the latency of too few bytes in flight?
+  # The fp16 products again without the RoPE fold (what the fold's epilogue
+  # costs the QKV launch) and with each asking L2 for the next product's first
+  # weights (what those requests cost the launch that makes them: its time and
+  # DRAM bytes; Nsight Compute flushes the L2 between launches, so the next
+  # launch's gain cannot show here).
   if selected step01_kv_cache; then
-    profile step01_tinyllama_fp16_gemv_layer0 demangled "cuda_core_gemv_kernel<.*HalfWeights" 4 \
-      "$bin/step01_kv_cache" --device cuda --preset tinyllama-1.1b --variant 1 --dtype fp16 --steps 2 --repeats 1
+    for suffix_and_flag in ":" "_rope_kernel:--no-rope-folding" "_prefetch_next:--gemv-prefetch-next"; do
+      suffix=${suffix_and_flag%%:*} flag=${suffix_and_flag#*:}
+      profile "step01_tinyllama_fp16_gemv_layer0$suffix" demangled "cuda_core_gemv_kernel<.*HalfWeights" 4 \
+        "$bin/step01_kv_cache" --device cuda --preset tinyllama-1.1b --variant 1 --dtype fp16 --steps 2 --repeats 1 \
+        ${flag:+"$flag"}
+    done
   fi
   if selected step06_quantization; then
     profile step06_tinyllama_int4g64_gemv demangled "cuda_core_gemv_kernel<.*Int4GroupWeights" 10 \
