@@ -43,7 +43,7 @@ import sys
 # Older tools print "... access at 0x2840 in kernel_name" instead.
 HAZARD_START = re.compile(r"^=+ +(Error|Warning): Race reported between (\w+) access at (.*)$")
 HAZARD_OTHER = re.compile(r"^=+ +and (\w+) access at (.*)$")
-SUMMARY = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
+SUMMARY = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed")
 # What the sanitizer prints when the program itself failed: a non-zero exit, a
 # CUDA error it caught, a crash.
 PROGRAM_FAILED = ("Target application returned an error", "Program hit ", "Target application terminated")
@@ -68,23 +68,23 @@ def verdict(lines, library):
     def is_library(kernel):
         return any(name in first_name(kernel) for name in library)
 
-    summary = None
+    displayed = None
     gtest_passed = False
     failed_tests, internal_errors, program_failures = [], [], []
-    hazards = []  # (kind, [kernel of each access])
+    hazards = []  # per hazard, the kernel of each access the log shows
     for line in lines:
         line = line.rstrip("\n")
         start = HAZARD_START.match(line)
         if start:
-            hazards.append((start.group(1), [kernel_of(start.group(3))]))
+            hazards.append([kernel_of(start.group(3))])
             continue
         other = HAZARD_OTHER.match(line)
-        if other and hazards and len(hazards[-1][1]) == 1:
-            hazards[-1][1].append(kernel_of(other.group(2)))
+        if other and hazards and len(hazards[-1]) == 1:
+            hazards[-1].append(kernel_of(other.group(2)))
             continue
         found = SUMMARY.search(line)
         if found:
-            summary = tuple(int(group) for group in found.groups())
+            displayed = int(found.group(1))
         if line.startswith("[  FAILED  ]") and line not in failed_tests:
             failed_tests.append(line)
         if line.startswith("[  PASSED  ]"):
@@ -99,24 +99,23 @@ def verdict(lines, library):
         return False, f"{len(failed_tests)} test line(s) failed under racecheck, the first: {failed_tests[0]}"
     if program_failures:
         return False, f"the program failed under racecheck: {program_failures[0]}"
-    if summary is None:
+    if displayed is None:
         return False, "no RACECHECK SUMMARY: the run did not finish"
     if not gtest_passed:
         return False, "no gtest [  PASSED  ] line: the tests did not all run to their end"
-    displayed = summary[0]
     if displayed != len(hazards):
         return False, (f"the summary counts {displayed} hazards, the log shows {len(hazards)} "
                        "(raise --print-limit)")
-    unread = [kernels for _, kernels in hazards if len(kernels) != 2]
+    unread = [kernels for kernels in hazards if len(kernels) != 2]
     if unread:
         return False, f"{len(unread)} hazard(s) without both of their accesses in the log, the first: {unread[0]}"
-    course = [kernels for _, kernels in hazards if not all(is_library(kernel) for kernel in kernels)]
+    course = [kernels for kernels in hazards if not all(is_library(kernel) for kernel in kernels)]
     if course:
         named = sorted({kernel for kernels in course for kernel in kernels if not is_library(kernel)})
         return False, f"{len(course)} hazard(s) in the course's kernels: {', '.join(named)}"
     if not hazards:
         return True, "0 hazards"
-    by_kernel = collections.Counter(kernels[0] for _, kernels in hazards)
+    by_kernel = collections.Counter(kernels[0] for kernels in hazards)
     listed = ", ".join(f"{kernel}: {count}" for kernel, count in sorted(by_kernel.items()))
     return True, (f"0 hazards in the course's kernels; {len(hazards)} inside library kernels, "
                   f"not judged ({listed})")

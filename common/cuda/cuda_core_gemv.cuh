@@ -262,6 +262,11 @@ __device__ void rows_inverse_rms(const GemvArguments& args, FoldedNorm<kRows>& n
   __syncthreads();
 }
 
+// Asks L2 for the 128-byte line holding `address`; nothing waits for it.
+__device__ __forceinline__ void prefetch_line_to_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+}
+
 // Part 1 of a GEMV block (programmatic_launch.cuh): asks L2 for the first
 // weights the block will read, rows [first_output, first_output + outputs)
 // (those below `out`) at columns [k_begin, k_begin + columns) (those below
@@ -278,11 +283,6 @@ __device__ void rows_inverse_rms(const GemvArguments& args, FoldedNorm<kRows>& n
 // before the wait; there the prefetch asks for the same lines first, and L2
 // serves both requests with one read. `address(output, k)` is where column k
 // of row `output` is stored; `columns_per_line` columns fill 128 bytes.
-// Asks L2 for the 128-byte line holding `address`; nothing waits for it.
-__device__ __forceinline__ void prefetch_line_to_l2(const void* address) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
-}
-
 template <class Address>
 __device__ __forceinline__ void prefetch_first_weights_to_l2(const GemvArguments& args, const Address& address,
                                                              int columns_per_line, int first_output, int outputs,
@@ -302,10 +302,11 @@ __device__ __forceinline__ void prefetch_first_weights_to_l2(const GemvArguments
 // T threads, the one before it lines 1, T + 1, ..., so where a grid runs in
 // two waves its last blocks ask, which start last (blocks start roughly in
 // index order): the second wave's (up to three lines a thread on
-// TinyLlama's products). Each thread calls it once its own loads are done, after its last
-// batch is multiplied: the lines then travel while the slower blocks finish,
-// the slices are added and the next kernel launches, when HBM would
-// otherwise be idle. 64-bit counters: line + T never overflows.
+// TinyLlama's products). Each thread calls it once its own loads are done,
+// after its last batch is multiplied, so that the lines travel while the
+// slower blocks finish, the slices are added and the next kernel launches:
+// the time HBM was expected to be idle. Measured, it is slower (chapter 01,
+// section 5.14), hence an opt-in. 64-bit counters: line + T never overflows.
 __device__ __forceinline__ void prefetch_next_product_lines(const FirstWeightLines& next) {
   const long long lines = next.lines();
   const long long threads = static_cast<long long>(gridDim.x) * gridDim.y * blockDim.x;

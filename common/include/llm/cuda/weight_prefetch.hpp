@@ -29,6 +29,10 @@
 // 17 MB (chapter 01, section 5.13, has each product's), the bytes HBM moves
 // in a few microseconds: about the length of the tail it fills. L2 holds it
 // (50 MB on an H100, 60 MB on an H200).
+//
+// Measured on an H200, the model's token and a chain of products alone are
+// both slower with it (chapter 01, section 5.14): the tail's HBM is not as
+// idle as this reasoning assumes. So it is an opt-in (--gemv-prefetch-next).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
