@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <memory>
@@ -17,6 +18,7 @@
 #include "llm/cpu_model.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
+#include "llm/parallel_for.hpp"
 #include "llm/sampler.hpp"
 #include "llm/weights.hpp"
 #include "test_support.hpp"
@@ -373,6 +375,41 @@ TEST(RandomWeights, ResidualStreamRmsStaysOrderOneAtEveryDepth) {
         EXPECT_LT(rms[l], 3.0);
       }
     }
+  }
+}
+
+// --- parallel_for (what random_weights fills large presets with) ----------------
+
+TEST(ParallelFor, CallsEveryIndexOnceOnAnyNumberOfThreads) {
+  for (const unsigned threads : {1u, 2u, 3u, 8u, 0u}) {
+    for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{100}}) {
+      SCOPED_TRACE(::testing::Message() << count << " pieces on up to " << threads << " threads");
+      std::vector<std::atomic<int>> calls(count);  // [count] how often each index ran
+      parallel_for(count, [&](std::size_t index) { ++calls[index]; }, threads);
+      for (std::size_t index = 0; index < count; ++index) EXPECT_EQ(calls[index].load(), 1) << "index " << index;
+    }
+  }
+}
+
+// Two pieces throw: every other piece still runs, and the exception that
+// comes out is the lowest index's, the one a plain loop would have met first.
+TEST(ParallelFor, RethrowsTheLowestIndexsExceptionOnceEveryPieceRan) {
+  for (const unsigned threads : {1u, 4u}) {
+    SCOPED_TRACE(::testing::Message() << threads << " threads");
+    std::vector<std::atomic<int>> calls(20);  // [20]
+    try {
+      parallel_for(
+          calls.size(),
+          [&](std::size_t index) {
+            ++calls[index];
+            if (index == 13 || index == 5) throw InputError("piece " + std::to_string(index));
+          },
+          threads);
+      FAIL() << "a throwing piece must not be swallowed";
+    } catch (const InputError& error) {
+      EXPECT_STREQ(error.what(), "piece 5");
+    }
+    for (std::size_t index = 0; index < calls.size(); ++index) EXPECT_EQ(calls[index].load(), 1) << index;
   }
 }
 

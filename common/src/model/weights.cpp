@@ -1,11 +1,10 @@
 #include "llm/weights.hpp"
 
-#include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <random>
-#include <thread>
+
+#include "llm/parallel_for.hpp"
 
 namespace llm {
 
@@ -80,20 +79,12 @@ ModelWeights random_weights(const ModelConfig& config, unsigned long long seed) 
   // in about two minutes) give every matrix its own stream, seeded by (seed,
   // its index), and fill the matrices in parallel; the values do not depend
   // on the number of threads.
-  std::atomic<std::size_t> next{0};
-  auto worker = [&] {
-    for (std::size_t index = next++; index < fills.size(); index = next++) {
-      std::seed_seq stream_seed{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
-                                static_cast<std::uint32_t>(index)};
-      std::mt19937_64 rng(stream_seed);
-      fill_normal(*fills[index].tensor, fills[index].stddev, rng);
-    }
-  };
-  const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 32u);
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& thread : pool) thread.join();
+  parallel_for(fills.size(), [&](std::size_t index) {
+    std::seed_seq stream_seed{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
+                              static_cast<std::uint32_t>(index)};
+    std::mt19937_64 rng(stream_seed);
+    fill_normal(*fills[index].tensor, fills[index].stddev, rng);
+  });
   return w;
 }
 
