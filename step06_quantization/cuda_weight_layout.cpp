@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstddef>
 
+#include "llm/parallel_for.hpp"
+
 namespace step06 {
 
 int cuda_int4_column(int step, int t, int i) {
@@ -23,9 +25,14 @@ std::vector<std::uint8_t> cuda_tile_major_codes(const QuantizedMatrix& q) {
   const int m_tiles = ceil_div(q.out_features, kCudaTileRows);
   const int columns_per_step = kCudaStepBytes * 8 / q.format.bits();
   const int total_steps = ceil_div(q.padded_in, columns_per_step);
-  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(m_tiles) * total_steps * 2 * kLanes * kLaneBytes, 0);
-  std::size_t at = 0;
-  for (int tile = 0; tile < m_tiles; ++tile)
+  const std::size_t tile_bytes = static_cast<std::size_t>(total_steps) * 2 * kLanes * kLaneBytes;
+  std::vector<std::uint8_t> bytes(m_tiles * tile_bytes, 0);  // [m_tiles][total_steps][2 halves][32 lanes][16 bytes]
+  // Every tile is its own run of bytes, so the tiles are laid out on every
+  // core: a model's matrices are this step's largest host work before a GPU
+  // run.
+  llm::parallel_for(static_cast<std::size_t>(m_tiles), [&](std::size_t tile_index) {
+    const int tile = static_cast<int>(tile_index);
+    std::size_t at = tile_index * tile_bytes;
     for (int step = 0; step < total_steps; ++step)
       for (int half = 0; half < 2; ++half)
         for (int lane = 0; lane < kLanes; ++lane, at += kLaneBytes) {
@@ -42,6 +49,7 @@ std::vector<std::uint8_t> cuda_tile_major_codes(const QuantizedMatrix& q) {
             }
           }
         }
+  });
   return bytes;
 }
 

@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <set>
 #include <stdexcept>
 
 #include "llm/cpu_model.hpp"
 #include "llm/errors.hpp"
 #include "llm/harness/model_on_device.hpp"
+#include "llm/parallel_for.hpp"
 #include "llm/sampler.hpp"
 #include "llm/token_batch.hpp"
 #include "step06_quantization/cpu_quantized_linear.hpp"
@@ -107,39 +109,59 @@ QuantizedLayers quantize_layers(const llm::ModelWeights& weights, const ModelQua
   const bool needs_calibration = quantization.algorithm != QuantAlgorithm::Rtn;
   if (needs_calibration && calibration == nullptr)
     throw llm::InputError(fmt::format("{} needs calibration data", algorithm_name(quantization.algorithm)));
-  QuantizedLayers layers;
-  layers.quantization = quantization;
+
+  // The work, in linear_sites order: one piece per site, or per AWQ group
+  // (the sites that read one input get one set of input scales; linear_sites
+  // lists a group's first site first). [pieces][sites of the piece]
+  std::vector<std::vector<llm::LinearSite>> pieces;
+  std::set<llm::LinearSite> planned;
   for (const llm::LinearSite& site : linear_sites(weights.config)) {
-    if (layers.matrices.contains(site)) continue;  // quantized with its group (AWQ, below: linear_sites
-                                                    // lists a group's first site first)
+    if (planned.contains(site)) continue;  // quantized with its group
     const bool is_classifier = site.role == llm::LinearRole::Classifier;
     if (is_classifier && !quantization.quantize_classifier) continue;
+    const bool awq_group = quantization.algorithm == QuantAlgorithm::Awq && !is_classifier;
+    std::vector<llm::LinearSite> piece = awq_group ? sites_reading_the_input_of(site) : std::vector{site};
+    for (const llm::LinearSite& member : piece)
+      if (!planned.insert(member).second)
+        throw std::logic_error(fmt::format("quantize_layers: {} was quantized before its group ({} first)",
+                                          member.name(), site.name()));
+    pieces.push_back(std::move(piece));
+  }
+
+  // Each piece reads only the weights and the calibration rows, and writes
+  // only its own matrices, so the pieces run on every core (a GPU preset's
+  // billion weights are long work for one thread) and the codes are the
+  // same on any number of threads. [pieces][sites of the piece]
+  std::vector<std::vector<QuantizedMatrix>> quantized(pieces.size());
+  llm::parallel_for(pieces.size(), [&](std::size_t index) {
+    const std::vector<llm::LinearSite>& piece = pieces[index];
+    const llm::LinearSite& site = piece.front();
     const LayerWeights layer = layer_weights(weights, site);
     // The classifier is rounded to nearest under every algorithm: its inputs
     // are the final norm's, and calibrating a vocab-sized matrix buys little.
-    if (!needs_calibration || is_classifier) {
-      layers.matrices.emplace(site, quantize_rtn(layer, quantization.format));
-      continue;
+    if (!needs_calibration || site.role == llm::LinearRole::Classifier) {
+      quantized[index].push_back(quantize_rtn(layer, quantization.format));
+      return;
     }
     const CalibrationInputs inputs{calibration->recorder.inputs(site), calibration->recorder.rows(site),
                                    layer.in_features};
     if (inputs.n_rows == 0) throw llm::InputError(fmt::format("calibration recorded no rows for {}", site.name()));
     if (quantization.algorithm == QuantAlgorithm::Gptq) {
-      layers.matrices.emplace(site, quantize_gptq(layer, quantization.format, inputs, quantization.gptq));
-      continue;
+      quantized[index].push_back(quantize_gptq(layer, quantization.format, inputs, quantization.gptq));
+      return;
     }
-    // AWQ: the sites that read this site's input get one set of input scales
-    // (quantize_awq_group). Their recorded rows are the same rows: the model
-    // hands each of them the same normed x.
-    const std::vector<llm::LinearSite> group = sites_reading_the_input_of(site);
-    std::vector<LayerWeights> group_layers;  // [group.size()]
-    for (const llm::LinearSite& member : group) group_layers.push_back(layer_weights(weights, member));
-    AwqGroupResult scaled = quantize_awq_group(group_layers, quantization.format, inputs, quantization.awq);
-    for (std::size_t i = 0; i < group.size(); ++i)
-      if (!layers.matrices.emplace(group[i], std::move(scaled.matrices[i])).second)
-        throw std::logic_error(fmt::format("quantize_layers: {} was quantized before its group ({} first)",
-                                          group[i].name(), site.name()));
-  }
+    // AWQ: the group's recorded rows are the same rows (the model hands each
+    // of its sites the same normed x), so the first site's serve them all.
+    std::vector<LayerWeights> group_layers;  // [sites of the piece]
+    for (const llm::LinearSite& member : piece) group_layers.push_back(layer_weights(weights, member));
+    quantized[index] = quantize_awq_group(group_layers, quantization.format, inputs, quantization.awq).matrices;
+  });
+
+  QuantizedLayers layers;
+  layers.quantization = quantization;
+  for (std::size_t index = 0; index < pieces.size(); ++index)
+    for (std::size_t member = 0; member < pieces[index].size(); ++member)
+      layers.matrices.emplace(pieces[index][member], std::move(quantized[index][member]));
   return layers;
 }
 

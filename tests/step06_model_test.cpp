@@ -146,6 +146,52 @@ TEST(Step06Model, GptqAndAwqModelsGenerate) {
   }
 }
 
+// quantize_layers quantizes its pieces (a site, or an AWQ group) on every
+// core and files each result under its site: every site holds what the
+// algorithm gives that site (or its group) on its own, bit for bit.
+TEST(Step06Model, EachSiteHoldsItsOwnQuantization) {
+  const llm::ModelWeights weights = tiny_weights();
+  llm::CpuModel fp32(weights);
+  const auto calibration = step06::record_calibration(weights, step06::sample_sequences(fp32, 2, 16, 100));
+  const auto same = [](const step06::QuantizedMatrix& a, const step06::QuantizedMatrix& b) {
+    return a.out_features == b.out_features && a.in_features == b.in_features && a.packed == b.packed &&
+           a.scales == b.scales && a.zeros == b.zeros && a.input_scales == b.input_scales;
+  };
+  for (const QuantAlgorithm algorithm : {QuantAlgorithm::Rtn, QuantAlgorithm::Gptq, QuantAlgorithm::Awq}) {
+    const ModelQuantization q = quantization("int4-g32", algorithm);
+    const step06::QuantizedLayers layers = step06::quantize_layers(weights, q, calibration.get());
+    const std::vector<llm::LinearSite> sites = step06::linear_sites(weights.config);
+    ASSERT_EQ(layers.matrices.size(), sites.size()) << step06::describe(q);
+    for (const llm::LinearSite& site : sites) {
+      SCOPED_TRACE(fmt::format("{}, {}", step06::describe(q), site.name()));
+      const step06::LayerWeights layer = step06::layer_weights(weights, site);
+      const step06::CalibrationInputs inputs{calibration->recorder.inputs(site), calibration->recorder.rows(site),
+                                             layer.in_features};
+      step06::QuantizedMatrix alone;
+      if (algorithm == QuantAlgorithm::Rtn || site.role == llm::LinearRole::Classifier) {
+        alone = step06::quantize_rtn(layer, q.format);
+      } else if (algorithm == QuantAlgorithm::Gptq) {
+        alone = step06::quantize_gptq(layer, q.format, inputs, q.gptq);
+      } else {
+        // The site's group, searched from its first site (Query for K and V, Gate for Up).
+        llm::LinearSite first = site;
+        if (site.role == llm::LinearRole::Key || site.role == llm::LinearRole::Value) first.role = llm::LinearRole::Query;
+        if (site.role == llm::LinearRole::Up) first.role = llm::LinearRole::Gate;
+        const std::vector<llm::LinearSite> group = step06::sites_reading_the_input_of(first);
+        std::vector<step06::LayerWeights> group_layers;  // [group]
+        for (const llm::LinearSite& member : group) group_layers.push_back(step06::layer_weights(weights, member));
+        const step06::CalibrationInputs group_inputs{calibration->recorder.inputs(first),
+                                                     calibration->recorder.rows(first), layer.in_features};
+        const auto member = std::find(group.begin(), group.end(), site);
+        ASSERT_NE(member, group.end());
+        alone = std::move(step06::quantize_awq_group(group_layers, q.format, group_inputs, q.awq)
+                              .matrices[static_cast<std::size_t>(member - group.begin())]);
+      }
+      EXPECT_TRUE(same(layers.matrices.at(site), alone));
+    }
+  }
+}
+
 // The CUDA model multiplies Q, K and V as one stacked matrix, and gate and
 // up as another; a stack divides its input by one vector of AWQ scales. So
 // AWQ must give each group one set of scales: stack_rows refuses matrices
