@@ -603,10 +603,12 @@ TEST(RunProgress, EachPartIsALineOnStderr) {
   RunProgress progress("stepXX", 2);
   ::testing::internal::CaptureStderr();
   progress.start("the kernel table");
+  progress.note("building the model");  // a stage inside part 1: indented, not counted
   progress.start("the model's prefill");
   // Each line ends with the seconds since the progress began.
   const std::string lines = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(std::regex_match(lines, std::regex(R"(stepXX: part 1 of 2: the kernel table \(at [0-9]+\.[0-9] s\)\n)"
+                                                 R"(stepXX:   building the model \(at [0-9]+\.[0-9] s\)\n)"
                                                  R"(stepXX: part 2 of 2: the model's prefill \(at [0-9]+\.[0-9] s\)\n)")))
       << lines;
   EXPECT_EQ(progress.parts_started(), 2);

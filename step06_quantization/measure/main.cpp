@@ -297,7 +297,7 @@ int run_step06(int argc, char** argv) {
   // 2 and 3. This model: speed, and quality against fp32.
   progress.start(fmt::format("{}: decode speed and quality against fp32 in every weight format", loaded.name));
   const std::vector<step06::ModelRow> this_model =
-      step06::run_model_table(loaded.name, loaded.weights, plan.this_model);
+      step06::run_model_table(loaded.name, loaded.weights, plan.this_model, &progress);
   // llama.cpp on the same checkpoint: as many decode forwards as this model's rows timed.
   const int llama_decode_tokens = plan.this_model.decode_positions - static_cast<int>(plan.this_model.prompt.size());
   const std::vector<step06::LlamaComparison> llama_comparisons = step06::pair_with_llama(

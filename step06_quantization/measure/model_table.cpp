@@ -209,11 +209,15 @@ void set_speedups(std::span<ModelRow> device_rows) {
 }  // namespace
 
 std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::ModelWeights& weights,
-                                      const ModelTableOptions& options) {
+                                      const ModelTableOptions& options, const llm::RunProgress* progress) {
+  const auto note = [progress](const std::string& what) {
+    if (progress != nullptr) progress->note(what);
+  };
   const llm::ModelConfig& config = weights.config;
   Reference reference;
   std::unique_ptr<Calibration> calibration;
   if (options.quality) {
+    note("calibration and held-out text sampled from the fp32 model on the CPU");
     llm::CpuModel fp32_cpu(weights);
     // Calibration and held-out text: both sampled from the fp32 model, with
     // seeds that never overlap, so quality is measured on text GPTQ/AWQ never saw.
@@ -248,11 +252,25 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
     quantization.format = *variant.weights;
     quantization.algorithm = variant.algorithm;
     try {
+      note(fmt::format("quantizing the weights: {}", describe(quantization)));
       quantized.emplace(key, quantize_layers(weights, quantization, calibration.get()));
     } catch (const llm::InputError& error) {
       skipped.emplace(key, error.what());  // e.g. a group larger than a layer's input
     }
   }
+
+  // The CPU models a GPU row's logits are checked against, one per set of
+  // weights (nullptr: fp32), built at the first row that needs it and kept:
+  // the fp32 one checks the fp32, fp16 and fp32 + int8 KV rows, an int8 one
+  // its row and its int8 KV row. Building a GPU preset's CPU model copies
+  // every weight on one thread; keeping them holds those copies until the
+  // table is done.
+  std::map<const QuantizedLayers*, std::unique_ptr<llm::Model>> cpu_check_models;
+  const auto cpu_check_model = [&](const QuantizedLayers* layers) -> llm::Model& {
+    std::unique_ptr<llm::Model>& model = cpu_check_models[layers];
+    if (!model) model = layers ? make_quantized_model_on("cpu", weights, *layers) : llm::make_model_on("cpu", weights);
+    return *model;
+  };
 
   std::vector<ModelRow> rows;
   for (const std::string& device : options.devices) {
@@ -263,11 +281,14 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
       row.device = device;
       row.model = model_name;
       row.variant = variant;
+      note(fmt::format("{} {}: building the model", device, variant.name()));
       std::unique_ptr<llm::Model> model =
           layers ? make_quantized_model_on(device, weights, *layers, {options.cuda, options.int4_decode_gemv})
                  : llm::make_model_on(device, weights, unquantized_run_options(options, variant.dense_dtype));
       row.weight_bytes = weight_bytes_per_token(weights, layers, variant.dense_dtype);
       row.kv_bytes_per_position = kv_bytes_per_position(config, variant.int8_kv);
+      note(fmt::format("{} {}: timing greedy decode, {} positions, {} runs", device, variant.name(),
+                       options.decode_positions, options.repeats));
       const DecodeTiming decode =
           time_decode(*model, variant.int8_kv, options.prompt, options.decode_positions, options.repeats);
       row.decode_ms_per_token = decode.ms_per_token;
@@ -282,6 +303,7 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
           row.agreement = llm::NextTokenAgreement{0, 0.0, 0.0, 1.0};
           row.perplexity = row.perplexity_fp32 = reference.perplexity;
         } else {
+          note(fmt::format("{} {}: quality on the held-out text", device, variant.name()));
           measure_quality(*model, variant.int8_kv, reference, row);
         }
       }
@@ -290,11 +312,11 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
         // The GPU runs the same codes as the CPU (the fp16 row: the same
         // weights, rounded): its logits over the prompt and the greedy tokens
         // match the CPU model's (the fp16 row's: the fp32 model's).
+        note(fmt::format("{} {}: its logits against the CPU model's", device, variant.name()));
         std::vector<int> checked = options.prompt;  // [positions] the prompt and the greedy tokens
         checked.insert(checked.end(), decode.tokens.begin(), decode.tokens.end());
         checked.resize(std::min<std::size_t>(checked.size(), static_cast<std::size_t>(options.decode_positions)));
-        std::unique_ptr<llm::Model> cpu_model =
-            layers ? make_quantized_model_on("cpu", weights, *layers) : llm::make_model_on("cpu", weights);
+        llm::Model& cpu_model = cpu_check_model(layers);
         // fp32 weights: cuBLAS fp32 against Eigen, the fp32 model tolerance. The
         // quantized kernels round x to fp16 as they stage it (the "A16") and
         // keep the group scales in fp16, the fp16 row's weights are rounded to
@@ -305,9 +327,9 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
         const bool fp16_rounding =
             layers != nullptr || variant.int8_kv || variant.dense_dtype != llm::cuda::WeightDtype::Float32;
         llm::Tolerance tolerance = llm::model_logits_tolerance(fp16_rounding ? llm::DType::F16 : llm::DType::F32);
-        const std::vector<float> cpu_logits = logits_over(*cpu_model, variant.int8_kv, checked);
+        const std::vector<float> cpu_logits = logits_over(cpu_model, variant.int8_kv, checked);
         if (layers != nullptr && variant.int8_kv)
-          tolerance.abs_tol += kv_code_flip_allowance(*cpu_model, checked, cpu_logits);
+          tolerance.abs_tol += kv_code_flip_allowance(cpu_model, checked, cpu_logits);
         row.check = llm::compare(logits_over(*model, variant.int8_kv, checked), cpu_logits, tolerance);
         row.ok = row.check.ok;
       }

@@ -17,6 +17,7 @@
 
 #include "llm/cuda/cuda_runtime_api.hpp"
 #include "llm/harness/compare.hpp"
+#include "llm/harness/progress.hpp"
 #include "llm/quality.hpp"
 #include "llm/weights.hpp"
 #include "step06_quantization/quantized_layers.hpp"
@@ -84,7 +85,9 @@ struct ModelTableOptions {
   bool int4_decode_gemv = true;
 };
 
+// `progress` (when given) notes each stage on stderr: calibration,
+// quantizing each format, and each row's build, timing and check.
 std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::ModelWeights& weights,
-                                      const ModelTableOptions& options);
+                                      const ModelTableOptions& options, const llm::RunProgress* progress = nullptr);
 
 }  // namespace step06

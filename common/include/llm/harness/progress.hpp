@@ -19,9 +19,16 @@ class RunProgress {
   // Prints "<step>: part n of m: <what> (at S s)" on stderr and counts the part.
   void start(const std::string& what);
 
+  // Prints "<step>:   <what> (at S s)" on stderr: a stage inside the current
+  // part, for a part long enough that its log should say which stage took
+  // the time. Counts nothing.
+  void note(const std::string& what) const;
+
   int parts_started() const { return started_; }
 
  private:
+  double seconds_since_begun() const;
+
   std::string step_;
   int parts_;
   int started_ = 0;
