@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "llm/errors.hpp"
+#include "llm/parallel_for.hpp"
 #include "test_support.hpp"
 #if defined(LLM_WITH_CUDA)
 #include <cuda_bf16.h>
@@ -133,7 +134,9 @@ std::vector<float> rounded_all(std::vector<float> values, bool bf16) {
 }
 
 // y [rows, out] = x [rows, in] . W^T in double, and sum_i |w_i| |x_i| per
-// output (the scale of every error bound).
+// output (the scale of every error bound). Each output on its own, so blocks
+// of outputs run on every core (the largest shapes' references are long work
+// for one thread); the sums are the same on any number of threads.
 struct Reference {
   std::vector<double> y;
   std::vector<double> magnitude;
@@ -145,21 +148,25 @@ Reference reference_product(const std::vector<float>& weight, const std::vector<
   ref.y.assign(static_cast<std::size_t>(rows) * out, 0.0);
   ref.magnitude.assign(ref.y.size(), 0.0);
   ref.weight_abs_sum.assign(static_cast<std::size_t>(out), 0.0);
-  for (int o = 0; o < out; ++o) {
-    const float* w = weight.data() + static_cast<std::size_t>(o) * in;
-    for (int i = 0; i < in; ++i) ref.weight_abs_sum[o] += std::fabs(static_cast<double>(w[i]));
-    for (int r = 0; r < rows; ++r) {
-      const float* xr = x.data() + static_cast<std::size_t>(r) * in;
-      double sum = 0.0, magnitude = 0.0;
-      for (int i = 0; i < in; ++i) {
-        const double product = static_cast<double>(w[i]) * static_cast<double>(xr[i]);
-        sum += product;
-        magnitude += std::fabs(product);
+  constexpr int kBlockOutputs = 64;  // outputs per piece
+  llm::parallel_for(static_cast<std::size_t>((out + kBlockOutputs - 1) / kBlockOutputs), [&](std::size_t block) {
+    const int first = static_cast<int>(block) * kBlockOutputs;
+    for (int o = first; o < std::min(out, first + kBlockOutputs); ++o) {
+      const float* w = weight.data() + static_cast<std::size_t>(o) * in;
+      for (int i = 0; i < in; ++i) ref.weight_abs_sum[o] += std::fabs(static_cast<double>(w[i]));
+      for (int r = 0; r < rows; ++r) {
+        const float* xr = x.data() + static_cast<std::size_t>(r) * in;
+        double sum = 0.0, magnitude = 0.0;
+        for (int i = 0; i < in; ++i) {
+          const double product = static_cast<double>(w[i]) * static_cast<double>(xr[i]);
+          sum += product;
+          magnitude += std::fabs(product);
+        }
+        ref.y[static_cast<std::size_t>(r) * out + o] = sum;
+        ref.magnitude[static_cast<std::size_t>(r) * out + o] = magnitude;
       }
-      ref.y[static_cast<std::size_t>(r) * out + o] = sum;
-      ref.magnitude[static_cast<std::size_t>(r) * out + o] = magnitude;
     }
-  }
+  });
   return ref;
 }
 

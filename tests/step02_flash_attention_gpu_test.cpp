@@ -99,6 +99,22 @@ std::vector<Case> cases() {
 
 class CudaVariantTest : public ::testing::TestWithParam<std::tuple<int, Case>> {};
 
+// The float64 reference of a case on its inputs as `dtype` rounds them. Every
+// variant of that dtype is checked against the same output, so it is computed
+// once per (case, dtype) and kept for the suite's run, instead of once in
+// every variant's test.
+const std::vector<float>& reference_for(const Case& c, llm::DType dtype, const std::vector<float>& q,
+                                        const std::vector<float>& k, const std::vector<float>& v) {
+  static std::map<std::pair<std::string, llm::DType>, std::vector<float>> references;  // [(case, dtype)]
+  const auto [found, is_new] = references.try_emplace({c.name, dtype});
+  if (is_new) {
+    const AttentionProblem& p = c.problem;
+    found->second = step02::reference_attention_f64(p, step02::rounded_to(q, dtype), step02::rounded_to(k, dtype),
+                                                    step02::rounded_to(v, dtype), step02::rows_to_check(p, 1 << 30));
+  }
+  return found->second;
+}
+
 TEST_P(CudaVariantTest, MatchesFloat64Reference) {
   LLM_REQUIRE_CUDA_DEVICE();
   const auto& [id, c] = GetParam();
@@ -122,9 +138,7 @@ TEST_P(CudaVariantTest, MatchesFloat64Reference) {
 
   // The reference sees what the variant sees: inputs rounded to its precision.
   const auto dtype = variant.fn.dtype;
-  const auto rows = step02::rows_to_check(p, 1 << 30);
-  const auto ref = step02::reference_attention_f64(p, step02::rounded_to(q, dtype), step02::rounded_to(k, dtype),
-                                                   step02::rounded_to(v, dtype), rows);
+  const std::vector<float>& ref = reference_for(c, dtype, q, k, v);
   const auto got = gpu.run_once(variant);  // poisoned with NaN first
   const auto r = llm::compare(got, ref, llm::tolerance_for(dtype));
   const double limit = dtype == llm::DType::F32 ? c.fp32_limit : 1e-2;

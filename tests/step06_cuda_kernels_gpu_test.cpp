@@ -32,6 +32,7 @@
 #include <cstring>
 #include <memory>
 #include <ostream>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -41,6 +42,7 @@
 #include "llm/errors.hpp"
 #include "llm/harness/compare.hpp"
 #include "llm/linear.hpp"
+#include "llm/parallel_for.hpp"
 #include "llm/token_batch.hpp"
 #include "llm/weights.hpp"
 #include "step06_quantization/cuda_quantized_kernels.hpp"
@@ -130,33 +132,70 @@ std::vector<float> random_layer(int out, int in, std::uint64_t seed) {
     }
   return weight;
 }
+
+// A layer quantized with RTN, and the fp32 matrix it stands for.
+struct QuantizedLayer {
+  QuantizedMatrix matrix;
+  std::vector<float> weight;  // [out, in] dequantize(matrix)
+};
+
+// quantize_rtn and dequantize of a [out, in] layer, a block of rows per piece
+// on every core: the largest shapes' host work is most of this suite's time
+// on a GPU machine. RTN rounds each row on its own, so the blocks stacked
+// (stack_rows) hold the codes quantize_rtn gives the whole layer.
+QuantizedLayer quantize_rtn_by_row_blocks(const std::vector<float>& layer, int out, int in, const QuantFormat& format) {
+  constexpr int kBlockRows = 256;
+  const std::size_t blocks = static_cast<std::size_t>((out + kBlockRows - 1) / kBlockRows);
+  std::vector<QuantizedMatrix> quantized(blocks);  // [blocks] each [up to kBlockRows, in]
+  QuantizedLayer result;
+  result.weight.resize(static_cast<std::size_t>(out) * in);
+  llm::parallel_for(blocks, [&](std::size_t block) {
+    const int first = static_cast<int>(block) * kBlockRows;
+    const int rows = std::min(kBlockRows, out - first);
+    const std::size_t offset = static_cast<std::size_t>(first) * in, count = static_cast<std::size_t>(rows) * in;
+    quantized[block] = step06::quantize_rtn({std::span(layer).subspan(offset, count), rows, in}, format);
+    const std::vector<float> weight = step06::dequantize(quantized[block]);
+    std::copy(weight.begin(), weight.end(), result.weight.begin() + static_cast<std::ptrdiff_t>(offset));
+  });
+  std::vector<const QuantizedMatrix*> stacked;  // [blocks]
+  for (const QuantizedMatrix& matrix : quantized) stacked.push_back(&matrix);
+  result.matrix = step06::stack_rows(stacked);
+  return result;
+}
+
 QuantizedMatrix random_quantized(const QuantFormat& format, int out, int in, std::uint64_t seed) {
-  return step06::quantize_rtn({random_layer(out, in, seed), out, in}, format);
+  return quantize_rtn_by_row_blocks(random_layer(out, in, seed), out, in, format).matrix;
 }
 
 // y [rows, out] = x [rows, in] . weight^T in double, rounded to float;
 // weight = dequantize(matrix) [out, in]. Each weight row is read once for
 // all x rows (while it is in cache), into four interleaved partial sums (four
-// independent chains of adds instead of one): the reference of the largest
-// shapes is the host's share of the GPU check's test time.
+// independent chains of adds instead of one); blocks of outputs on every
+// core: the reference of the largest shapes is part of the host's share of
+// the GPU check's test time.
 std::vector<float> reference_product(const std::vector<float>& weight, int out, int in, const std::vector<float>& x,
                                      int rows) {
   constexpr int kChains = 4;
+  constexpr int kBlockOutputs = 64;  // outputs per piece
   std::vector<float> y(static_cast<std::size_t>(rows) * out);
-  for (int o = 0; o < out; ++o) {
-    const float* wo = weight.data() + static_cast<std::size_t>(o) * in;
-    for (int r = 0; r < rows; ++r) {
-      const float* xr = x.data() + static_cast<std::size_t>(r) * in;
-      double partial[kChains] = {};
-      int i = 0;
-      for (; i + kChains <= in; i += kChains)
-        for (int chain = 0; chain < kChains; ++chain)
-          partial[chain] += static_cast<double>(xr[i + chain]) * wo[i + chain];
-      for (; i < in; ++i) partial[0] += static_cast<double>(xr[i]) * wo[i];
-      const double sum = (partial[0] + partial[1]) + (partial[2] + partial[3]);
-      y[static_cast<std::size_t>(r) * out + o] = static_cast<float>(sum);
+  const std::size_t blocks = static_cast<std::size_t>((out + kBlockOutputs - 1) / kBlockOutputs);
+  llm::parallel_for(blocks, [&](std::size_t block) {
+    const int first = static_cast<int>(block) * kBlockOutputs;
+    for (int o = first; o < std::min(out, first + kBlockOutputs); ++o) {
+      const float* wo = weight.data() + static_cast<std::size_t>(o) * in;
+      for (int r = 0; r < rows; ++r) {
+        const float* xr = x.data() + static_cast<std::size_t>(r) * in;
+        double partial[kChains] = {};
+        int i = 0;
+        for (; i + kChains <= in; i += kChains)
+          for (int chain = 0; chain < kChains; ++chain)
+            partial[chain] += static_cast<double>(xr[i + chain]) * wo[i + chain];
+        for (; i < in; ++i) partial[0] += static_cast<double>(xr[i]) * wo[i];
+        const double sum = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+        y[static_cast<std::size_t>(r) * out + o] = static_cast<float>(sum);
+      }
     }
-  }
+  });
   return y;
 }
 
@@ -214,6 +253,24 @@ class CudaQuantizedKernels : public ::testing::TestWithParam<std::tuple<std::str
   QuantFormat format() const { return QuantFormat::parse(std::get<0>(GetParam())); }
   CudaQuantizedKernel kernel() const { return std::get<1>(GetParam()); }
 };
+
+// The suite's large matrices are quantized a block of rows at a time: the
+// blocks stacked must be the matrix quantize_rtn gives the whole layer, and
+// the weights dequantize gives it (a host check: it runs without a GPU too).
+// 600 rows: two whole blocks and a partial one.
+TEST(QuantizeRtnByRowBlocks, GivesTheWholeLayersCodesAndWeights) {
+  const std::vector<float> layer = random_layer(600, 96, 5);
+  for (const std::string& name : {std::string("int8"), std::string("int4-g32"), std::string("nf4")}) {
+    SCOPED_TRACE(name);
+    const QuantizedMatrix whole = step06::quantize_rtn({layer, 600, 96}, QuantFormat::parse(name));
+    const QuantizedLayer blocks = quantize_rtn_by_row_blocks(layer, 600, 96, QuantFormat::parse(name));
+    EXPECT_EQ(blocks.matrix.out_features, 600);
+    EXPECT_TRUE(blocks.matrix.packed == whole.packed);
+    EXPECT_TRUE(blocks.matrix.scales == whole.scales);
+    EXPECT_TRUE(blocks.matrix.zeros == whole.zeros);
+    EXPECT_EQ(blocks.weight, step06::dequantize(whole));
+  }
+}
 
 // Rows 1, 3 and 100 are fewer than one row block of 128: with 4096 columns
 // the persistent kernel spreads the one row block's steps (32 of 4-bit, 64
@@ -326,8 +383,9 @@ TEST(CudaQuantizedKernelsLargeShapes, BothKernelsMatchTheDequantizedProduct) {
   for (const Shape shape : {Shape{11008, 4096}, Shape{4096, 11008}, Shape{11008, 11008}}) {
     const std::vector<float> layer = random_layer(shape.out, shape.in, 3);  // one draw, both formats
     for (const std::string& name : {std::string("int4-g128"), std::string("int8")}) {
-      const QuantizedMatrix matrix = step06::quantize_rtn({layer, shape.out, shape.in}, QuantFormat::parse(name));
-      const std::vector<float> weight = step06::dequantize(matrix);
+      const QuantizedLayer quantized = quantize_rtn_by_row_blocks(layer, shape.out, shape.in, QuantFormat::parse(name));
+      const QuantizedMatrix& matrix = quantized.matrix;
+      const std::vector<float>& weight = quantized.weight;
       const bool runs_int4_gemv = matrix.format.bits() == 4;
       for (int rows : {1, 2, 16}) {
         // 2 rows for the int4 decode GEMV's 2-row kernel only: the tensor-core
@@ -371,8 +429,10 @@ TEST(CudaQuantizedKernelsPersistent, ResultsAreBitwiseReproducible) {
   };
   for (const Shape shape : {Shape{100, 4096}, Shape{11008, 4096}})
     for (const std::string& name : {std::string("int4-g64"), std::string("int8")}) {
-      const QuantizedMatrix matrix = random_quantized(QuantFormat::parse(name), shape.out, shape.in, 37);
-      const std::vector<float> weight = step06::dequantize(matrix);
+      const std::vector<float> layer = random_layer(shape.out, shape.in, 37);
+      const QuantizedLayer quantized = quantize_rtn_by_row_blocks(layer, shape.out, shape.in, QuantFormat::parse(name));
+      const QuantizedMatrix& matrix = quantized.matrix;
+      const std::vector<float>& weight = quantized.weight;
       for (int rows : {1, 16}) {
         SCOPED_TRACE(::testing::Message() << name << " [" << shape.out << ", " << shape.in << "], " << rows
                                           << " rows");
