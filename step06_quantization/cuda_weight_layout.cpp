@@ -28,8 +28,11 @@ std::vector<std::uint8_t> cuda_tile_major_codes(const QuantizedMatrix& q) {
   const std::size_t tile_bytes = static_cast<std::size_t>(total_steps) * 2 * kLanes * kLaneBytes;
   std::vector<std::uint8_t> bytes(m_tiles * tile_bytes, 0);  // [m_tiles][total_steps][2 halves][32 lanes][16 bytes]
   // Every tile is its own run of bytes, so the tiles are laid out on every
-  // core: a model's matrices are this step's largest host work before a GPU
-  // run.
+  // core (a large model's matrices are long work for one thread); a matrix of
+  // a few tiles stays on this thread, where starting threads would cost more
+  // than its layout.
+  constexpr int kTilesWorthThreads = 64;
+  const unsigned threads = m_tiles >= kTilesWorthThreads ? 0 : 1;  // 0: every core
   llm::parallel_for(static_cast<std::size_t>(m_tiles), [&](std::size_t tile_index) {
     const int tile = static_cast<int>(tile_index);
     std::size_t at = tile_index * tile_bytes;
@@ -49,7 +52,7 @@ std::vector<std::uint8_t> cuda_tile_major_codes(const QuantizedMatrix& q) {
             }
           }
         }
-  });
+  }, threads);
   return bytes;
 }
 

@@ -131,7 +131,9 @@ QuantizedLayers quantize_layers(const llm::ModelWeights& weights, const ModelQua
   // Each piece reads only the weights and the calibration rows, and writes
   // only its own matrices, so the pieces run on every core (a GPU preset's
   // billion weights are long work for one thread) and the codes are the
-  // same on any number of threads. [pieces][sites of the piece]
+  // same on any number of threads. GPTQ and AWQ pieces each hold a layer's
+  // worth of double-precision work arrays meanwhile (GPTQ's [in, in]
+  // Hessian), one per running thread. [pieces][sites of the piece]
   std::vector<std::vector<QuantizedMatrix>> quantized(pieces.size());
   llm::parallel_for(pieces.size(), [&](std::size_t index) {
     const std::vector<llm::LinearSite>& piece = pieces[index];

@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <random>
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "llm/config.hpp"
@@ -392,7 +394,8 @@ TEST(ParallelFor, CallsEveryIndexOnceOnAnyNumberOfThreads) {
 }
 
 // Two pieces throw: every other piece still runs, and the exception that
-// comes out is the lowest index's, the one a plain loop would have met first.
+// comes out is the lowest index's, the one a plain loop would have met first,
+// even when it is thrown last (piece 5 waits before it throws).
 TEST(ParallelFor, RethrowsTheLowestIndexsExceptionOnceEveryPieceRan) {
   for (const unsigned threads : {1u, 4u}) {
     SCOPED_TRACE(::testing::Message() << threads << " threads");
@@ -402,6 +405,7 @@ TEST(ParallelFor, RethrowsTheLowestIndexsExceptionOnceEveryPieceRan) {
           calls.size(),
           [&](std::size_t index) {
             ++calls[index];
+            if (index == 5) std::this_thread::sleep_for(std::chrono::milliseconds(50));
             if (index == 13 || index == 5) throw InputError("piece " + std::to_string(index));
           },
           threads);

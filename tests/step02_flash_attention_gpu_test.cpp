@@ -99,20 +99,32 @@ std::vector<Case> cases() {
 
 class CudaVariantTest : public ::testing::TestWithParam<std::tuple<int, Case>> {};
 
+// A case's random Q, K and V: the same for every variant that runs the case.
+struct CaseInputs {
+  std::vector<float> q, k, v;
+};
+CaseInputs inputs_of(const Case& c) {
+  const AttentionProblem& p = c.problem;
+  const std::uint64_t seed = 99 + static_cast<std::uint64_t>(p.seqlen_q) * 13 + p.seqlen_k + p.head_dim;
+  return {llm::testing::random_vector(p.q_elements(), seed, c.qk_scale),
+          llm::testing::random_vector(p.kv_elements(), seed + 1, c.qk_scale),
+          llm::testing::random_vector(p.kv_elements(), seed + 2, 1.0f)};
+}
+
 // The float64 reference of a case on its inputs as `dtype` rounds them. Every
 // variant of that dtype is checked against the same output, so it is computed
 // once per (case, dtype) and kept for the suite's run, instead of once in
 // every variant's test.
-const std::vector<float>& reference_for(const Case& c, llm::DType dtype, const std::vector<float>& q,
-                                        const std::vector<float>& k, const std::vector<float>& v) {
+const std::vector<float>& reference_for(const Case& c, llm::DType dtype) {
   static std::map<std::pair<std::string, llm::DType>, std::vector<float>> references;  // [(case, dtype)]
-  const auto [found, is_new] = references.try_emplace({c.name, dtype});
-  if (is_new) {
-    const AttentionProblem& p = c.problem;
-    found->second = step02::reference_attention_f64(p, step02::rounded_to(q, dtype), step02::rounded_to(k, dtype),
-                                                    step02::rounded_to(v, dtype), step02::rows_to_check(p, 1 << 30));
-  }
-  return found->second;
+  const std::pair<std::string, llm::DType> key{c.name, dtype};
+  if (const auto found = references.find(key); found != references.end()) return found->second;
+  const CaseInputs inputs = inputs_of(c);
+  const AttentionProblem& p = c.problem;
+  std::vector<float> reference =
+      step02::reference_attention_f64(p, step02::rounded_to(inputs.q, dtype), step02::rounded_to(inputs.k, dtype),
+                                      step02::rounded_to(inputs.v, dtype), step02::rows_to_check(p, 1 << 30));
+  return references.emplace(key, std::move(reference)).first->second;  // stored only once computed
 }
 
 TEST_P(CudaVariantTest, MatchesFloat64Reference) {
@@ -120,11 +132,8 @@ TEST_P(CudaVariantTest, MatchesFloat64Reference) {
   const auto& [id, c] = GetParam();
   const auto& variant = step02::find_variant(id);
   const AttentionProblem& p = c.problem;
-  const std::uint64_t seed = 99 + static_cast<std::uint64_t>(p.seqlen_q) * 13 + p.seqlen_k + p.head_dim;
-  const auto q = llm::testing::random_vector(p.q_elements(), seed, c.qk_scale);
-  const auto k = llm::testing::random_vector(p.kv_elements(), seed + 1, c.qk_scale);
-  const auto v = llm::testing::random_vector(p.kv_elements(), seed + 2, 1.0f);
-  step02::CudaProblem gpu(p, q, k, v);
+  const CaseInputs inputs = inputs_of(c);
+  step02::CudaProblem gpu(p, inputs.q, inputs.k, inputs.v);
   // A head dim the kernel is not compiled for (FA2 and split-KV: 64 and 128)
   // must be refused with a clear error, never run into garbage: that is the
   // check for those pairs. (A skip here would read as a GPU path that did not run.)
@@ -138,7 +147,7 @@ TEST_P(CudaVariantTest, MatchesFloat64Reference) {
 
   // The reference sees what the variant sees: inputs rounded to its precision.
   const auto dtype = variant.fn.dtype;
-  const std::vector<float>& ref = reference_for(c, dtype, q, k, v);
+  const std::vector<float>& ref = reference_for(c, dtype);
   const auto got = gpu.run_once(variant);  // poisoned with NaN first
   const auto r = llm::compare(got, ref, llm::tolerance_for(dtype));
   const double limit = dtype == llm::DType::F32 ? c.fp32_limit : 1e-2;

@@ -134,7 +134,7 @@ std::vector<float> random_layer(int out, int in, std::uint64_t seed) {
 }
 
 // A layer quantized with RTN, and the fp32 matrix it stands for.
-struct QuantizedLayer {
+struct RtnCodesAndWeights {
   QuantizedMatrix matrix;
   std::vector<float> weight;  // [out, in] dequantize(matrix)
 };
@@ -143,11 +143,12 @@ struct QuantizedLayer {
 // on every core: the largest shapes' host work is most of this suite's time
 // on a GPU machine. RTN rounds each row on its own, so the blocks stacked
 // (stack_rows) hold the codes quantize_rtn gives the whole layer.
-QuantizedLayer quantize_rtn_by_row_blocks(const std::vector<float>& layer, int out, int in, const QuantFormat& format) {
+RtnCodesAndWeights quantize_rtn_by_row_blocks(const std::vector<float>& layer, int out, int in,
+                                              const QuantFormat& format) {
   constexpr int kBlockRows = 256;
   const std::size_t blocks = static_cast<std::size_t>((out + kBlockRows - 1) / kBlockRows);
   std::vector<QuantizedMatrix> quantized(blocks);  // [blocks] each [up to kBlockRows, in]
-  QuantizedLayer result;
+  RtnCodesAndWeights result;
   result.weight.resize(static_cast<std::size_t>(out) * in);
   llm::parallel_for(blocks, [&](std::size_t block) {
     const int first = static_cast<int>(block) * kBlockRows;
@@ -254,21 +255,26 @@ class CudaQuantizedKernels : public ::testing::TestWithParam<std::tuple<std::str
   CudaQuantizedKernel kernel() const { return std::get<1>(GetParam()); }
 };
 
-// The suite's large matrices are quantized a block of rows at a time: the
-// blocks stacked must be the matrix quantize_rtn gives the whole layer, and
-// the weights dequantize gives it (a host check: it runs without a GPU too).
-// 600 rows: two whole blocks and a partial one.
+// The suite's matrices are quantized a block of rows at a time: the blocks
+// stacked must be the matrix quantize_rtn gives the whole layer, and the
+// weights dequantize gives it (a host check: it runs without a GPU too).
+// 600 rows: two whole blocks and a partial one; 100 columns: rows padded
+// to whole groups.
 TEST(QuantizeRtnByRowBlocks, GivesTheWholeLayersCodesAndWeights) {
-  const std::vector<float> layer = random_layer(600, 96, 5);
-  for (const std::string& name : {std::string("int8"), std::string("int4-g32"), std::string("nf4")}) {
-    SCOPED_TRACE(name);
-    const QuantizedMatrix whole = step06::quantize_rtn({layer, 600, 96}, QuantFormat::parse(name));
-    const QuantizedLayer blocks = quantize_rtn_by_row_blocks(layer, 600, 96, QuantFormat::parse(name));
-    EXPECT_EQ(blocks.matrix.out_features, 600);
-    EXPECT_TRUE(blocks.matrix.packed == whole.packed);
-    EXPECT_TRUE(blocks.matrix.scales == whole.scales);
-    EXPECT_TRUE(blocks.matrix.zeros == whole.zeros);
-    EXPECT_EQ(blocks.weight, step06::dequantize(whole));
+  constexpr int kRows = 600;
+  for (const int columns : {96, 100}) {
+    const std::vector<float> layer = random_layer(kRows, columns, 5);
+    for (const std::string& name : {std::string("int8"), std::string("int4-g32"), std::string("nf4")}) {
+      SCOPED_TRACE(name + ", " + std::to_string(columns) + " columns");
+      const QuantizedMatrix whole = step06::quantize_rtn({layer, kRows, columns}, QuantFormat::parse(name));
+      const RtnCodesAndWeights blocks = quantize_rtn_by_row_blocks(layer, kRows, columns, QuantFormat::parse(name));
+      EXPECT_EQ(blocks.matrix.out_features, kRows);
+      EXPECT_EQ(blocks.matrix.padded_in, whole.padded_in);
+      EXPECT_TRUE(blocks.matrix.packed == whole.packed);
+      EXPECT_TRUE(blocks.matrix.scales == whole.scales);
+      EXPECT_TRUE(blocks.matrix.zeros == whole.zeros);
+      EXPECT_EQ(blocks.weight, step06::dequantize(whole));
+    }
   }
 }
 
@@ -383,7 +389,8 @@ TEST(CudaQuantizedKernelsLargeShapes, BothKernelsMatchTheDequantizedProduct) {
   for (const Shape shape : {Shape{11008, 4096}, Shape{4096, 11008}, Shape{11008, 11008}}) {
     const std::vector<float> layer = random_layer(shape.out, shape.in, 3);  // one draw, both formats
     for (const std::string& name : {std::string("int4-g128"), std::string("int8")}) {
-      const QuantizedLayer quantized = quantize_rtn_by_row_blocks(layer, shape.out, shape.in, QuantFormat::parse(name));
+      const RtnCodesAndWeights quantized =
+          quantize_rtn_by_row_blocks(layer, shape.out, shape.in, QuantFormat::parse(name));
       const QuantizedMatrix& matrix = quantized.matrix;
       const std::vector<float>& weight = quantized.weight;
       const bool runs_int4_gemv = matrix.format.bits() == 4;
@@ -430,7 +437,8 @@ TEST(CudaQuantizedKernelsPersistent, ResultsAreBitwiseReproducible) {
   for (const Shape shape : {Shape{100, 4096}, Shape{11008, 4096}})
     for (const std::string& name : {std::string("int4-g64"), std::string("int8")}) {
       const std::vector<float> layer = random_layer(shape.out, shape.in, 37);
-      const QuantizedLayer quantized = quantize_rtn_by_row_blocks(layer, shape.out, shape.in, QuantFormat::parse(name));
+      const RtnCodesAndWeights quantized =
+          quantize_rtn_by_row_blocks(layer, shape.out, shape.in, QuantFormat::parse(name));
       const QuantizedMatrix& matrix = quantized.matrix;
       const std::vector<float>& weight = quantized.weight;
       for (int rows : {1, 16}) {

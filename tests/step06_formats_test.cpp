@@ -489,38 +489,42 @@ TEST(CudaWeightLayout, EachStepsColumnsOnceAndALanesOwnFourPerMma) {
 // A random matrix of awkward size in every scheme: each lane's bytes of the
 // tile-major layout read back (nibble i % 2 of byte i / 2, or int8's byte i
 // minus the bias 128) as the code of its row and column, and 0 past the
-// rows and the padded columns.
+// rows and the padded columns. 37 rows are 3 tiles, laid out on the calling
+// thread; 1029 rows are 65, laid out on every core.
 TEST(CudaWeightLayout, TileMajorCodesReadBackAsTheMatrix) {
   std::mt19937 rng(20261127);
-  const int out = 37, in = 200;  // a partial last tile; 4-bit rows of 2 steps, the second partial
-  for (const QuantFormat& format : every_scheme(64)) {
-    SCOPED_TRACE(format.name());
-    const int columns = format.group_columns(in), groups_per_row = (in + columns - 1) / columns;
-    std::uniform_int_distribution<int> code_in_range(lowest_code(format.scheme), highest_code(format.scheme));
-    std::vector<int> codes(static_cast<std::size_t>(out) * in);
-    for (int& code : codes) code = code_in_range(rng);
-    const std::vector<GroupParams> params(static_cast<std::size_t>(out) * groups_per_row, GroupParams{0.5f, 8.0f});
-    const QuantizedMatrix q = pack(format, out, in, codes, params);
-    const bool int8 = format.bits() == 8;
-    const int columns_per_step = int8 ? 64 : 128, m_tiles = (out + 15) / 16;
-    const int total_steps = (q.padded_in + columns_per_step - 1) / columns_per_step;
-    const std::vector<std::uint8_t> bytes = cuda_tile_major_codes(q);
-    ASSERT_EQ(bytes.size(), static_cast<std::size_t>(m_tiles) * total_steps * 2 * 32 * 16);
-    for (int tile = 0; tile < m_tiles; ++tile)
-      for (int step = 0; step < total_steps; ++step)
-        for (int half = 0; half < 2; ++half)
-          for (int lane = 0; lane < 32; ++lane) {
-            const std::size_t at = ((static_cast<std::size_t>(tile) * total_steps + step) * 2 + half) * 32 * 16 +
-                                   static_cast<std::size_t>(lane) * 16;
-            const int row = 16 * tile + lane / 4 + 8 * half, t = lane % 4;
-            for (int i = 0; i < (int8 ? 16 : 32); ++i) {
-              const int column = int8 ? cuda_int8_column(step, t, i) : cuda_int4_column(step, t, i);
-              const int stored = int8 ? static_cast<int>(bytes[at + i]) - 128 : bytes[at + i / 2] >> (4 * (i % 2)) & 0xF;
-              const int want = row < out && column < q.padded_in ? q.code(row, column) : 0;
-              ASSERT_EQ(stored, want) << "row " << row << " column " << column << " (lane " << lane << ", code " << i
-                                      << ")";
+  const int in = 200;  // 4-bit rows of 2 steps, the second partial
+  for (const int out : {37, 1029}) {  // a partial last tile
+    for (const QuantFormat& format : every_scheme(64)) {
+      SCOPED_TRACE(format.name() + ", " + std::to_string(out) + " rows");
+      const int columns = format.group_columns(in), groups_per_row = (in + columns - 1) / columns;
+      std::uniform_int_distribution<int> code_in_range(lowest_code(format.scheme), highest_code(format.scheme));
+      std::vector<int> codes(static_cast<std::size_t>(out) * in);
+      for (int& code : codes) code = code_in_range(rng);
+      const std::vector<GroupParams> params(static_cast<std::size_t>(out) * groups_per_row, GroupParams{0.5f, 8.0f});
+      const QuantizedMatrix q = pack(format, out, in, codes, params);
+      const bool int8 = format.bits() == 8;
+      const int columns_per_step = int8 ? 64 : 128, m_tiles = (out + 15) / 16;
+      const int total_steps = (q.padded_in + columns_per_step - 1) / columns_per_step;
+      const std::vector<std::uint8_t> bytes = cuda_tile_major_codes(q);
+      ASSERT_EQ(bytes.size(), static_cast<std::size_t>(m_tiles) * total_steps * 2 * 32 * 16);
+      for (int tile = 0; tile < m_tiles; ++tile)
+        for (int step = 0; step < total_steps; ++step)
+          for (int half = 0; half < 2; ++half)
+            for (int lane = 0; lane < 32; ++lane) {
+              const std::size_t at = ((static_cast<std::size_t>(tile) * total_steps + step) * 2 + half) * 32 * 16 +
+                                     static_cast<std::size_t>(lane) * 16;
+              const int row = 16 * tile + lane / 4 + 8 * half, t = lane % 4;
+              for (int i = 0; i < (int8 ? 16 : 32); ++i) {
+                const int column = int8 ? cuda_int8_column(step, t, i) : cuda_int4_column(step, t, i);
+                const int stored =
+                    int8 ? static_cast<int>(bytes[at + i]) - 128 : bytes[at + i / 2] >> (4 * (i % 2)) & 0xF;
+                const int want = row < out && column < q.padded_in ? q.code(row, column) : 0;
+                ASSERT_EQ(stored, want) << "row " << row << " column " << column << " (lane " << lane << ", code " << i
+                                        << ")";
+              }
             }
-          }
+    }
   }
 }
 

@@ -175,7 +175,8 @@ TEST(Step06Model, EachSiteHoldsItsOwnQuantization) {
       } else {
         // The site's group, searched from its first site (Query for K and V, Gate for Up).
         llm::LinearSite first = site;
-        if (site.role == llm::LinearRole::Key || site.role == llm::LinearRole::Value) first.role = llm::LinearRole::Query;
+        if (site.role == llm::LinearRole::Key || site.role == llm::LinearRole::Value)
+          first.role = llm::LinearRole::Query;
         if (site.role == llm::LinearRole::Up) first.role = llm::LinearRole::Gate;
         const std::vector<llm::LinearSite> group = step06::sites_reading_the_input_of(first);
         std::vector<step06::LayerWeights> group_layers;  // [group]

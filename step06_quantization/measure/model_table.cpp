@@ -259,23 +259,52 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
     }
   }
 
-  // The CPU models a GPU row's logits are checked against, one per set of
-  // weights (nullptr: fp32), built at the first row that needs it and kept:
-  // the fp32 one checks the fp32, fp16 and fp32 + int8 KV rows, an int8 one
-  // its row and its int8 KV row. Building a GPU preset's CPU model copies
-  // every weight on one thread; keeping them holds those copies until the
-  // table is done.
-  std::map<const QuantizedLayers*, std::unique_ptr<llm::Model>> cpu_check_models;
-  const auto cpu_check_model = [&](const QuantizedLayers* layers) -> llm::Model& {
-    std::unique_ptr<llm::Model>& model = cpu_check_models[layers];
-    if (!model) model = layers ? make_quantized_model_on("cpu", weights, *layers) : llm::make_model_on("cpu", weights);
-    return *model;
-  };
-
   std::vector<ModelRow> rows;
   for (const std::string& device : options.devices) {
     const std::size_t first_row_of_device = rows.size();
     std::vector<int> fp32_greedy;
+
+    // The device's rows in table order: fp32, a GPU's fp16 baseline (real
+    // inference on a GPU stores unquantized weights in fp16, so that is what
+    // its quantized rows replace), then the variants. Each runs on `layers`
+    // (nullptr: unquantized weights) or is skipped, saying why.
+    struct PlannedRow {
+      ModelVariant variant;
+      const QuantizedLayers* layers = nullptr;
+      std::string skipped = {};  // empty: the row runs
+    };
+    std::vector<PlannedRow> planned = {{.variant = {}}};
+    if (device != "cpu") planned.push_back({.variant = {.dense_dtype = llm::cuda::WeightDtype::Float16}});
+    for (const ModelVariant& variant : variants) {
+      const auto key = std::pair{format_name(variant.weights), variant.algorithm};
+      const bool cpu_only = device != "cpu" && variant.weights && variant.weights->int8_activations();
+      if (const auto found = skipped.find(key); found != skipped.end() || cpu_only)
+        planned.push_back(
+            {.variant = variant, .skipped = cpu_only ? std::string(kInt8ActivationsCpuOnly) : found->second});
+      else
+        planned.push_back({.variant = variant, .layers = variant.weights ? &quantized.at(key) : nullptr});
+    }
+
+    // The CPU models a GPU row's logits are checked against, one per set of
+    // weights (nullptr: fp32), built at the first row that needs it and
+    // dropped after the last: the fp32 one checks the fp32, fp16 and fp32 +
+    // int8 KV rows, an int8 one its row and its int8 KV row. Building a GPU
+    // preset's CPU model copies every weight on one thread.
+    std::map<const QuantizedLayers*, std::unique_ptr<llm::Model>> cpu_check_models;
+    std::map<const QuantizedLayers*, int> checks_left;  // rows still to check against each
+    if (device != "cpu")
+      for (const PlannedRow& planned_row : planned)
+        if (planned_row.skipped.empty()) ++checks_left[planned_row.layers];
+    const auto cpu_check_model = [&](const QuantizedLayers* layers) -> llm::Model& {
+      std::unique_ptr<llm::Model>& model = cpu_check_models[layers];
+      if (!model)
+        model = layers ? make_quantized_model_on("cpu", weights, *layers) : llm::make_model_on("cpu", weights);
+      return *model;
+    };
+    const auto checked_against = [&](const QuantizedLayers* layers) {
+      if (--checks_left[layers] == 0) cpu_check_models.erase(layers);
+    };
+
     const auto run_row = [&](const ModelVariant& variant, const QuantizedLayers* layers) {
       ModelRow row;
       row.device = device;
@@ -332,27 +361,22 @@ std::vector<ModelRow> run_model_table(const std::string& model_name, const llm::
           tolerance.abs_tol += kv_code_flip_allowance(cpu_model, checked, cpu_logits);
         row.check = llm::compare(logits_over(*model, variant.int8_kv, checked), cpu_logits, tolerance);
         row.ok = row.check.ok;
+        checked_against(layers);
       }
       rows.push_back(std::move(row));
     };
-    run_row({}, nullptr);  // fp32
-    // A GPU's own baseline: real inference on a GPU stores unquantized
-    // weights in fp16, so that is what its quantized rows replace.
-    if (device != "cpu") run_row({.dense_dtype = llm::cuda::WeightDtype::Float16}, nullptr);
-    for (const ModelVariant& variant : variants) {
-      const auto key = std::pair{format_name(variant.weights), variant.algorithm};
-      const bool cpu_only = device != "cpu" && variant.weights && variant.weights->int8_activations();
-      if (const auto found = skipped.find(key); found != skipped.end() || cpu_only) {
-        ModelRow row;
-        row.device = device;
-        row.model = model_name;
-        row.variant = variant;
-        row.skipped = cpu_only ? std::string(kInt8ActivationsCpuOnly) : found->second;
-        row.ok = true;  // not run: a format that does not fit this model's layers, or not this device's
-        rows.push_back(std::move(row));
+    for (const PlannedRow& planned_row : planned) {
+      if (planned_row.skipped.empty()) {
+        run_row(planned_row.variant, planned_row.layers);
         continue;
       }
-      run_row(variant, variant.weights ? &quantized.at(key) : nullptr);
+      ModelRow row;
+      row.device = device;
+      row.model = model_name;
+      row.variant = planned_row.variant;
+      row.skipped = planned_row.skipped;
+      row.ok = true;  // not run: a format that does not fit this model's layers, or not this device's
+      rows.push_back(std::move(row));
     }
     set_speedups(std::span(rows).subspan(first_row_of_device));
   }

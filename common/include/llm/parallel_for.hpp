@@ -10,8 +10,9 @@
 namespace llm {
 
 // Calls work(index) once for every index in [0, count), on up to
-// `max_threads` threads (0: one per hardware thread, at most 32), the calling
-// thread among them. Indices are handed out in increasing order, one at a
+// `max_threads` threads (0: one per hardware thread, at most 32; a count
+// above the hardware's is honoured, as the tests ask), the calling thread
+// among them, fewer if the system gives no more. Indices are handed out in increasing order, one at a
 // time, so uneven pieces balance. The caller makes the pieces independent
 // (each writes only its own outputs); then the results do not depend on the
 // number of threads. If pieces throw, every piece still runs to its end or
