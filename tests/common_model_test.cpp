@@ -380,6 +380,47 @@ TEST(RandomWeights, ResidualStreamRmsStaysOrderOneAtEveryDepth) {
   }
 }
 
+// allocate() zeroes a large model's tensors on every core (2^24 parameters
+// and more), a small one's on this thread: either way every tensor has its
+// shape, all of them together hold parameter_count() floats, and every value
+// is zero.
+TEST(ModelWeights, AllocateGivesEveryTensorItsShapeAndZeros) {
+  ModelConfig large = find_preset("tiny").config;
+  large.dim = 512;
+  large.hidden_dim = 1376;
+  large.vocab_size = 32000;
+  large.shared_classifier = false;
+  ASSERT_GE(large.parameter_count(), std::size_t{1} << 24);
+  for (const ModelConfig& config : {find_preset("tiny").config, large}) {
+    SCOPED_TRACE(::testing::Message() << config.parameter_count() << " parameters");
+    const ModelWeights w = ModelWeights::allocate(config);
+    std::size_t floats = 0;
+    const auto expect_zeros = [&](const std::vector<float>& tensor, std::size_t size) {
+      EXPECT_EQ(tensor.size(), size);
+      EXPECT_TRUE(std::all_of(tensor.begin(), tensor.end(), [](float x) { return x == 0.0f; }));
+      floats += tensor.size();
+    };
+    const std::size_t d = config.dim, h = config.hidden_dim, v = config.vocab_size, kv = config.kv_dim();
+    const std::size_t q_width = static_cast<std::size_t>(config.n_heads) * config.head_dim();
+    expect_zeros(w.token_embedding, v * d);
+    expect_zeros(w.final_norm, d);
+    expect_zeros(w.classifier, config.shared_classifier ? 0 : v * d);
+    ASSERT_EQ(w.layers.size(), static_cast<std::size_t>(config.n_layers));
+    for (const LayerWeights& layer : w.layers) {
+      expect_zeros(layer.attention_norm, d);
+      expect_zeros(layer.wq, q_width * d);
+      expect_zeros(layer.wk, kv * d);
+      expect_zeros(layer.wv, kv * d);
+      expect_zeros(layer.wo, d * q_width);
+      expect_zeros(layer.ffn_norm, d);
+      expect_zeros(layer.w1, h * d);
+      expect_zeros(layer.w2, d * h);
+      expect_zeros(layer.w3, h * d);
+    }
+    EXPECT_EQ(floats, config.parameter_count());
+  }
+}
+
 // --- parallel_for (what random_weights fills large presets with) ----------------
 
 TEST(ParallelFor, CallsEveryIndexOnceOnAnyNumberOfThreads) {

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "llm/parallel_for.hpp"
 
@@ -15,21 +17,29 @@ ModelWeights ModelWeights::allocate(const ModelConfig& c) {
   const std::size_t kv = c.kv_dim();
   ModelWeights w;
   w.config = c;
-  w.token_embedding.assign(v * d, 0.0f);
   w.layers.resize(static_cast<std::size_t>(c.n_layers));
+  // Every tensor and its size. [tensors]
+  std::vector<std::pair<std::vector<float>*, std::size_t>> tensors = {{&w.token_embedding, v * d},
+                                                                     {&w.final_norm, d}};
+  if (!c.shared_classifier) tensors.push_back({&w.classifier, v * d});
   for (auto& layer : w.layers) {
-    layer.attention_norm.assign(d, 0.0f);
-    layer.wq.assign(q_width * d, 0.0f);
-    layer.wk.assign(kv * d, 0.0f);
-    layer.wv.assign(kv * d, 0.0f);
-    layer.wo.assign(d * q_width, 0.0f);
-    layer.ffn_norm.assign(d, 0.0f);
-    layer.w1.assign(h * d, 0.0f);
-    layer.w2.assign(d * h, 0.0f);
-    layer.w3.assign(h * d, 0.0f);
+    tensors.push_back({&layer.attention_norm, d});
+    tensors.push_back({&layer.wq, q_width * d});
+    tensors.push_back({&layer.wk, kv * d});
+    tensors.push_back({&layer.wv, kv * d});
+    tensors.push_back({&layer.wo, d * q_width});
+    tensors.push_back({&layer.ffn_norm, d});
+    tensors.push_back({&layer.w1, h * d});
+    tensors.push_back({&layer.w2, d * h});
+    tensors.push_back({&layer.w3, h * d});
   }
-  w.final_norm.assign(d, 0.0f);
-  if (!c.shared_classifier) w.classifier.assign(v * d, 0.0f);
+  // Zeroing is the first touch of every page, which the OS backs with memory
+  // one page fault at a time: for a GPU preset's gigabytes (models of 2^24
+  // parameters and more) the tensors are zeroed on every core.
+  const bool large = c.parameter_count() >= (std::size_t{1} << 24);
+  parallel_for(
+      tensors.size(), [&](std::size_t index) { tensors[index].first->assign(tensors[index].second, 0.0f); },
+      large ? 0 : 1);
   return w;
 }
 
