@@ -148,7 +148,7 @@ Reference reference_product(const std::vector<float>& weight, const std::vector<
   ref.y.assign(static_cast<std::size_t>(rows) * out, 0.0);
   ref.magnitude.assign(ref.y.size(), 0.0);
   ref.weight_abs_sum.assign(static_cast<std::size_t>(out), 0.0);
-  constexpr int kBlockOutputs = 64;  // outputs per piece
+  constexpr int kBlockOutputs = 64;  // outputs per piece: a small product is one piece, no thread started
   llm::parallel_for(static_cast<std::size_t>((out + kBlockOutputs - 1) / kBlockOutputs), [&](std::size_t block) {
     const int first = static_cast<int>(block) * kBlockOutputs;
     for (int o = first; o < std::min(out, first + kBlockOutputs); ++o) {

@@ -177,7 +177,7 @@ QuantizedMatrix random_quantized(const QuantFormat& format, int out, int in, std
 std::vector<float> reference_product(const std::vector<float>& weight, int out, int in, const std::vector<float>& x,
                                      int rows) {
   constexpr int kChains = 4;
-  constexpr int kBlockOutputs = 64;  // outputs per piece
+  constexpr int kBlockOutputs = 64;  // outputs per piece: a small product is one piece, no thread started
   std::vector<float> y(static_cast<std::size_t>(rows) * out);
   const std::size_t blocks = static_cast<std::size_t>((out + kBlockOutputs - 1) / kBlockOutputs);
   llm::parallel_for(blocks, [&](std::size_t block) {

@@ -9,6 +9,16 @@
 #include "llm/parallel_for.hpp"
 
 namespace llm {
+namespace {
+
+// Models of 2^24 parameters and more (the GPU presets; every model the CPU
+// results were measured on is smaller) have their tensors zeroed and filled
+// on every core.
+bool set_up_on_every_core(const ModelConfig& config) {
+  return config.parameter_count() >= (std::size_t{1} << 24);
+}
+
+}  // namespace
 
 ModelWeights ModelWeights::allocate(const ModelConfig& c) {
   c.validate();
@@ -34,12 +44,10 @@ ModelWeights ModelWeights::allocate(const ModelConfig& c) {
     tensors.push_back({&layer.w3, h * d});
   }
   // Zeroing is the first touch of every page, which the OS backs with memory
-  // one page fault at a time: for a GPU preset's gigabytes (models of 2^24
-  // parameters and more) the tensors are zeroed on every core.
-  const bool large = c.parameter_count() >= (std::size_t{1} << 24);
+  // one page fault at a time: a GPU preset's gigabytes are zeroed on every core.
   parallel_for(
       tensors.size(), [&](std::size_t index) { tensors[index].first->assign(tensors[index].second, 0.0f); },
-      large ? 0 : 1);
+      set_up_on_every_core(c) ? 0 : 1);
   return w;
 }
 
@@ -80,7 +88,7 @@ ModelWeights random_weights(const ModelConfig& config, unsigned long long seed) 
   };
   // Models below 2^24 parameters (every model the CPU results were measured
   // on) draw all matrices from one stream, in order, on one thread.
-  if (config.parameter_count() < (std::size_t{1} << 24)) {
+  if (!set_up_on_every_core(config)) {
     std::mt19937_64 rng(seed);
     for (const Fill& fill : fills) fill_normal(*fill.tensor, fill.stddev, rng);
     return w;
